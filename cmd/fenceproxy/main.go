@@ -1,0 +1,68 @@
+// Command fenceproxy is a PostgreSQL wire-protocol proxy that fences writes
+// to protected tables with lock tokens. See README.md.
+//
+// Subcommands:
+//
+//	fenceproxy serve -c FILE       run the proxy
+//	fenceproxy rewrite -c FILE SQL show what the proxy would send for SQL
+//	fenceproxy lock KEY -- CMD     run CMD holding an etcd lock (FENCE_TOKEN)
+//	fenceproxy demo                throwaway PostgreSQL + etcd + proxy demo
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `usage: fenceproxy <command> [flags]
+
+commands:
+  serve   -c FILE            run the proxy with the given config file
+  rewrite -c FILE [SQL | -]  print what the proxy would send for SQL, or why it refuses
+  lock    [flags] KEY -- COMMAND [ARGS]
+                             run COMMAND holding an etcd lock; FENCE_TOKEN holds the token
+  demo                       start a throwaway PostgreSQL, etcd and proxy and play the
+                             stale-lock-holder timeline
+  version                    print the version
+
+Run 'fenceproxy <command> -h' for the flags of a command.
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(runMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch args[0] {
+	case "serve":
+		return serveMain(ctx, args[1:], stderr)
+	case "rewrite":
+		return rewriteMain(args[1:], stdin, stdout, stderr)
+	case "lock":
+		return lockMain(ctx, args[1:], stdout, stderr)
+	case "demo":
+		return demoMain(ctx, args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "fenceproxy", version)
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "fenceproxy: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}

@@ -1,0 +1,274 @@
+// Package config loads and validates fenceproxy's YAML configuration file.
+//
+// One struct describes the whole file; every field documents its default.
+// Load rejects unknown keys and reports problems by key name, so an operator
+// reading "upstream.tls.mode: must be one of disable, require, verify-full"
+// knows exactly which line to fix.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	// Listen is the address clients connect to. Default "127.0.0.1:6432".
+	Listen string `yaml:"listen"`
+	// Upstream is the PostgreSQL server every session is relayed to.
+	Upstream Upstream `yaml:"upstream"`
+	// TLS configures TLS between clients and the proxy. Default: off
+	// (SSLRequest is answered 'N').
+	TLS ClientTLS `yaml:"tls"`
+	// Limits bound what a client may cost the proxy.
+	Limits Limits `yaml:"limits"`
+	// Shutdown controls graceful shutdown.
+	Shutdown Shutdown `yaml:"shutdown"`
+	// Log configures logging.
+	Log Log `yaml:"log"`
+	// Admin configures the HTTP listener for /metrics, /healthz and /readyz.
+	Admin Admin `yaml:"admin"`
+	// TokenSetting is the session variable that carries the fencing token.
+	// Default "fence.token".
+	TokenSetting string `yaml:"token_setting"`
+	// RewriteCacheEntries bounds the per-rule-set cache of rewrite decisions,
+	// keyed by statement text. Default 4096.
+	RewriteCacheEntries int `yaml:"rewrite_cache_entries"`
+	// Tables lists the protected tables. Default: none (a pure relay).
+	Tables []rules.Table `yaml:"tables"`
+}
+
+// Upstream describes the PostgreSQL server.
+type Upstream struct {
+	// Address is host:port of the PostgreSQL server. Required.
+	Address string `yaml:"address"`
+	// ConnectTimeout bounds dialling (and the TLS handshake). Default 5s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// TLS configures TLS from the proxy to PostgreSQL.
+	TLS UpstreamTLS `yaml:"tls"`
+}
+
+// UpstreamTLS configures TLS to the upstream server.
+type UpstreamTLS struct {
+	// Mode is disable (default), require (encrypt, do not verify) or
+	// verify-full (verify the chain against CAFile and the host name).
+	Mode string `yaml:"mode"`
+	// CAFile is a PEM bundle of trusted CAs; required for verify-full.
+	CAFile string `yaml:"ca_file"`
+	// ServerName overrides the name verified in verify-full mode. Default:
+	// the host part of upstream.address.
+	ServerName string `yaml:"server_name"`
+}
+
+// ClientTLS configures TLS offered to clients.
+type ClientTLS struct {
+	// CertFile and KeyFile are PEM files. When both are set, the proxy
+	// answers SSLRequest with 'S'. Default: empty (no TLS).
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// Require refuses clients that do not negotiate TLS. Default false.
+	Require bool `yaml:"require"`
+}
+
+// Limits bounds client resource use.
+type Limits struct {
+	// MaxConnections is the maximum number of concurrent client sessions;
+	// further clients get SQLSTATE 53300. Default 1000.
+	MaxConnections int `yaml:"max_connections"`
+	// MaxMessageBytes is the largest message a client may send (type byte
+	// excluded). Larger messages close the session with SQLSTATE 08P01.
+	// Default 67108864 (64 MiB).
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// StartupTimeout bounds the time from accept to the end of
+	// authentication. Default 30s.
+	StartupTimeout time.Duration `yaml:"startup_timeout"`
+}
+
+// Shutdown controls graceful shutdown.
+type Shutdown struct {
+	// DrainTimeout is how long sessions may finish their transactions after
+	// SIGTERM/SIGINT before they are closed. Default 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// Log configures the zap logger.
+type Log struct {
+	// Format is json (default) or console.
+	Format string `yaml:"format"`
+	// Level is debug, info (default), warn or error. Rewritten statements are
+	// logged at debug.
+	Level string `yaml:"level"`
+}
+
+// Admin configures the admin HTTP listener.
+type Admin struct {
+	// Listen is the admin address. Default "127.0.0.1:9187"; "" or "off"
+	// disables it.
+	Listen string `yaml:"listen"`
+}
+
+// Defaults returns a Config with every default filled in and no upstream.
+func Defaults() Config {
+	return Config{
+		Listen:              "127.0.0.1:6432",
+		Upstream:            Upstream{ConnectTimeout: 5 * time.Second, TLS: UpstreamTLS{Mode: "disable"}},
+		Limits:              Limits{MaxConnections: 1000, MaxMessageBytes: 64 << 20, StartupTimeout: 30 * time.Second},
+		Shutdown:            Shutdown{DrainTimeout: 30 * time.Second},
+		Log:                 Log{Format: "json", Level: "info"},
+		Admin:               Admin{Listen: "127.0.0.1:9187"},
+		TokenSetting:        "fence.token",
+		RewriteCacheEntries: 4096,
+	}
+}
+
+// Load reads, parses and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse parses and validates YAML text. Unknown keys are errors.
+func Parse(data []byte) (*Config, error) {
+	cfg := Defaults()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	// An empty file decodes as io.EOF: it means "all defaults".
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+// Validate checks every field and names the key of the first problems found.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if err := checkHostPort(c.Listen); err != nil {
+		bad("listen", "%v", err)
+	}
+	if c.Upstream.Address == "" {
+		bad("upstream.address", "required (host:port of the PostgreSQL server)")
+	} else if err := checkHostPort(c.Upstream.Address); err != nil {
+		bad("upstream.address", "%v", err)
+	}
+	if c.Upstream.ConnectTimeout <= 0 {
+		bad("upstream.connect_timeout", "must be positive, got %v", c.Upstream.ConnectTimeout)
+	}
+	switch c.Upstream.TLS.Mode {
+	case "disable", "require":
+	case "verify-full":
+		if c.Upstream.TLS.CAFile == "" {
+			bad("upstream.tls.ca_file", "required when upstream.tls.mode is verify-full")
+		}
+	default:
+		bad("upstream.tls.mode", "must be one of disable, require, verify-full; got %q", c.Upstream.TLS.Mode)
+	}
+	if c.Upstream.TLS.CAFile != "" {
+		if err := checkReadable(c.Upstream.TLS.CAFile); err != nil {
+			bad("upstream.tls.ca_file", "%v", err)
+		}
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		bad("tls", "cert_file and key_file must be set together")
+	}
+	for key, f := range map[string]string{"tls.cert_file": c.TLS.CertFile, "tls.key_file": c.TLS.KeyFile} {
+		if f != "" {
+			if err := checkReadable(f); err != nil {
+				bad(key, "%v", err)
+			}
+		}
+	}
+	if c.TLS.Require && c.TLS.CertFile == "" {
+		bad("tls.require", "needs tls.cert_file and tls.key_file")
+	}
+	if c.Limits.MaxConnections <= 0 {
+		bad("limits.max_connections", "must be positive, got %d", c.Limits.MaxConnections)
+	}
+	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
+		bad("limits.max_message_bytes", "must be between 1024 and 1073741824, got %d", c.Limits.MaxMessageBytes)
+	}
+	if c.Limits.StartupTimeout <= 0 {
+		bad("limits.startup_timeout", "must be positive, got %v", c.Limits.StartupTimeout)
+	}
+	if c.Shutdown.DrainTimeout < 0 {
+		bad("shutdown.drain_timeout", "must not be negative, got %v", c.Shutdown.DrainTimeout)
+	}
+	switch c.Log.Format {
+	case "json", "console":
+	default:
+		bad("log.format", "must be json or console, got %q", c.Log.Format)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	if c.Admin.Listen != "" && c.Admin.Listen != "off" {
+		if err := checkHostPort(c.Admin.Listen); err != nil {
+			bad("admin.listen", "%v", err)
+		}
+	}
+	if c.RewriteCacheEntries < 0 {
+		bad("rewrite_cache_entries", "must not be negative, got %d", c.RewriteCacheEntries)
+	}
+	if _, err := c.Rules(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// RulesConfig returns the rewriter's part of the configuration.
+func (c *Config) RulesConfig() rules.Config {
+	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheEntries: c.RewriteCacheEntries}
+}
+
+// Rules compiles the protected-table rules.
+func (c *Config) Rules() (*rules.Rules, error) {
+	return rules.Compile(c.RulesConfig())
+}
+
+// AdminEnabled reports whether the admin listener is configured.
+func (c *Config) AdminEnabled() bool {
+	return c.Admin.Listen != "" && c.Admin.Listen != "off"
+}
+
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("must be host:port, got %q", s)
+	}
+	if port == "" || strings.TrimLeft(port, "0123456789") != "" {
+		return fmt.Errorf("port must be numeric, got %q", s)
+	}
+	return nil
+}
+
+func checkReadable(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}

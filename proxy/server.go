@@ -1,0 +1,256 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// Options configure a Server. The zero value of each optional field means
+// the documented default.
+type Options struct {
+	// UpstreamAddr is host:port of the PostgreSQL server. Required.
+	UpstreamAddr string
+	// UpstreamTLS, when non-nil, is used to negotiate TLS with the upstream
+	// (SSLRequest, then a TLS client handshake). nil means plaintext.
+	UpstreamTLS *tls.Config
+	// ConnectTimeout bounds dialling the upstream. Default 5s.
+	ConnectTimeout time.Duration
+	// ClientTLS, when non-nil, is offered to clients that send SSLRequest.
+	ClientTLS *tls.Config
+	// RequireClientTLS refuses clients that do not negotiate TLS.
+	RequireClientTLS bool
+	// MaxConnections bounds concurrent sessions. Default 1000.
+	MaxConnections int
+	// MaxMessageBytes bounds the body of any client message. Default 64 MiB.
+	MaxMessageBytes int
+	// StartupTimeout bounds accept-to-authenticated. Default 30s.
+	StartupTimeout time.Duration
+	// Rules returns the rule set in force; it is called for every
+	// statement, so a reload takes effect on the next statement. nil means
+	// no protected tables.
+	Rules func() *rules.Rules
+	// Hooks observe the relay (metrics). Optional.
+	Hooks Hooks
+	// Logger receives the proxy's logs. Default: no logging.
+	Logger *zap.Logger
+}
+
+// Hooks let a caller observe what the relay does without the relay knowing
+// about Prometheus. Every method must be safe for concurrent use and cheap.
+type Hooks interface {
+	SessionOpened()
+	SessionClosed()
+	UpstreamConnectFailed()
+	// Statement is called once for each Query or Parse message with the
+	// rules decision taken for it and the time the decision took.
+	Statement(info *SessionInfo, d rules.Decision, took time.Duration)
+	// TranslatedError is called when an upstream error was turned into a
+	// fenceproxy error (stale or missing token).
+	TranslatedError(info *SessionInfo, e *rules.Error)
+}
+
+// SessionInfo describes a client session for logging and metrics. It is set
+// once the startup packet is read and not changed afterwards.
+type SessionInfo struct {
+	ID              uint64
+	RemoteAddr      string
+	User            string
+	Database        string
+	ApplicationName string
+}
+
+type nopHooks struct{}
+
+func (nopHooks) SessionOpened()                                        {}
+func (nopHooks) SessionClosed()                                        {}
+func (nopHooks) UpstreamConnectFailed()                                {}
+func (nopHooks) Statement(*SessionInfo, rules.Decision, time.Duration) {}
+func (nopHooks) TranslatedError(*SessionInfo, *rules.Error)            {}
+
+// Server accepts client connections and runs a session for each.
+type Server struct {
+	opts Options
+	log  *zap.Logger
+
+	nextID   atomic.Uint64
+	active   atomic.Int64
+	draining atomic.Bool
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	sessions  map[*session]struct{}
+	wg        sync.WaitGroup
+	idle      chan struct{} // closed when draining and no sessions remain
+}
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("proxy: server closed")
+
+// NewServer validates opts and returns a Server.
+func NewServer(opts Options) (*Server, error) {
+	if opts.UpstreamAddr == "" {
+		return nil, errors.New("proxy: UpstreamAddr is required")
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 5 * time.Second
+	}
+	if opts.MaxConnections <= 0 {
+		opts.MaxConnections = 1000
+	}
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = 64 << 20
+	}
+	if opts.StartupTimeout <= 0 {
+		opts.StartupTimeout = 30 * time.Second
+	}
+	if opts.Hooks == nil {
+		opts.Hooks = nopHooks{}
+	}
+	if opts.Rules == nil {
+		opts.Rules = func() *rules.Rules { return nil }
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Server{
+		opts:      opts,
+		log:       log,
+		listeners: make(map[net.Listener]struct{}),
+		sessions:  make(map[*session]struct{}),
+	}, nil
+}
+
+// Serve accepts connections on l until Shutdown or Close. It returns
+// ErrServerClosed after a shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.draining.Load() {
+		s.mu.Unlock()
+		_ = l.Close()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if s.draining.Load() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		s.startSession(c)
+	}
+}
+
+func (s *Server) startSession(c net.Conn) {
+	id := s.nextID.Add(1)
+	sess := newSession(s, c, id)
+	s.mu.Lock()
+	if s.draining.Load() {
+		s.mu.Unlock()
+		sess.refuse(fatal("57P01", "fenceproxy: the proxy is shutting down"))
+		return
+	}
+	s.sessions[sess] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	if n := s.active.Add(1); n > int64(s.opts.MaxConnections) {
+		s.active.Add(-1)
+		s.forget(sess)
+		sess.log.Warn("connection refused: too many clients", zap.Int("max-connections", s.opts.MaxConnections))
+		sess.refuse(fatal("53300", "fenceproxy: sorry, too many clients already"))
+		return
+	}
+	s.opts.Hooks.SessionOpened()
+	go func() {
+		defer func() {
+			s.active.Add(-1)
+			s.opts.Hooks.SessionClosed()
+			s.forget(sess)
+		}()
+		sess.run()
+	}()
+}
+
+func (s *Server) forget(sess *session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// ActiveSessions reports the number of client sessions being served.
+func (s *Server) ActiveSessions() int { return int(s.active.Load()) }
+
+// Shutdown stops accepting connections, lets each session finish its
+// current transaction and closes it when it is idle, and when ctx is done
+// closes the remaining sessions with an admin-shutdown error. It returns
+// once every session has ended.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining.Store(true)
+	var errs []error
+	for l := range s.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	sessions := make([]*session, 0, len(s.sessions))
+	for sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	s.mu.Unlock()
+
+	for _, sess := range sessions {
+		sess.drain()
+	}
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.mu.Lock()
+		for sess := range s.sessions {
+			sess.terminate(fatal("57P01", "terminating connection due to administrator command"), "drain timeout")
+		}
+		s.mu.Unlock()
+		<-done
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes listeners and all sessions at once.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return s.Shutdown(ctx)
+}

@@ -1,0 +1,813 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+const (
+	ioBufferSize = 32 << 10
+	// maxServerMessage bounds the upstream messages the relay reads whole
+	// (ErrorResponse, authentication). Larger ones are streamed unmodified.
+	maxServerMessage = 1 << 20
+)
+
+// session is one client connection and its upstream connection.
+type session struct {
+	srv  *Server
+	log  *zap.Logger
+	info SessionInfo
+
+	client   net.Conn
+	upstream net.Conn
+
+	cr *msgReader    // client reader
+	cw *bufio.Writer // client writer; guarded by cwMu after startup
+	ur *msgReader    // upstream reader
+	uw *bufio.Writer // upstream writer; used by the client-to-upstream copier
+	// cwMu is held by the upstream-to-client copier while it writes a batch,
+	// and by terminate when it injects a final error.
+	cwMu sync.Mutex
+
+	// nonce makes refusal markers unguessable by the client.
+	nonce string
+
+	mu       sync.Mutex
+	state    relayState
+	refusals map[uint64]*rules.Error
+	nextRef  uint64
+
+	closeOnce sync.Once
+	cause     error
+}
+
+// relayState tracks what is needed to know whether a session is idle.
+type relayState struct {
+	relaying  bool // startup finished
+	inFlight  int  // Query/Sync/FunctionCall sent and not answered by ReadyForQuery
+	unsynced  bool // extended-protocol messages sent since the last Sync
+	txStatus  byte // from the last ReadyForQuery: 'I', 'T' or 'E'
+	draining  bool
+	finishing bool // the session is being closed
+}
+
+func (st relayState) idle() bool {
+	return st.relaying && st.inFlight == 0 && !st.unsynced && st.txStatus == 'I'
+}
+
+func newSession(srv *Server, c net.Conn, id uint64) *session {
+	var n [8]byte
+	_, _ = rand.Read(n[:])
+	s := &session{
+		srv:      srv,
+		client:   c,
+		info:     SessionInfo{ID: id, RemoteAddr: c.RemoteAddr().String()},
+		nonce:    hex.EncodeToString(n[:]),
+		refusals: make(map[uint64]*rules.Error),
+	}
+	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
+	return s
+}
+
+// refuse sends a FATAL error to a client whose session never started.
+func (s *session) refuse(e *pgproto3.ErrorResponse) {
+	_ = s.client.SetWriteDeadline(time.Now().Add(time.Second))
+	if buf, err := e.Encode(nil); err == nil {
+		_, _ = s.client.Write(buf)
+	}
+	_ = s.client.Close()
+}
+
+func (s *session) run() {
+	s.log.Debug("client connected")
+	if err := s.startup(); err != nil {
+		s.close(err)
+		s.logEnd()
+		return
+	}
+	s.mu.Lock()
+	s.state.relaying = true
+	draining := s.state.draining
+	s.mu.Unlock()
+	if draining {
+		s.drain()
+	}
+
+	done := make(chan struct{})
+	go func() {
+		s.close(s.copyUpstreamToClient())
+		close(done)
+	}()
+	s.close(s.copyClientToUpstream())
+	<-done
+	s.logEnd()
+}
+
+// close tears both connections down; the first cause wins.
+func (s *session) close(cause error) {
+	s.closeOnce.Do(func() {
+		s.cause = cause
+		_ = s.client.Close()
+		if s.upstream != nil {
+			_ = s.upstream.Close()
+		}
+	})
+}
+
+// clientSideError marks an error as caused by the client connection.
+type sideError struct {
+	side string
+	err  error
+}
+
+func (e *sideError) Error() string { return e.side + ": " + e.err.Error() }
+func (e *sideError) Unwrap() error { return e.err }
+
+func clientErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &sideError{"client", err}
+}
+
+func upstreamErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &sideError{"upstream", err}
+}
+
+// errSessionDone is the cause for a session that ended normally.
+var errSessionDone = errors.New("session ended")
+
+func (s *session) logEnd() {
+	err := s.cause
+	switch {
+	case err == nil, errors.Is(err, errSessionDone), errors.Is(err, io.EOF):
+		s.log.Info("session closed")
+	case errors.Is(err, net.ErrClosed):
+		s.log.Info("session closed", zap.String("reason", "connection closed"))
+	default:
+		s.log.Warn("session failed", zap.Error(err))
+	}
+}
+
+// drain marks the session for closing once it is idle, and closes it now if
+// it already is.
+func (s *session) drain() {
+	s.mu.Lock()
+	s.state.draining = true
+	idle := s.state.idle() && !s.state.finishing
+	if idle {
+		s.state.finishing = true
+	}
+	s.mu.Unlock()
+	if idle {
+		s.terminate(fatal("57P01", "terminating connection due to administrator command"), "shutdown")
+	}
+}
+
+// terminate sends a final error to the client (if the relay is running),
+// tells the upstream goodbye and closes the session.
+func (s *session) terminate(e *pgproto3.ErrorResponse, why string) {
+	s.mu.Lock()
+	relaying := s.state.relaying
+	s.state.finishing = true
+	s.mu.Unlock()
+	if relaying {
+		// Unblock a copier stuck writing to a slow client, then inject the
+		// error between batches.
+		_ = s.client.SetWriteDeadline(time.Now().Add(time.Second))
+		s.cwMu.Lock()
+		_ = writeMsg(s.cw, e)
+		_ = s.cw.Flush()
+		s.cwMu.Unlock()
+	}
+	s.log.Info("closing session", zap.String("reason", why))
+	s.close(errSessionDone)
+}
+
+// ---- startup ----
+
+func (s *session) startup() error {
+	deadline := time.Now().Add(s.srv.opts.StartupTimeout)
+	_ = s.client.SetDeadline(deadline)
+
+	tlsDone := false
+	var pkt []byte
+	for {
+		var err error
+		pkt, err = s.readFirstPacket(&tlsDone)
+		if err != nil {
+			return err
+		}
+		if pkt == nil { // TLS negotiated; read the next packet
+			continue
+		}
+		code := startupCode(pkt)
+		switch {
+		case code == codeSSLRequest:
+			if tlsDone {
+				return clientErr(errors.New("SSLRequest after TLS was negotiated"))
+			}
+			if s.srv.opts.ClientTLS == nil {
+				if _, err := s.client.Write([]byte{'N'}); err != nil {
+					return clientErr(err)
+				}
+				continue
+			}
+			if _, err := s.client.Write([]byte{'S'}); err != nil {
+				return clientErr(err)
+			}
+			if err := s.startTLS(nil); err != nil {
+				return err
+			}
+			tlsDone = true
+		case code == codeGSSENCRequest:
+			if _, err := s.client.Write([]byte{'N'}); err != nil {
+				return clientErr(err)
+			}
+		case code == codeCancelRequest:
+			s.forwardCancel(pkt)
+			return errSessionDone
+		case code>>16 == protocolMajor3:
+			if s.srv.opts.RequireClientTLS && !tlsDone {
+				s.sendFatal(fatal("28000", "fenceproxy: TLS is required (use sslmode=require)"))
+				return clientErr(errors.New("client did not negotiate TLS"))
+			}
+			return s.startSession(pkt, deadline)
+		default:
+			s.sendFatal(fatal("0A000", fmt.Sprintf("unsupported frontend protocol %d.%d", code>>16, code&0xffff)))
+			return clientErr(fmt.Errorf("unsupported protocol code %d", code))
+		}
+	}
+}
+
+// readFirstPacket reads a startup packet. A client may also open with a TLS
+// ClientHello directly (PostgreSQL 17's sslnegotiation=direct); then TLS is
+// started and nil is returned.
+func (s *session) readFirstPacket(tlsDone *bool) ([]byte, error) {
+	if !*tlsDone && s.srv.opts.ClientTLS != nil {
+		var first [1]byte
+		if _, err := io.ReadFull(s.client, first[:]); err != nil {
+			return nil, clientErr(err)
+		}
+		if first[0] == 0x16 { // TLS handshake record
+			if err := s.startTLS(first[:]); err != nil {
+				return nil, err
+			}
+			*tlsDone = true
+			return nil, nil
+		}
+		pkt, err := readStartupPacket(io.MultiReader(bytes.NewReader(first[:]), s.client))
+		if err != nil {
+			s.sendFatal(fatal("08P01", "invalid startup packet"))
+			return nil, clientErr(err)
+		}
+		return pkt, nil
+	}
+	pkt, err := readStartupPacket(s.client)
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.sendFatal(fatal("08P01", "invalid startup packet"))
+		}
+		return nil, clientErr(err)
+	}
+	return pkt, nil
+}
+
+// prefixConn replays bytes already read before reading from the conn.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func (s *session) startTLS(prefix []byte) error {
+	var raw net.Conn = s.client
+	if len(prefix) > 0 {
+		raw = &prefixConn{Conn: s.client, prefix: append([]byte(nil), prefix...)}
+	}
+	tc := tls.Server(raw, s.srv.opts.ClientTLS)
+	if err := tc.Handshake(); err != nil {
+		return clientErr(fmt.Errorf("TLS handshake: %w", err))
+	}
+	s.client = tc
+	return nil
+}
+
+func (s *session) sendFatal(e *pgproto3.ErrorResponse) {
+	if buf, err := e.Encode(nil); err == nil {
+		_, _ = s.client.Write(buf)
+	}
+}
+
+// forwardCancel relays a CancelRequest to the upstream. BackendKeyData was
+// relayed unchanged, so the key is the upstream's own.
+func (s *session) forwardCancel(pkt []byte) {
+	c, err := s.srv.dialUpstreamRaw()
+	if err != nil {
+		s.log.Warn("cancel request not forwarded", zap.Error(err))
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(s.srv.opts.ConnectTimeout))
+	if _, err := c.Write(pkt); err != nil {
+		s.log.Warn("cancel request not forwarded", zap.Error(err))
+		return
+	}
+	// PostgreSQL closes the connection without a reply; wait for that so
+	// the cancel is delivered before the client hears back.
+	_, _ = io.Copy(io.Discard, c)
+	s.log.Debug("cancel request forwarded")
+}
+
+func (s *session) startSession(pkt []byte, deadline time.Time) error {
+	var sm pgproto3.StartupMessage
+	if err := sm.Decode(pkt[4:]); err != nil {
+		s.sendFatal(fatal("08P01", "invalid startup packet"))
+		return clientErr(err)
+	}
+	s.info.User = sm.Parameters["user"]
+	s.info.Database = sm.Parameters["database"]
+	if s.info.Database == "" {
+		s.info.Database = s.info.User
+	}
+	s.info.ApplicationName = sm.Parameters["application_name"]
+	s.log = s.log.With(zap.String("user", s.info.User), zap.String("database", s.info.Database))
+
+	up, err := s.srv.dialUpstream()
+	if err != nil {
+		s.srv.opts.Hooks.UpstreamConnectFailed()
+		s.sendFatal(fatal("08006", "fenceproxy: cannot connect to the upstream server"))
+		return upstreamErr(err)
+	}
+	s.upstream = up
+	_ = up.SetDeadline(deadline)
+
+	s.cr = newMsgReader(s.client, ioBufferSize, s.srv.opts.MaxMessageBytes)
+	s.cw = bufio.NewWriterSize(s.client, ioBufferSize)
+	s.ur = newMsgReader(up, ioBufferSize, 1<<30)
+	s.uw = bufio.NewWriterSize(up, ioBufferSize)
+
+	// The startup packet goes upstream exactly as the client sent it.
+	if _, err := s.uw.Write(pkt); err != nil {
+		return upstreamErr(err)
+	}
+	if err := s.uw.Flush(); err != nil {
+		return upstreamErr(err)
+	}
+	if err := s.relayAuth(); err != nil {
+		return err
+	}
+	_ = s.client.SetDeadline(time.Time{})
+	_ = up.SetDeadline(time.Time{})
+	s.log.Debug("session authenticated", zap.String("application-name", s.info.ApplicationName))
+	return nil
+}
+
+// Authentication request codes (PostgreSQL protocol, AuthenticationXXX).
+const (
+	authOK       = 0
+	authSASL     = 10
+	authSASLDone = 12
+)
+
+// relayAuth relays the authentication exchange until the upstream's first
+// ReadyForQuery. The proxy holds no passwords: every challenge is relayed to
+// the client and every answer to the upstream.
+func (s *session) relayAuth() error {
+	for {
+		typ, n, err := s.ur.header()
+		if err != nil {
+			return upstreamErr(err)
+		}
+		if n > maxServerMessage {
+			return upstreamErr(fmt.Errorf("startup message %q of %d bytes", typ, n))
+		}
+		body, err := s.ur.body(n)
+		if err != nil {
+			return upstreamErr(err)
+		}
+		switch typ {
+		case 'R':
+			if len(body) < 4 {
+				return upstreamErr(errors.New("short authentication message"))
+			}
+			code := binary.BigEndian.Uint32(body)
+			if code == authSASL {
+				body, err = withoutChannelBinding(body)
+				if err != nil {
+					return upstreamErr(err)
+				}
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			if err := s.cw.Flush(); err != nil {
+				return clientErr(err)
+			}
+			if code == authOK || code == authSASLDone {
+				continue
+			}
+			// The client answers every other request with one message.
+			ctyp, cn, err := s.cr.header()
+			if err != nil {
+				return clientErr(err)
+			}
+			cbody, err := s.cr.body(cn)
+			if err != nil {
+				return clientErr(err)
+			}
+			if err := writeRaw(s.uw, ctyp, cbody); err != nil {
+				return upstreamErr(err)
+			}
+			if err := s.uw.Flush(); err != nil {
+				return upstreamErr(err)
+			}
+			if ctyp == 'X' {
+				return errSessionDone
+			}
+		case 'E':
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			_ = s.cw.Flush()
+			var e pgproto3.ErrorResponse
+			if err := e.Decode(body); err == nil {
+				return upstreamErr(fmt.Errorf("startup refused: %s (SQLSTATE %s)", e.Message, e.Code))
+			}
+			return upstreamErr(errors.New("startup refused"))
+		case 'Z':
+			if len(body) == 1 {
+				s.state.txStatus = body[0]
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			if err := s.cw.Flush(); err != nil {
+				return clientErr(err)
+			}
+			return nil
+		default: // ParameterStatus, BackendKeyData, NegotiateProtocolVersion, notices
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+		}
+	}
+}
+
+// withoutChannelBinding removes SCRAM-SHA-256-PLUS from an
+// AuthenticationSASL mechanism list: the proxy terminates TLS, so the
+// client's channel binding data could never match the upstream's.
+func withoutChannelBinding(body []byte) ([]byte, error) {
+	var m pgproto3.AuthenticationSASL
+	if err := m.Decode(body); err != nil {
+		return nil, err
+	}
+	kept := m.AuthMechanisms[:0]
+	for _, mech := range m.AuthMechanisms {
+		if !strings.HasSuffix(mech, "-PLUS") {
+			kept = append(kept, mech)
+		}
+	}
+	m.AuthMechanisms = kept
+	buf, err := m.Encode(nil)
+	if err != nil {
+		return nil, err
+	}
+	return buf[5:], nil
+}
+
+// ---- relay ----
+
+// copyClientToUpstream relays client messages, passing SQL through the rules.
+func (s *session) copyClientToUpstream() error {
+	for {
+		if !s.cr.buffered() {
+			if err := s.uw.Flush(); err != nil {
+				return upstreamErr(err)
+			}
+		}
+		typ, n, err := s.cr.header()
+		if err != nil {
+			if errors.Is(err, errMessageTooLarge) || errors.Is(err, errBadLength) {
+				s.terminate(fatal("08P01", "fenceproxy: "+strings.TrimPrefix(err.Error(), "proxy: ")), "bad client message")
+				return clientErr(err)
+			}
+			if errors.Is(err, io.EOF) {
+				return errSessionDone
+			}
+			return clientErr(err)
+		}
+		switch typ {
+		case 'Q', 'P':
+			body, err := s.cr.body(n)
+			if err != nil {
+				return clientErr(err)
+			}
+			if err := s.relaySQL(typ, body); err != nil {
+				return err
+			}
+		case 'X':
+			if err := writeHeader(s.uw, typ, 0); err == nil {
+				_ = s.uw.Flush()
+			}
+			return errSessionDone
+		default:
+			if !s.track(typ) {
+				return errSessionDone
+			}
+			if err := writeHeader(s.uw, typ, n); err != nil {
+				return upstreamErr(err)
+			}
+			if err := s.cr.copyBody(s.uw, n); err != nil {
+				return clientErr(err)
+			}
+		}
+	}
+}
+
+// track updates the idle bookkeeping for a client message about to be
+// forwarded. It returns false if the session is closing.
+func (s *session) track(typ byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state.finishing {
+		return false
+	}
+	switch typ {
+	case 'Q', 'F':
+		s.state.inFlight++
+	case 'S':
+		s.state.inFlight++
+		s.state.unsynced = false
+	case 'P', 'B', 'E', 'D', 'C', 'H':
+		s.state.unsynced = true
+	}
+	return true
+}
+
+// relaySQL takes the rules decision for a Query or Parse message and
+// forwards what it says.
+func (s *session) relaySQL(typ byte, body []byte) error {
+	var (
+		q     pgproto3.Query
+		p     pgproto3.Parse
+		sql   string
+		start = time.Now()
+	)
+	if typ == 'Q' {
+		if err := q.Decode(body); err != nil {
+			return s.protocolViolation(err)
+		}
+		sql = q.String
+	} else {
+		if err := p.Decode(body); err != nil {
+			return s.protocolViolation(err)
+		}
+		sql = p.Query
+	}
+	var d rules.Decision
+	if r := s.srv.opts.Rules(); r != nil {
+		d = r.Decide(sql)
+	}
+	s.srv.opts.Hooks.Statement(&s.info, d, time.Since(start))
+	if !s.track(typ) {
+		return errSessionDone
+	}
+
+	var out string
+	switch d.Action {
+	case rules.Forward:
+		if err := writeRaw(s.uw, typ, body); err != nil {
+			return upstreamErr(err)
+		}
+		return nil
+	case rules.Rewrite:
+		out = d.SQL
+		if ce := s.log.Check(zap.DebugLevel, "statement rewritten"); ce != nil {
+			ce.Write(zap.String("sql", d.SQL), zap.Strings("tables", d.Tables))
+		}
+	case rules.Refuse:
+		out = s.refusalSQL(d.Err)
+		s.log.Info("statement refused", zap.String("sqlstate", d.Err.Code), zap.String("reason", d.Err.Message))
+	default:
+		return fmt.Errorf("proxy: unknown rules action %d", d.Action)
+	}
+	var msg encoder
+	if typ == 'Q' {
+		msg = &pgproto3.Query{String: out}
+	} else {
+		oids := p.ParameterOIDs
+		if d.Action == rules.Refuse {
+			oids = nil
+		}
+		msg = &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}
+	}
+	if err := writeMsg(s.uw, msg); err != nil {
+		return upstreamErr(err)
+	}
+	return nil
+}
+
+// refusalMarkerPrefix starts the text of every refusal statement.
+const refusalMarkerPrefix = "fenceproxy-refusal:"
+
+// refusalSQL registers a refusal and returns a statement that fails in the
+// upstream's parser (the cast of an unknown literal is evaluated during
+// parse analysis) and executes nothing. The error comes back in the right
+// place of the response stream and is replaced by e there.
+func (s *session) refusalSQL(e *rules.Error) string {
+	s.mu.Lock()
+	s.nextRef++
+	id := s.nextRef
+	// Bound the map: refusals are forgotten at each ReadyForQuery, so only
+	// a client pipelining thousands of refused statements reaches this.
+	if len(s.refusals) < 10000 {
+		s.refusals[id] = e
+	}
+	s.mu.Unlock()
+	return "SELECT '" + refusalMarkerPrefix + s.nonce + ":" + strconv.FormatUint(id, 10) + "'::pg_catalog.int8"
+}
+
+// takeRefusal returns the refusal whose marker appears in an upstream error.
+func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *rules.Error {
+	if e.Code != "22P02" {
+		return nil
+	}
+	i := strings.Index(e.Message, refusalMarkerPrefix+s.nonce+":")
+	if i < 0 {
+		return nil
+	}
+	rest := e.Message[i+len(refusalMarkerPrefix)+len(s.nonce)+1:]
+	j := strings.IndexByte(rest, '"')
+	if j < 0 {
+		return nil
+	}
+	id, err := strconv.ParseUint(rest[:j], 10, 64)
+	if err != nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.refusals[id]
+	delete(s.refusals, id)
+	return r
+}
+
+func (s *session) protocolViolation(err error) error {
+	s.terminate(fatal("08P01", "fenceproxy: invalid message from client"), "protocol violation")
+	return clientErr(err)
+}
+
+// copyUpstreamToClient relays server messages, translating fenceproxy
+// errors and tracking ReadyForQuery.
+func (s *session) copyUpstreamToClient() error {
+	locked := false
+	defer func() {
+		if locked {
+			s.cwMu.Unlock()
+		}
+	}()
+	for {
+		if !s.ur.buffered() && locked {
+			err := s.cw.Flush()
+			s.cwMu.Unlock()
+			locked = false
+			if err != nil {
+				return clientErr(err)
+			}
+			if s.finishing() {
+				return errSessionDone
+			}
+		}
+		typ, n, err := s.ur.header()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return upstreamErr(io.ErrUnexpectedEOF)
+			}
+			return upstreamErr(err)
+		}
+		if !locked {
+			s.cwMu.Lock()
+			locked = true
+		}
+		switch {
+		case typ == 'E' && n <= maxServerMessage:
+			body, err := s.ur.body(n)
+			if err != nil {
+				return upstreamErr(err)
+			}
+			if err := s.relayError(body); err != nil {
+				return err
+			}
+		case typ == 'Z':
+			body, err := s.ur.body(n)
+			if err != nil {
+				return upstreamErr(err)
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			if len(body) == 1 && s.readyForQuery(body[0]) {
+				err := s.cw.Flush()
+				s.cwMu.Unlock()
+				locked = false
+				s.terminate(fatal("57P01", "terminating connection due to administrator command"), "shutdown")
+				return errors.Join(errSessionDone, clientErr(err))
+			}
+		default:
+			if err := writeHeader(s.cw, typ, n); err != nil {
+				return clientErr(err)
+			}
+			if err := s.ur.copyBody(s.cw, n); err != nil {
+				return upstreamErr(err)
+			}
+		}
+	}
+}
+
+func (s *session) finishing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.finishing
+}
+
+// readyForQuery records a ReadyForQuery and reports whether the session
+// should now be closed because the proxy is draining.
+func (s *session) readyForQuery(status byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state.inFlight > 0 {
+		s.state.inFlight--
+	}
+	s.state.txStatus = status
+	if s.state.inFlight == 0 {
+		clear(s.refusals)
+	}
+	if s.state.draining && s.state.idle() && !s.state.finishing {
+		s.state.finishing = true
+		return true
+	}
+	return false
+}
+
+// relayError forwards an ErrorResponse, replacing it when it is the
+// upstream's report of a refusal or of a fenced write.
+func (s *session) relayError(body []byte) error {
+	// Cheap filter: only 22P02 errors can carry a fenceproxy marker.
+	if !bytes.Contains(body, []byte("22P02")) || !bytes.Contains(body, []byte("fenceproxy")) {
+		return clientErrOrNil(writeRaw(s.cw, 'E', body))
+	}
+	var e pgproto3.ErrorResponse
+	if err := e.Decode(body); err != nil {
+		return clientErrOrNil(writeRaw(s.cw, 'E', body))
+	}
+	fe := s.takeRefusal(&e)
+	if fe == nil {
+		var ok bool
+		fe, ok = rules.TranslateError(e.Code, e.Message)
+		if !ok {
+			return clientErrOrNil(writeRaw(s.cw, 'E', body))
+		}
+		s.srv.opts.Hooks.TranslatedError(&s.info, fe)
+		s.log.Info("write fenced", zap.String("sqlstate", fe.Code), zap.String("reason", fe.Message))
+	}
+	out := &pgproto3.ErrorResponse{
+		Severity:            e.Severity,
+		SeverityUnlocalized: e.SeverityUnlocalized,
+		Code:                fe.Code,
+		Message:             fe.Message,
+		Detail:              fe.Detail,
+		Hint:                fe.Hint,
+	}
+	return clientErrOrNil(writeMsg(s.cw, out))
+}
+
+func clientErrOrNil(err error) error { return clientErr(err) }
