@@ -9,9 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
-
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // Options configure a Server. The zero value of each optional field means
@@ -34,10 +33,9 @@ type Options struct {
 	MaxMessageBytes int
 	// StartupTimeout bounds accept-to-authenticated. Default 30s.
 	StartupTimeout time.Duration
-	// Rules returns the rule set in force; it is called for every
-	// statement, so a reload takes effect on the next statement. nil means
-	// no protected tables.
-	Rules func() *rules.Rules
+	// Policy decides what happens to each statement and translates the
+	// upstream errors it provoked. nil forwards everything unchanged.
+	Policy Policy
 	// Hooks observe the relay (metrics). Optional.
 	Hooks Hooks
 	// Logger receives the proxy's logs. Default: no logging.
@@ -51,12 +49,50 @@ type Hooks interface {
 	SessionClosed()
 	UpstreamConnectFailed()
 	// Statement is called once for each Query or Parse message with the
-	// rules decision taken for it and the time the decision took.
-	Statement(info *SessionInfo, d rules.Decision, took time.Duration)
-	// TranslatedError is called when an upstream error was turned into a
-	// fenceproxy error (stale or missing token).
-	TranslatedError(info *SessionInfo, e *rules.Error)
+	// decision taken for it and the time the decision took.
+	Statement(info *SessionInfo, d *Decision, took time.Duration)
 }
+
+// Action is what the relay does with a statement.
+type Action uint8
+
+const (
+	// Forward sends the client's message unchanged.
+	Forward Action = iota
+	// Rewrite sends Decision.SQL instead of the client's SQL.
+	Rewrite
+	// Refuse executes nothing; the client receives Decision.Refusal in
+	// the place of the statement's result.
+	Refuse
+)
+
+// Decision is a Policy's verdict on one statement.
+type Decision struct {
+	Action  Action
+	SQL     string                  // for Rewrite
+	Refusal *pgproto3.ErrorResponse // for Refuse: ERROR severity, with a SQLSTATE
+	Tables  []string                // protected tables involved, for logs
+}
+
+// Policy is the hook where statements are inspected. Implementations must
+// be safe for concurrent use; Decide is called for every Query and Parse
+// message, so it must be fast for statements it does not care about.
+type Policy interface {
+	// Decide returns the decision for one SQL text (a Query's string,
+	// possibly several statements, or a Parse's statement).
+	Decide(info *SessionInfo, sql string) Decision
+	// TranslateError may rewrite an upstream ErrorResponse in place (e.g.
+	// the error a rewritten statement raised on purpose) and reports
+	// whether it did. It is only called for errors whose raw form mentions
+	// "fenceproxy", so it need not be fast.
+	TranslateError(info *SessionInfo, e *pgproto3.ErrorResponse) bool
+}
+
+// forwardAll is the Policy used when none is configured.
+type forwardAll struct{}
+
+func (forwardAll) Decide(*SessionInfo, string) Decision                      { return Decision{} }
+func (forwardAll) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
 
 // SessionInfo describes a client session for logging and metrics. It is set
 // once the startup packet is read and not changed afterwards.
@@ -70,11 +106,10 @@ type SessionInfo struct {
 
 type nopHooks struct{}
 
-func (nopHooks) SessionOpened()                                        {}
-func (nopHooks) SessionClosed()                                        {}
-func (nopHooks) UpstreamConnectFailed()                                {}
-func (nopHooks) Statement(*SessionInfo, rules.Decision, time.Duration) {}
-func (nopHooks) TranslatedError(*SessionInfo, *rules.Error)            {}
+func (nopHooks) SessionOpened()                                   {}
+func (nopHooks) SessionClosed()                                   {}
+func (nopHooks) UpstreamConnectFailed()                           {}
+func (nopHooks) Statement(*SessionInfo, *Decision, time.Duration) {}
 
 // Server accepts client connections and runs a session for each.
 type Server struct {
@@ -89,7 +124,6 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	sessions  map[*session]struct{}
 	wg        sync.WaitGroup
-	idle      chan struct{} // closed when draining and no sessions remain
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -115,8 +149,8 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Hooks == nil {
 		opts.Hooks = nopHooks{}
 	}
-	if opts.Rules == nil {
-		opts.Rules = func() *rules.Rules { return nil }
+	if opts.Policy == nil {
+		opts.Policy = forwardAll{}
 	}
 	log := opts.Logger
 	if log == nil {

@@ -18,8 +18,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
-
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 const (
@@ -51,7 +49,7 @@ type session struct {
 
 	mu       sync.Mutex
 	state    relayState
-	refusals map[uint64]*rules.Error
+	refusals map[uint64]*pgproto3.ErrorResponse
 	nextRef  uint64
 
 	closeOnce sync.Once
@@ -80,7 +78,7 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 		client:   c,
 		info:     SessionInfo{ID: id, RemoteAddr: c.RemoteAddr().String()},
 		nonce:    hex.EncodeToString(n[:]),
-		refusals: make(map[uint64]*rules.Error),
+		refusals: make(map[uint64]*pgproto3.ErrorResponse),
 	}
 	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
 	return s
@@ -593,39 +591,39 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		}
 		sql = p.Query
 	}
-	var d rules.Decision
-	if r := s.srv.opts.Rules(); r != nil {
-		d = r.Decide(sql)
-	}
-	s.srv.opts.Hooks.Statement(&s.info, d, time.Since(start))
+	d := s.srv.opts.Policy.Decide(&s.info, sql)
+	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
 	if !s.track(typ) {
 		return errSessionDone
 	}
 
 	var out string
 	switch d.Action {
-	case rules.Forward:
+	case Forward:
 		if err := writeRaw(s.uw, typ, body); err != nil {
 			return upstreamErr(err)
 		}
 		return nil
-	case rules.Rewrite:
+	case Rewrite:
 		out = d.SQL
 		if ce := s.log.Check(zap.DebugLevel, "statement rewritten"); ce != nil {
 			ce.Write(zap.String("sql", d.SQL), zap.Strings("tables", d.Tables))
 		}
-	case rules.Refuse:
-		out = s.refusalSQL(d.Err)
-		s.log.Info("statement refused", zap.String("sqlstate", d.Err.Code), zap.String("reason", d.Err.Message))
+	case Refuse:
+		if d.Refusal == nil {
+			d.Refusal = &pgproto3.ErrorResponse{Code: "XX000", Message: "fenceproxy: statement refused"}
+		}
+		out = s.refusalSQL(d.Refusal)
+		s.log.Info("statement refused", zap.String("sqlstate", d.Refusal.Code), zap.String("reason", d.Refusal.Message))
 	default:
-		return fmt.Errorf("proxy: unknown rules action %d", d.Action)
+		return fmt.Errorf("proxy: unknown policy action %d", d.Action)
 	}
 	var msg encoder
 	if typ == 'Q' {
 		msg = &pgproto3.Query{String: out}
 	} else {
 		oids := p.ParameterOIDs
-		if d.Action == rules.Refuse {
+		if d.Action == Refuse {
 			oids = nil
 		}
 		msg = &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}
@@ -643,7 +641,7 @@ const refusalMarkerPrefix = "fenceproxy-refusal:"
 // upstream's parser (the cast of an unknown literal is evaluated during
 // parse analysis) and executes nothing. The error comes back in the right
 // place of the response stream and is replaced by e there.
-func (s *session) refusalSQL(e *rules.Error) string {
+func (s *session) refusalSQL(e *pgproto3.ErrorResponse) string {
 	s.mu.Lock()
 	s.nextRef++
 	id := s.nextRef
@@ -657,7 +655,7 @@ func (s *session) refusalSQL(e *rules.Error) string {
 }
 
 // takeRefusal returns the refusal whose marker appears in an upstream error.
-func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *rules.Error {
+func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
 	if e.Code != "22P02" {
 		return nil
 	}
@@ -779,35 +777,27 @@ func (s *session) readyForQuery(status byte) bool {
 }
 
 // relayError forwards an ErrorResponse, replacing it when it is the
-// upstream's report of a refusal or of a fenced write.
+// upstream's report of a refusal, or when the policy translates it (the
+// error a rewritten statement raised for a stale or missing token).
 func (s *session) relayError(body []byte) error {
-	// Cheap filter: only 22P02 errors can carry a fenceproxy marker.
-	if !bytes.Contains(body, []byte("22P02")) || !bytes.Contains(body, []byte("fenceproxy")) {
-		return clientErrOrNil(writeRaw(s.cw, 'E', body))
+	// Cheap filter: only errors that mention fenceproxy are looked at.
+	if !bytes.Contains(body, []byte("fenceproxy")) {
+		return clientErr(writeRaw(s.cw, 'E', body))
 	}
 	var e pgproto3.ErrorResponse
 	if err := e.Decode(body); err != nil {
-		return clientErrOrNil(writeRaw(s.cw, 'E', body))
+		return clientErr(writeRaw(s.cw, 'E', body))
 	}
-	fe := s.takeRefusal(&e)
-	if fe == nil {
-		var ok bool
-		fe, ok = rules.TranslateError(e.Code, e.Message)
-		if !ok {
-			return clientErrOrNil(writeRaw(s.cw, 'E', body))
-		}
-		s.srv.opts.Hooks.TranslatedError(&s.info, fe)
-		s.log.Info("write fenced", zap.String("sqlstate", fe.Code), zap.String("reason", fe.Message))
+	if r := s.takeRefusal(&e); r != nil {
+		out := *r
+		out.Severity, out.SeverityUnlocalized = e.Severity, e.SeverityUnlocalized
+		return clientErr(writeMsg(s.cw, &out))
 	}
-	out := &pgproto3.ErrorResponse{
-		Severity:            e.Severity,
-		SeverityUnlocalized: e.SeverityUnlocalized,
-		Code:                fe.Code,
-		Message:             fe.Message,
-		Detail:              fe.Detail,
-		Hint:                fe.Hint,
+	if !s.srv.opts.Policy.TranslateError(&s.info, &e) {
+		return clientErr(writeRaw(s.cw, 'E', body))
 	}
-	return clientErrOrNil(writeMsg(s.cw, out))
+	// Positions and context refer to the rewritten SQL, not the client's.
+	e.Position, e.InternalPosition, e.InternalQuery, e.Where = 0, 0, "", ""
+	s.log.Info("write fenced", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
+	return clientErr(writeMsg(s.cw, &e))
 }
-
-func clientErrOrNil(err error) error { return clientErr(err) }

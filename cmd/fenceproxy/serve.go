@@ -10,14 +10,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync/atomic"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/policy"
 	"github.com/fenceproxy/fenceproxy/proxy"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 func serveMain(ctx context.Context, args []string, stderr io.Writer) int {
@@ -52,15 +51,14 @@ func serve(ctx context.Context, cfg *config.Config, path string, log *zap.Logger
 	if err != nil {
 		return err
 	}
-	var current atomic.Pointer[rules.Rules]
-	current.Store(rs)
+	pol := policy.New(rs)
 
 	opts, err := proxyOptions(cfg)
 	if err != nil {
 		return err
 	}
 	opts.Logger = log
-	opts.Rules = current.Load
+	opts.Policy = pol
 	srv, err := proxy.NewServer(opts)
 	if err != nil {
 		return err

@@ -1,0 +1,71 @@
+// Package policy connects the pure rewriter (package rules) to the relay
+// (package proxy): it holds the rule set in force, swaps it on reload, turns
+// rules decisions into proxy decisions, and translates the errors that
+// rewritten statements raise on purpose into fenceproxy errors.
+package policy
+
+import (
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// Policy implements proxy.Policy. The zero value is not usable; use New.
+type Policy struct {
+	current atomic.Pointer[rules.Rules]
+}
+
+var _ proxy.Policy = (*Policy)(nil)
+
+// New returns a Policy enforcing rs.
+func New(rs *rules.Rules) *Policy {
+	p := &Policy{}
+	p.current.Store(rs)
+	return p
+}
+
+// Swap installs a new rule set; statements decided after it returns use it.
+func (p *Policy) Swap(rs *rules.Rules) { p.current.Store(rs) }
+
+// Rules returns the rule set in force.
+func (p *Policy) Rules() *rules.Rules { return p.current.Load() }
+
+// Decide implements proxy.Policy.
+func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
+	rs := p.current.Load()
+	if rs == nil {
+		return proxy.Decision{}
+	}
+	d := rs.Decide(sql)
+	switch d.Action {
+	case rules.Rewrite:
+		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables}
+	case rules.Refuse:
+		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}
+	default:
+		return proxy.Decision{Tables: d.Tables}
+	}
+}
+
+// TranslateError implements proxy.Policy.
+func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
+	fe, ok := rules.TranslateError(e.Code, e.Message)
+	if !ok {
+		return false
+	}
+	e.Code, e.Message, e.Detail, e.Hint = fe.Code, fe.Message, fe.Detail, fe.Hint
+	return true
+}
+
+func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {
+	if e == nil {
+		return &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000", Message: "fenceproxy: statement refused"}
+	}
+	return &pgproto3.ErrorResponse{
+		Severity: "ERROR", SeverityUnlocalized: "ERROR",
+		Code: e.Code, Message: e.Message, Detail: e.Detail, Hint: e.Hint,
+	}
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages fenceproxy's tests and benchmarks need, if they
+# are missing: PostgreSQL server binaries (initdb, postgres, pgbench), psql,
+# a C compiler for pg_query_go (cgo), and with --bench also PgBouncer.
+set -euo pipefail
+
+need=()
+have_pg_bin() {
+	for d in /usr/lib/postgresql/*/bin; do
+		[ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/pgbench" ] && return 0
+	done
+	return 1
+}
+have_pg_bin || need+=(postgresql)
+command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+if [ "${1:-}" = "--bench" ]; then
+	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "install-deps: missing packages: ${need[*]} (run as root or install them)" >&2
+		exit 1
+	fi
+	echo "install-deps: installing ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}"
+	# The Debian server package starts a cluster of its own; the tests use
+	# throwaway clusters, so keep the machine quiet.
+	if command -v pg_ctlcluster >/dev/null 2>&1; then
+		for c in $(pg_lsclusters -h 2>/dev/null | awk '{print $1"/"$2}'); do
+			pg_ctlcluster "${c%/*}" "${c#*/}" stop || true
+		done
+	fi
+fi
