@@ -1,0 +1,222 @@
+// Command bench measures fenceproxy side by side with PostgreSQL and
+// PgBouncer in one run against one throwaway server, and prints ratios.
+//
+//	go run ./bench [-duration 5s] [-clients 1,8] [-modes simple,extended,prepared]
+//
+// Two workloads:
+//   - select-only (pgbench -S) directly, through fenceproxy and through
+//     PgBouncer in session mode;
+//   - fenced writes: one config row per client, UPDATE through the proxy
+//     (rewritten, token from PGOPTIONS) versus the hand-written conditional
+//     UPDATE of DESIGN §1 sent directly.
+//
+// bench/run.sh installs PgBouncer if it is missing and runs this.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type target struct {
+	name string
+	port int
+}
+
+type result struct {
+	tps, latencyMS float64
+}
+
+func run() error {
+	duration := flag.Duration("duration", 5*time.Second, "length of each pgbench run")
+	clients := flag.String("clients", "1,8", "comma-separated client counts")
+	modes := flag.String("modes", "simple,extended,prepared", "pgbench query modes")
+	scale := flag.Int("scale", 10, "pgbench scale factor")
+	proxyBin := flag.String("proxy", "", "fenceproxy binary (default: build it)")
+	skipSelect := flag.Bool("skip-select", false, "skip the select-only comparison")
+	skipFenced := flag.Bool("skip-fenced", false, "skip the fenced-write comparison")
+	flag.Parse()
+
+	ctx := context.Background()
+	work, err := os.MkdirTemp("", "fenceproxy-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	cl, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"max_connections": "100"}})
+	if err != nil {
+		return err
+	}
+	defer cl.Stop()
+	pgbench := filepath.Join(cl.BinDir(), "pgbench")
+	fmt.Printf("# fenceproxy benchmark: %s, %d cores, Go %s, PostgreSQL at %s, %v per run\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), cl.BinDir(), *duration)
+
+	if err := initData(ctx, cl, pgbench, *scale); err != nil {
+		return err
+	}
+
+	bin := *proxyBin
+	if bin == "" {
+		bin = filepath.Join(work, "fenceproxy")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/fenceproxy")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build fenceproxy: %w", err)
+		}
+	}
+	proxyPort, stopProxy, err := startProxy(bin, work, cl.Port())
+	if err != nil {
+		return err
+	}
+	defer stopProxy()
+
+	var cs []int
+	for _, s := range strings.Split(*clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("-clients: %w", err)
+		}
+		cs = append(cs, n)
+	}
+
+	if !*skipSelect {
+		targets := []target{{"direct", cl.Port()}, {"fenceproxy", proxyPort}}
+		bouncerPort, stopBouncer, err := startPgBouncer(work, cl.Port())
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: PgBouncer not measured: %v\n", err)
+		} else {
+			defer stopBouncer()
+			targets = append(targets, target{"pgbouncer", bouncerPort})
+		}
+		fmt.Println()
+		fmt.Println("## select-only (pgbench -S), TPS and average latency; ratio = TPS / direct TPS")
+		fmt.Println()
+		fmt.Printf("| %-8s | %2s | %-22s | %-30s | %-30s |\n", "mode", "-c", "direct", "fenceproxy", "pgbouncer (session)")
+		fmt.Println("|----------|----|------------------------|--------------------------------|--------------------------------|")
+		for _, mode := range strings.Split(*modes, ",") {
+			for _, c := range cs {
+				res := map[string]result{}
+				for _, t := range targets {
+					r, err := pgbenchRun(pgbench, t.port, nil, mode, c, *duration, []string{"-S"})
+					if err != nil {
+						return fmt.Errorf("%s %s -c %d: %w", t.name, mode, c, err)
+					}
+					res[t.name] = r
+				}
+				d := res["direct"]
+				cell := func(name string) string {
+					r, ok := res[name]
+					if !ok {
+						return "n/a"
+					}
+					return fmt.Sprintf("%8.0f tps %6.3f ms %.2fx", r.tps, r.latencyMS, r.tps/d.tps)
+				}
+				fmt.Printf("| %-8s | %2d | %8.0f tps %6.3f ms | %-30s | %-30s |\n", mode, c, d.tps, d.latencyMS, cell("fenceproxy"), cell("pgbouncer"))
+			}
+		}
+	}
+
+	if !*skipFenced {
+		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, cs, *duration); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale int) error {
+	cmd := exec.Command(pgbench, "-i", "-q", "-s", strconv.Itoa(scale), "-h", "127.0.0.1", "-p", strconv.Itoa(cl.Port()), "-U", "postgres", "postgres")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgbench -i: %v\n%s", err, out)
+	}
+	return cl.Exec(ctx, `
+		CREATE TABLE public.config (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', counter bigint NOT NULL DEFAULT 0,
+		                            last_fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;
+		VACUUM ANALYZE;`)
+}
+
+func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort int, cs []int, duration time.Duration) error {
+	proxyScript := filepath.Join(work, "fenced-proxy.sql")
+	directScript := filepath.Join(work, "fenced-direct.sql")
+	// One row per client; the proxy reads the token from fence.token (set
+	// per connection through PGOPTIONS), the hand-written form carries it.
+	if err := os.WriteFile(proxyScript, []byte("\\set id :client_id + 1\nUPDATE config SET counter = counter + 1 WHERE id = :id;\n"), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(directScript, []byte("\\set id :client_id + 1\nUPDATE config SET counter = counter + 1, last_fence = :token WHERE id = :id AND last_fence <= :token;\n"), 0o644); err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Println("## fenced writes: UPDATE through fenceproxy vs the hand-written conditional UPDATE sent directly")
+	fmt.Println()
+	fmt.Printf("| %-8s | %2s | %-26s | %-32s |\n", "mode", "-c", "hand-written, direct", "fenceproxy (rewritten)")
+	fmt.Println("|----------|----|----------------------------|----------------------------------|")
+	for _, mode := range []string{"simple", "prepared"} {
+		for _, c := range cs {
+			if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
+				return err
+			}
+			d, err := pgbenchRun(pgbench, cl.Port(), nil, mode, c, duration, []string{"-f", directScript, "-D", "token=42"})
+			if err != nil {
+				return fmt.Errorf("fenced direct: %w", err)
+			}
+			if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
+				return err
+			}
+			p, err := pgbenchRun(pgbench, proxyPort, []string{"PGOPTIONS=-c fence.token=42"}, mode, c, duration, []string{"-f", proxyScript})
+			if err != nil {
+				return fmt.Errorf("fenced proxy: %w", err)
+			}
+			fmt.Printf("| %-8s | %2d | %8.0f tps %8.3f ms | %8.0f tps %8.3f ms %.2fx |\n", mode, c, d.tps, d.latencyMS, p.tps, p.latencyMS, p.tps/d.tps)
+		}
+	}
+	return nil
+}
+
+var (
+	tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	latRE = regexp.MustCompile(`latency average = ([0-9.]+) ms`)
+)
+
+func pgbenchRun(pgbench string, port int, env []string, mode string, clients int, d time.Duration, extra []string) (result, error) {
+	jobs := min(clients, runtime.NumCPU())
+	args := []string{"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(jobs),
+		"-T", strconv.Itoa(int(d.Seconds())), "-h", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "postgres"}
+	args = append(args, extra...)
+	args = append(args, "postgres")
+	cmd := exec.Command(pgbench, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return result{}, fmt.Errorf("%v\n%s", err, out)
+	}
+	m := tpsRE.FindSubmatch(out)
+	l := latRE.FindSubmatch(out)
+	if m == nil || l == nil {
+		return result{}, fmt.Errorf("cannot read pgbench output:\n%s", out)
+	}
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	lat, _ := strconv.ParseFloat(string(l[1]), 64)
+	return result{tps, lat}, nil
+}
