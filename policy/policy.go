@@ -8,7 +8,9 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/metrics"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -16,13 +18,26 @@ import (
 // Policy implements proxy.Policy. The zero value is not usable; use New.
 type Policy struct {
 	current atomic.Pointer[rules.Rules]
+	log     *zap.Logger
+	metrics *metrics.Metrics
+}
+
+// Options configure a Policy.
+type Options struct {
+	// Logger receives a line for every fenced write. Default: none.
+	Logger *zap.Logger
+	// Metrics, when set, counts stale rejections and missing tokens.
+	Metrics *metrics.Metrics
 }
 
 var _ proxy.Policy = (*Policy)(nil)
 
 // New returns a Policy enforcing rs.
-func New(rs *rules.Rules) *Policy {
-	p := &Policy{}
+func New(rs *rules.Rules, opts Options) *Policy {
+	p := &Policy{log: opts.Logger, metrics: opts.Metrics}
+	if p.log == nil {
+		p.log = zap.NewNop()
+	}
 	p.current.Store(rs)
 	return p
 }
@@ -57,6 +72,14 @@ func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorRespon
 		return false
 	}
 	e.Code, e.Message, e.Detail, e.Hint = fe.Code, fe.Message, fe.Detail, fe.Hint
+	if p.metrics != nil {
+		switch fe.Code {
+		case rules.CodeStaleToken:
+			p.metrics.StaleRejections.WithLabelValues(fe.Table).Inc()
+		case rules.CodeMissingToken:
+			p.metrics.MissingTokens.WithLabelValues(fe.Table, "rejected").Inc()
+		}
+	}
 	return true
 }
 

@@ -239,6 +239,9 @@ func (s *Server) forget(sess *session) {
 	s.wg.Done()
 }
 
+// Draining reports whether Shutdown has begun.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
 // ActiveSessions reports the number of client sessions being served.
 func (s *Server) ActiveSessions() int { return int(s.active.Load()) }
 

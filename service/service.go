@@ -1,0 +1,261 @@
+// Package service runs a whole fenceproxy instance from a configuration:
+// the relay, the rule policy, the admin listener with metrics, hot reload of
+// the rules (SIGHUP and config file changes) and graceful shutdown.
+//
+// cmd/fenceproxy and the demo call Run; tests call Start to get the bound
+// addresses and a handle for reloading.
+package service
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/admin"
+	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/metrics"
+	"github.com/fenceproxy/fenceproxy/policy"
+	"github.com/fenceproxy/fenceproxy/proxy"
+)
+
+// Instance is a running fenceproxy.
+type Instance struct {
+	log     *zap.Logger
+	path    string
+	srv     *proxy.Server
+	policy  *policy.Policy
+	metrics *metrics.Metrics
+
+	listener net.Listener
+	adminL   net.Listener
+
+	mu  sync.Mutex
+	cfg *config.Config
+
+	drainTimeout time.Duration
+	serveErr     chan error
+	adminCancel  context.CancelFunc
+	adminDone    chan struct{}
+	stopOnce     sync.Once
+	stopErr      error
+}
+
+// Start builds and starts an instance from cfg. path is the config file
+// used for reloads ("" disables file reloads).
+func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	rs, err := cfg.Rules()
+	if err != nil {
+		return nil, err
+	}
+	m := metrics.New()
+	pol := policy.New(rs, policy.Options{Logger: log, Metrics: m})
+	opts, err := ProxyOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts.Logger = log
+	opts.Policy = pol
+	opts.Hooks = m.Hooks()
+	srv, err := proxy.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	in := &Instance{
+		log: log, path: path, srv: srv, policy: pol, metrics: m, listener: l, cfg: cfg,
+		drainTimeout: cfg.Shutdown.DrainTimeout, serveErr: make(chan error, 1), adminDone: make(chan struct{}),
+	}
+	if cfg.AdminEnabled() {
+		al, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			_ = l.Close()
+			return nil, fmt.Errorf("admin.listen: %w", err)
+		}
+		in.adminL = al
+		actx, cancel := context.WithCancel(context.Background())
+		in.adminCancel = cancel
+		h := admin.Handler(m.Registry, in.ready)
+		go func() {
+			defer close(in.adminDone)
+			if err := admin.Serve(actx, al, h); err != nil {
+				log.Error("admin listener failed", zap.Error(err))
+			}
+		}()
+	} else {
+		close(in.adminDone)
+	}
+	go func() { in.serveErr <- srv.Serve(l) }()
+	log.Info("fenceproxy listening", zap.String("listen", l.Addr().String()),
+		zap.String("admin", in.AdminAddr()), zap.String("upstream", cfg.Upstream.Address),
+		zap.Int("protected-tables", len(cfg.Tables)))
+	return in, nil
+}
+
+// Addr is the address clients connect to.
+func (in *Instance) Addr() string { return in.listener.Addr().String() }
+
+// AdminAddr is the admin listener's address, or "" when disabled.
+func (in *Instance) AdminAddr() string {
+	if in.adminL == nil {
+		return ""
+	}
+	return in.adminL.Addr().String()
+}
+
+// Metrics returns the instance's metrics.
+func (in *Instance) Metrics() *metrics.Metrics { return in.metrics }
+
+// Server returns the relay.
+func (in *Instance) Server() *proxy.Server { return in.srv }
+
+func (in *Instance) ready(ctx context.Context) error {
+	if in.srv.Draining() {
+		return errors.New("shutting down")
+	}
+	in.mu.Lock()
+	addr := in.cfg.Upstream.Address
+	in.mu.Unlock()
+	if err := admin.ProbeUpstream(ctx, addr); err != nil {
+		return fmt.Errorf("upstream unreachable: %w", err)
+	}
+	return nil
+}
+
+// Reload reads the config file again and installs its rules. An invalid
+// file leaves the running rules in force. Settings other than the rules
+// need a restart; a change to them is logged and otherwise ignored.
+func (in *Instance) Reload() error {
+	if in.path == "" {
+		return errors.New("service: no config file to reload")
+	}
+	cfg, err := config.Load(in.path)
+	if err == nil {
+		err = in.Apply(cfg)
+	}
+	if err != nil {
+		in.metrics.ConfigReloads.WithLabelValues("failed").Inc()
+		in.log.Error("config reload failed; keeping the running config", zap.Error(err))
+		return err
+	}
+	return nil
+}
+
+// Apply installs the rules of cfg (already validated).
+func (in *Instance) Apply(cfg *config.Config) error {
+	rs, err := cfg.Rules()
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	old := in.cfg
+	in.cfg = cfg
+	in.mu.Unlock()
+	if changed := restartKeysChanged(old, cfg); len(changed) > 0 {
+		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
+	}
+	in.policy.Swap(rs)
+	in.metrics.ConfigReloads.WithLabelValues("ok").Inc()
+	in.log.Info("config reloaded", zap.Int("protected-tables", len(cfg.Tables)))
+	return nil
+}
+
+func restartKeysChanged(a, b *config.Config) []string {
+	var out []string
+	check := func(key string, x, y any) {
+		if !reflect.DeepEqual(x, y) {
+			out = append(out, key)
+		}
+	}
+	check("listen", a.Listen, b.Listen)
+	check("upstream", a.Upstream, b.Upstream)
+	check("tls", a.TLS, b.TLS)
+	check("limits", a.Limits, b.Limits)
+	check("log", a.Log, b.Log)
+	check("admin", a.Admin, b.Admin)
+	check("shutdown", a.Shutdown, b.Shutdown)
+	return out
+}
+
+// Wait blocks until the relay stops by itself (a listener failure).
+func (in *Instance) Wait() <-chan error { return in.serveErr }
+
+// Shutdown drains: stop accepting, let sessions finish their transaction,
+// and close what remains after the drain timeout.
+func (in *Instance) Shutdown() error {
+	in.stopOnce.Do(func() {
+		in.log.Info("shutting down", zap.Duration("drain-timeout", in.drainTimeout),
+			zap.Int("sessions", in.srv.ActiveSessions()))
+		ctx, cancel := context.WithTimeout(context.Background(), in.drainTimeout)
+		defer cancel()
+		err := in.srv.Shutdown(ctx)
+		if in.adminCancel != nil {
+			in.adminCancel()
+		}
+		<-in.adminDone
+		select {
+		case serr := <-in.serveErr:
+			if serr != nil && !errors.Is(serr, proxy.ErrServerClosed) {
+				err = errors.Join(err, serr)
+			}
+		case <-time.After(time.Second):
+		}
+		in.stopErr = err
+		in.log.Info("fenceproxy stopped")
+	})
+	return in.stopErr
+}
+
+// ProxyOptions translates the config into relay options; TLS files are
+// loaded here so that errors name the config key.
+func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
+	opts := proxy.Options{
+		UpstreamAddr:     cfg.Upstream.Address,
+		ConnectTimeout:   cfg.Upstream.ConnectTimeout,
+		MaxConnections:   cfg.Limits.MaxConnections,
+		MaxMessageBytes:  cfg.Limits.MaxMessageBytes,
+		StartupTimeout:   cfg.Limits.StartupTimeout,
+		RequireClientTLS: cfg.TLS.Require,
+	}
+	if cfg.TLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
+		if err != nil {
+			return opts, fmt.Errorf("tls.cert_file/tls.key_file: %w", err)
+		}
+		opts.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	switch cfg.Upstream.TLS.Mode {
+	case "require":
+		// Encrypt without verifying, like libpq's sslmode=require.
+		opts.UpstreamTLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // documented mode
+	case "verify-full":
+		pem, err := os.ReadFile(cfg.Upstream.TLS.CAFile)
+		if err != nil {
+			return opts, fmt.Errorf("upstream.tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return opts, fmt.Errorf("upstream.tls.ca_file: no PEM certificates in %s", cfg.Upstream.TLS.CAFile)
+		}
+		name := cfg.Upstream.TLS.ServerName
+		if name == "" {
+			name, _, _ = net.SplitHostPort(cfg.Upstream.Address)
+		}
+		opts.UpstreamTLS = &tls.Config{RootCAs: pool, ServerName: name, MinVersion: tls.VersionTLS12}
+	}
+	return opts, nil
+}
