@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages fenceproxy's tests and benchmarks need, if they
 # are missing: PostgreSQL server binaries (initdb, postgres, pgbench), psql,
-# a C compiler for pg_query_go (cgo), and with --bench also PgBouncer.
+# a C compiler for pg_query_go (cgo), docker-compose (to validate the compose
+# file), and with --bench also PgBouncer.
 set -euo pipefail
 
 need=()
@@ -14,6 +15,8 @@ have_pg_bin() {
 have_pg_bin || need+=(postgresql)
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+# docker-compose validates docker-compose.yml in the tests ('config' needs no engine).
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if [ "${1:-}" = "--bench" ]; then
 	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 fi
