@@ -42,7 +42,7 @@ type Config struct {
 	// Default "fence.token".
 	TokenSetting string `yaml:"token_setting"`
 	// RewriteCacheEntries bounds the per-rule-set cache of rewrite decisions,
-	// keyed by statement text. Default 4096.
+	// keyed by statement text. Default 4096; 0 disables the cache.
 	RewriteCacheEntries int `yaml:"rewrite_cache_entries"`
 	// Tables lists the protected tables. Default: none (a pure relay).
 	Tables []rules.Table `yaml:"tables"`
@@ -241,7 +241,11 @@ func (c *Config) Validate() error {
 
 // RulesConfig returns the rewriter's part of the configuration.
 func (c *Config) RulesConfig() rules.Config {
-	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheEntries: c.RewriteCacheEntries}
+	size := c.RewriteCacheEntries
+	if size == 0 {
+		size = -1 // rules: negative disables the cache, 0 means its default
+	}
+	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheSize: size}
 }
 
 // Rules compiles the protected-table rules.
