@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/lock"
+)
+
+const lockUsage = `usage: fenceproxy lock [flags] KEY [--] COMMAND [ARGS...]
+
+Takes the etcd lock KEY, runs COMMAND while holding it and releases it when
+COMMAND exits, like flock(1). COMMAND gets the fencing token in FENCE_TOKEN
+and the key in FENCE_LOCK_KEY. The lease is renewed while COMMAND runs.
+
+SIGINT and SIGTERM are forwarded to COMMAND. If the lease is lost, COMMAND
+gets SIGTERM, then SIGKILL after 5s, and fenceproxy exits with status 75.
+Unless stdin is a terminal, COMMAND runs in its own process group and
+signals go to the whole group, so its children stop too.
+
+Exit status: COMMAND's status (128+N if killed by signal N); 1 if the lock
+was not taken (held with --wait 0, timed out, etcd error); 2 usage error;
+75 lease lost; 126/127 COMMAND could not be run.
+
+flags:
+`
+
+// Exit statuses of the lock command besides the child's own.
+const (
+	exitFailed     = 1
+	exitUsage      = 2
+	exitLeaseLost  = 75 // EX_TEMPFAIL: the work may be retried
+	exitCannotRun  = 126
+	exitNotFound   = 127
+	exitSignalBase = 128
+)
+
+const (
+	// etcdTimeout bounds the first contact with etcd and the release.
+	// Without it an unreachable etcd would make the command hang: the
+	// client retries until its context ends.
+	etcdTimeout = 5 * time.Second
+	// killGrace is how long a child has to exit after SIGTERM on lease loss
+	// before it gets SIGKILL.
+	killGrace = 5 * time.Second
+)
+
+// waitFlag is --wait: unset means wait for as long as it takes.
+type waitFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (w *waitFlag) String() string {
+	if !w.set {
+		return "forever"
+	}
+	return w.d.String()
+}
+
+func (w *waitFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	w.d, w.set = d, true
+	return nil
+}
+
+type lockArgs struct {
+	endpoints []string
+	ttl       time.Duration
+	wait      waitFlag
+	key       string
+	command   []string
+}
+
+// parseLockArgs parses the command line. On failure it returns nil and the
+// exit status.
+func parseLockArgs(args []string, stderr io.Writer) (*lockArgs, int) {
+	var a lockArgs
+	fs := flag.NewFlagSet("lock", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, lockUsage)
+		fs.PrintDefaults()
+	}
+	defaultEtcd := os.Getenv("FENCEPROXY_ETCD")
+	if defaultEtcd == "" {
+		defaultEtcd = "127.0.0.1:2379"
+	}
+	etcd := fs.String("etcd", defaultEtcd, "comma-separated etcd endpoints (default from $FENCEPROXY_ETCD)")
+	fs.DurationVar(&a.ttl, "ttl", lock.DefaultTTL, "lease TTL, whole seconds, at least 1s")
+	fs.Var(&a.wait, "wait", "how long to wait for the lock; 0 fails at once if it is held")
+
+	usageErr := func(format string, v ...any) (*lockArgs, int) {
+		fmt.Fprintf(stderr, "fenceproxy lock: "+format+"\n", v...)
+		fs.Usage()
+		return nil, exitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0
+		}
+		return nil, exitUsage
+	}
+	rest := fs.Args()
+	if len(rest) == 0 || rest[0] == "" {
+		return usageErr("missing KEY")
+	}
+	a.key = rest[0]
+	// Flags may also come between KEY and "--"; Parse consumes the "--".
+	if err := fs.Parse(rest[1:]); err != nil {
+		return nil, exitUsage
+	}
+	a.command = fs.Args()
+	if len(a.command) == 0 {
+		return usageErr("missing COMMAND")
+	}
+	if a.ttl < time.Second {
+		return usageErr("--ttl must be at least 1s, got %v", a.ttl)
+	}
+	for _, ep := range strings.Split(*etcd, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			a.endpoints = append(a.endpoints, ep)
+		}
+	}
+	if len(a.endpoints) == 0 {
+		return usageErr("--etcd names no endpoint")
+	}
+	return &a, 0
+}
+
+// lockMain implements "fenceproxy lock": see lockUsage.
+func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a, code := parseLockArgs(args, stderr)
+	if a == nil {
+		return code
+	}
+	fail := func(format string, v ...any) int {
+		fmt.Fprintf(stderr, "fenceproxy lock: "+format+"\n", v...)
+		return exitFailed
+	}
+
+	// Catch the signals before anything can block, so that they interrupt
+	// the wait for the lock and then reach the child.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   a.endpoints,
+		DialTimeout: etcdTimeout,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return fail("etcd: %v", err)
+	}
+	defer cli.Close()
+	pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	_, err = cli.Get(pctx, a.key, clientv3.WithCountOnly())
+	cancel()
+	if err != nil {
+		return fail("etcd at %s: %v", strings.Join(a.endpoints, ","), err)
+	}
+
+	l, code := acquireForCommand(ctx, cli, a, sigs, stderr)
+	if l == nil {
+		return code
+	}
+	return runHolding(ctx, l, a.command, sigs, stdout, stderr)
+}
+
+// acquireForCommand takes the lock as --wait says. A SIGINT or SIGTERM
+// meanwhile abandons the wait. On failure it returns nil and the exit
+// status.
+func acquireForCommand(ctx context.Context, cli *clientv3.Client, a *lockArgs, sigs <-chan os.Signal, stderr io.Writer) (*lock.Lease, int) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if a.wait.set && a.wait.d > 0 {
+		actx, cancel = context.WithTimeout(actx, a.wait.d)
+		defer cancel()
+	}
+
+	var caught os.Signal
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case caught = <-sigs:
+			cancel()
+		case <-stop:
+		}
+	}()
+	opts := lock.Options{TTL: a.ttl, KeepAlive: true}
+	var (
+		l   *lock.Lease
+		err error
+	)
+	if a.wait.set && a.wait.d == 0 {
+		l, err = lock.TryAcquire(actx, cli, a.key, opts)
+	} else {
+		l, err = lock.Acquire(actx, cli, a.key, opts)
+	}
+	close(stop)
+	<-stopped
+	if err == nil {
+		return l, 0
+	}
+	if caught == nil {
+		// The caller's context may have been canceled by the same signal
+		// before our handler saw it.
+		select {
+		case caught = <-sigs:
+		default:
+		}
+	}
+
+	var locked *lock.LockedError
+	switch {
+	case caught != nil:
+		fmt.Fprintf(stderr, "fenceproxy lock: %v while waiting for %q\n", caught, a.key)
+		return nil, exitSignalBase + signalNumber(caught)
+	case errors.As(err, &locked):
+		fmt.Fprintf(stderr, "fenceproxy lock: %q is held by %q (token %d)\n", a.key, locked.Holder, locked.Token)
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		fmt.Fprintf(stderr, "fenceproxy lock: %q still held after waiting %v\n", a.key, a.wait.d)
+	default:
+		fmt.Fprintf(stderr, "fenceproxy lock: %v\n", err)
+	}
+	return nil, exitFailed
+}
+
+// runHolding runs command while l is held, then releases l. It returns the
+// command's exit status, or exitLeaseLost if the lease was lost while the
+// command ran.
+func runHolding(ctx context.Context, l *lock.Lease, command []string, sigs <-chan os.Signal, stdout, stderr io.Writer) int {
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdTimeout)
+		defer cancel()
+		if err := l.Release(rctx); err != nil && errors.Is(l.Err(), lock.ErrReleased) {
+			// A lost lease has been reported already; anything else is
+			// worth a line. The lease expires on its own in any case.
+			fmt.Fprintf(stderr, "fenceproxy lock: release %q: %v\n", l.Key(), err)
+		}
+	}()
+	if err := l.Err(); err != nil {
+		reportLost(stderr, err, "")
+		return exitLeaseLost
+	}
+
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Env = append(os.Environ(),
+		"FENCE_TOKEN="+strconv.FormatInt(l.Token(), 10),
+		"FENCE_LOCK_KEY="+l.Key(),
+	)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	// Do not let a grandchild that keeps our output pipes open hold us
+	// after the child itself has exited.
+	cmd.WaitDelay = killGrace
+	ownGroup := !interactive()
+	if ownGroup {
+		// Its own process group lets signals reach the child's children
+		// too. Not when stdin is a terminal: a background process group
+		// is stopped when it reads from the terminal, and terminal
+		// signals reach the child directly anyway.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(stderr, "fenceproxy lock: %v\n", err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotRun
+	}
+	signalChild := func(s os.Signal) {
+		if ownGroup {
+			syscall.Kill(-cmd.Process.Pid, s.(syscall.Signal)) //nolint:errcheck // the group may be gone
+		} else {
+			cmd.Process.Signal(s) //nolint:errcheck // the child may be gone
+		}
+	}
+
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var (
+		lost     bool
+		kill     <-chan time.Time
+		canceled = ctx.Done()
+		lease    = l.Done()
+	)
+	for {
+		select {
+		case err := <-exited:
+			if lost {
+				return exitLeaseLost
+			}
+			if cmd.ProcessState == nil {
+				fmt.Fprintf(stderr, "fenceproxy lock: %v\n", err)
+				return exitFailed
+			}
+			return exitStatus(cmd.ProcessState)
+		case s := <-sigs:
+			signalChild(s)
+		case <-canceled:
+			canceled = nil
+			// Our caller canceled us, most likely on the very signal that
+			// is also waiting in sigs: pass that on rather than a second.
+			select {
+			case s := <-sigs:
+				signalChild(s)
+			default:
+				signalChild(syscall.SIGTERM)
+			}
+		case <-lease:
+			lease = nil
+			lost = true
+			reportLost(stderr, l.Err(), fmt.Sprintf("; sending SIGTERM to %s (pid %d)", command[0], cmd.Process.Pid))
+			signalChild(syscall.SIGTERM)
+			kill = time.After(killGrace)
+		case <-kill:
+			kill = nil
+			fmt.Fprintf(stderr, "fenceproxy lock: %s still running %v after SIGTERM; sending SIGKILL\n", command[0], killGrace)
+			signalChild(syscall.SIGKILL)
+		}
+	}
+}
+
+func reportLost(stderr io.Writer, err error, then string) {
+	reason := err.Error()
+	var lostErr *lock.LostError
+	if errors.As(err, &lostErr) {
+		reason = fmt.Sprintf("%s (key %q, token %d)", lostErr.Reason, lostErr.Key, lostErr.Token)
+	}
+	fmt.Fprintf(stderr, "fenceproxy lock: lease lost: %s%s\n", reason, then)
+}
+
+// exitStatus maps how the child ended to our exit status, the way shells
+// do: its exit code, or 128+N if signal N killed it.
+func exitStatus(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitSignalBase + int(ws.Signal())
+	}
+	if code := ps.ExitCode(); code >= 0 {
+		return code
+	}
+	return exitFailed
+}
+
+func signalNumber(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return int(n)
+	}
+	return 0
+}
+
+// interactive reports whether stdin is a terminal. A character device other
+// than /dev/null is taken for one; it needs no terminal ioctl, which differs
+// per platform.
+func interactive() bool {
+	fi, err := os.Stdin.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err != nil || !os.SameFile(fi, null)
+}

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
+	"github.com/fenceproxy/fenceproxy/lock"
+)
+
+// syncBuffer is a bytes.Buffer that the child's output copier and the test
+// can use at the same time.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitFor polls until b contains s.
+func (b *syncBuffer) waitFor(t *testing.T, s string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !strings.Contains(b.String(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("output %q does not contain %q after %v", b.String(), s, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type lockEnv struct {
+	etcd string
+	cli  *clientv3.Client
+}
+
+func newLockEnv(t *testing.T) lockEnv {
+	t.Helper()
+	c := etcdtest.Start(t, 1)
+	cli, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return lockEnv{etcd: strings.Join(c.Endpoints(), ","), cli: cli}
+}
+
+type lockRun struct {
+	code           int
+	stdout, stderr *syncBuffer
+}
+
+// start runs lockMain with --etcd pointing at the test cluster in the
+// background; wait returns its result.
+func (e lockEnv) start(ctx context.Context, args ...string) (*syncBuffer, *syncBuffer, <-chan lockRun) {
+	stdout, stderr := new(syncBuffer), new(syncBuffer)
+	res := make(chan lockRun, 1)
+	go func() {
+		code := lockMain(ctx, append([]string{"--etcd", e.etcd}, args...), stdout, stderr)
+		res <- lockRun{code, stdout, stderr}
+	}()
+	return stdout, stderr, res
+}
+
+func (e lockEnv) run(t *testing.T, args ...string) lockRun {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _, res := e.start(ctx, args...)
+	return wait(t, res, 30*time.Second)
+}
+
+func wait(t *testing.T, res <-chan lockRun, within time.Duration) lockRun {
+	t.Helper()
+	select {
+	case r := <-res:
+		return r
+	case <-time.After(within):
+		t.Fatalf("lockMain did not return within %v", within)
+		return lockRun{}
+	}
+}
+
+// assertFree checks that the lock command released key.
+func (e lockEnv) assertFree(t *testing.T, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := lock.TryAcquire(ctx, e.cli, key, lock.Options{})
+	if err != nil {
+		t.Fatalf("lock %q not free after the command: %v", key, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLockRunsCommandWithToken(t *testing.T) {
+	t.Parallel()
+	e := newLockEnv(t)
+	const key = "/locks/cli/token"
+
+	r := e.run(t, key, "--", "sh", "-c", `echo "$FENCE_TOKEN $FENCE_LOCK_KEY"`)
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	fields := strings.Fields(r.stdout.String())
+	if len(fields) != 2 {
+		t.Fatalf("stdout %q, want token and key", r.stdout)
+	}
+	token, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil || token <= 0 {
+		t.Fatalf("FENCE_TOKEN = %q, want a positive integer", fields[0])
+	}
+	if fields[1] != key {
+		t.Errorf("FENCE_LOCK_KEY = %q, want %q", fields[1], key)
+	}
+	e.assertFree(t, key)
+
+	// A second run gets a larger token.
+	r = e.run(t, "--ttl", "2s", key, "sh", "-c", `echo "$FENCE_TOKEN"`)
+	if r.code != 0 {
+		t.Fatalf("second run: exit %d, stderr %q", r.code, r.stderr)
+	}
+	second, err := strconv.ParseInt(strings.TrimSpace(r.stdout.String()), 10, 64)
+	if err != nil || second <= token {
+		t.Fatalf("second token %q not above %d", r.stdout, token)
+	}
+}
+
+func TestLockExitStatus(t *testing.T) {
+	t.Parallel()
+	e := newLockEnv(t)
+	const key = "/locks/cli/status"
+
+	for _, tc := range []struct {
+		name string
+		cmd  []string
+		want int
+	}{
+		{"success", []string{"true"}, 0},
+		{"failure", []string{"sh", "-c", "exit 7"}, 7},
+		{"killed", []string{"sh", "-c", "kill -KILL $$"}, 128 + 9},
+		{"not found", []string{"/nonexistent/fenceproxy-test-command"}, 127},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.run(t, append([]string{key, "--"}, tc.cmd...)...)
+			if r.code != tc.want {
+				t.Fatalf("exit %d, want %d; stderr %q", r.code, tc.want, r.stderr)
+			}
+			e.assertFree(t, key)
+		})
+	}
+}
+
+func TestLockHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	e := newLockEnv(t)
+	const key = "/locks/cli/held"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holder, err := lock.Acquire(ctx, e.cli, key, lock.Options{KeepAlive: true, Holder: "other-holder"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r := e.run(t, "--wait", "0", key, "--", "sh", "-c", "echo ran")
+	if r.code != 1 || r.stdout.String() != "" {
+		t.Fatalf("--wait 0: exit %d, stdout %q; want 1 and the command not run", r.code, r.stdout)
+	}
+	if !strings.Contains(r.stderr.String(), "other-holder") {
+		t.Errorf("stderr %q does not name the holder", r.stderr)
+	}
+
+	start := time.Now()
+	r = e.run(t, "--wait", "300ms", key, "--", "sh", "-c", "echo ran")
+	if r.code != 1 || r.stdout.String() != "" {
+		t.Fatalf("--wait 300ms: exit %d, stdout %q; want 1 and the command not run", r.code, r.stdout)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 5*time.Second {
+		t.Errorf("--wait 300ms returned after %v", d)
+	}
+	t.Logf("stderr: %s", r.stderr)
+
+	// Without --wait the command waits, and runs once the holder lets go.
+	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", `echo "$FENCE_TOKEN"`)
+	time.Sleep(300 * time.Millisecond)
+	if stdout.String() != "" {
+		t.Fatalf("command ran while the lock was held: %q", stdout)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = wait(t, res, 5*time.Second)
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, stderr)
+	}
+	if token, _ := strconv.ParseInt(strings.TrimSpace(stdout.String()), 10, 64); token <= holder.Token() {
+		t.Errorf("token %q not above the previous holder's %d", stdout, holder.Token())
+	}
+}
+
+// The child reports SIGTERM and exits 3; with its own process group the
+// sleep it runs gets the signal too.
+const trapTerm = `trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.1; done`
+
+func TestLockLeaseLost(t *testing.T) {
+	t.Parallel()
+	e := newLockEnv(t)
+
+	for _, tc := range []struct {
+		name string
+		take func(ctx context.Context, kv *clientv3.GetResponse) error
+	}{
+		{"revoke", func(ctx context.Context, kv *clientv3.GetResponse) error {
+			_, err := e.cli.Revoke(ctx, clientv3.LeaseID(kv.Kvs[0].Lease))
+			return err
+		}},
+		{"delete", func(ctx context.Context, kv *clientv3.GetResponse) error {
+			_, err := e.cli.Delete(ctx, string(kv.Kvs[0].Key))
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "/locks/cli/lost/" + tc.name
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
+			stdout.waitFor(t, "ready", 10*time.Second)
+
+			kv, err := e.cli.Get(ctx, key)
+			if err != nil || len(kv.Kvs) != 1 {
+				t.Fatalf("get %q: %v %v", key, kv, err)
+			}
+			lostAt := time.Now()
+			if err := tc.take(ctx, kv); err != nil {
+				t.Fatal(err)
+			}
+			r := wait(t, res, 10*time.Second)
+			if r.code != exitLeaseLost {
+				t.Fatalf("exit %d, want %d; stderr %q", r.code, exitLeaseLost, stderr)
+			}
+			if d := time.Since(lostAt); d > 3*time.Second {
+				t.Errorf("took %v to stop after the lease was lost", d)
+			}
+			if !strings.Contains(stderr.String(), "fenceproxy lock: lease lost") {
+				t.Errorf("stderr %q lacks the lease-lost message", stderr)
+			}
+			if !strings.Contains(stdout.String(), "got-term") {
+				t.Errorf("child was not sent SIGTERM; stdout %q", stdout)
+			}
+			t.Logf("stderr: %s", stderr)
+		})
+	}
+}
+
+func TestLockKillsChildIgnoringTerm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the SIGKILL grace period")
+	}
+	t.Parallel()
+	e := newLockEnv(t)
+	const key = "/locks/cli/stubborn"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", `trap '' TERM; echo ready; while :; do sleep 0.1; done`)
+	stdout.waitFor(t, "ready", 10*time.Second)
+	if _, err := e.cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	r := wait(t, res, killGrace+5*time.Second)
+	if r.code != exitLeaseLost {
+		t.Fatalf("exit %d, want %d; stderr %q", r.code, exitLeaseLost, stderr)
+	}
+	if !strings.Contains(stderr.String(), "SIGKILL") {
+		t.Errorf("stderr %q does not mention SIGKILL", stderr)
+	}
+}
+
+func TestLockCanceledContextStopsChild(t *testing.T) {
+	t.Parallel()
+	e := newLockEnv(t)
+	const key = "/locks/cli/cancel"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
+	stdout.waitFor(t, "ready", 10*time.Second)
+	cancel()
+	r := wait(t, res, 10*time.Second)
+	if r.code != 3 || !strings.Contains(stdout.String(), "got-term") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want the child's SIGTERM exit 3", r.code, stdout, stderr)
+	}
+	e.assertFree(t, key)
+}
+
+// TestLockForwardsSignal sends the test process a real SIGTERM. It must not
+// run in parallel: every lockMain running at that moment would forward it.
+func TestLockForwardsSignal(t *testing.T) {
+	e := newLockEnv(t)
+	const key = "/locks/cli/signal"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Keep SIGTERM from killing the test binary whatever happens.
+	guard := make(chan os.Signal, 1)
+	signal.Notify(guard, syscall.SIGTERM)
+	defer signal.Stop(guard)
+
+	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
+	stdout.waitFor(t, "ready", 10*time.Second)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := wait(t, res, 10*time.Second)
+	if r.code != 3 || !strings.Contains(stdout.String(), "got-term") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want the child's SIGTERM exit 3", r.code, stdout, stderr)
+	}
+	e.assertFree(t, key)
+}
+
+func TestLockUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"no args", nil, exitUsage},
+		{"no command", []string{"/k"}, exitUsage},
+		{"only separator", []string{"/k", "--"}, exitUsage},
+		{"short ttl", []string{"--ttl", "500ms", "/k", "--", "true"}, exitUsage},
+		{"negative wait", []string{"--wait", "-1s", "/k", "--", "true"}, exitUsage},
+		{"unknown flag", []string{"--bogus", "/k", "--", "true"}, exitUsage},
+		{"empty etcd", []string{"--etcd", " , ", "/k", "--", "true"}, exitUsage},
+		{"help", []string{"-h"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := lockMain(context.Background(), tc.args, &stdout, &stderr)
+			if code != tc.want {
+				t.Fatalf("exit %d, want %d; stderr %q", code, tc.want, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "usage: fenceproxy lock") {
+				t.Errorf("stderr %q lacks the usage text", stderr.String())
+			}
+		})
+	}
+}
+
+func TestLockFlagsAfterKey(t *testing.T) {
+	t.Parallel()
+	a, code := parseLockArgs([]string{"--etcd", "a:1, b:2", "/k", "--wait", "0", "--", "cmd", "--wait", "x"}, new(bytes.Buffer))
+	if a == nil {
+		t.Fatalf("parse failed with %d", code)
+	}
+	if a.key != "/k" || !a.wait.set || a.wait.d != 0 {
+		t.Errorf("key %q wait %+v", a.key, a.wait)
+	}
+	if got := strings.Join(a.endpoints, "|"); got != "a:1|b:2" {
+		t.Errorf("endpoints %q", got)
+	}
+	if got := strings.Join(a.command, " "); got != "cmd --wait x" {
+		t.Errorf("command %q", got)
+	}
+}
+
+func TestLockEtcdUnreachable(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := lockMain(context.Background(), []string{"--etcd", "127.0.0.1:1", "/k", "--", "sh", "-c", "echo ran"}, &stdout, &stderr)
+	if code != exitFailed || stdout.Len() != 0 {
+		t.Fatalf("exit %d, stdout %q; want 1 and the command not run", code, stdout.String())
+	}
+	if d := time.Since(start); d > etcdTimeout+3*time.Second {
+		t.Errorf("gave up after %v", d)
+	}
+	if !strings.Contains(stderr.String(), "etcd") {
+		t.Errorf("stderr %q does not mention etcd", stderr.String())
+	}
+}
