@@ -101,7 +101,10 @@ type SessionInfo struct {
 	RemoteAddr      string
 	User            string
 	Database        string
-	ApplicationName string
+	ApplicationName string // as sent in the startup packet
+	// BackendPID is the upstream server process serving the session, from
+	// BackendKeyData.
+	BackendPID uint32
 }
 
 type nopHooks struct{}
@@ -237,6 +240,19 @@ func (s *Server) forget(sess *session) {
 	delete(s.sessions, sess)
 	s.mu.Unlock()
 	s.wg.Done()
+}
+
+// SessionByBackendPID returns the info of the session served by the given
+// upstream process, if it is connected.
+func (s *Server) SessionByBackendPID(pid uint32) (SessionInfo, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		if sess.info.BackendPID == pid {
+			return sess.info, true
+		}
+	}
+	return SessionInfo{}, false
 }
 
 // Draining reports whether Shutdown has begun.

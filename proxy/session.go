@@ -473,6 +473,13 @@ func (s *session) relayAuth() error {
 			}
 			return nil
 		default: // ParameterStatus, BackendKeyData, NegotiateProtocolVersion, notices
+			if typ == 'K' && len(body) >= 4 {
+				// Only the process ID is kept (to attribute audit events to
+				// sessions); the secret key is relayed and forgotten.
+				s.srv.mu.Lock() // read by SessionByBackendPID
+				s.info.BackendPID = binary.BigEndian.Uint32(body)
+				s.srv.mu.Unlock()
+			}
 			if err := writeRaw(s.cw, typ, body); err != nil {
 				return clientErr(err)
 			}
