@@ -269,3 +269,34 @@ func TestStartupTimeout(t *testing.T) {
 	waitFor(t, "stalled sessions to end", func() bool { return p.Server.ActiveSessions() == 0 })
 	selectOne(t, connect(t, superDSN(p)))
 }
+
+// TestMaxConnectionsClients checks the refusal as real clients see it with
+// their default sslmode=prefer, which opens with an SSLRequest.
+func TestMaxConnectionsClients(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{MaxConnections: 1, ClientTLS: certs.ServerTLSConfig()})
+	first := connect(t, superDSN(p))
+	selectOne(t, first)
+	t.Run("pgx-prefer", func(t *testing.T) {
+		_, err := pgx.Connect(ctxT(t), withQuery(p.URL("postgres", "", "postgres"), "sslmode", "prefer"))
+		wantSQLState(t, err, "53300")
+	})
+	t.Run("psql-prefer", func(t *testing.T) {
+		out, err := runClient(t, p, []string{"PGSSLMODE=prefer"}, t.TempDir(), clientBinary(t, "psql"), "-X", "-d", "postgres", "-c", "SELECT 1")
+		if err == nil || !strings.Contains(out, "too many clients") {
+			t.Fatalf("psql: %v, want the 53300 message in:\n%s", err, out)
+		}
+	})
+	selectOne(t, first)
+}
+
+// TestCancelAtMaxConnections: a CancelRequest is not a session; like
+// PostgreSQL, the proxy must relay it even when it is at MaxConnections,
+// or a client can no longer cancel its own query exactly when the proxy
+// is busiest.
+func TestCancelAtMaxConnections(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{MaxConnections: 1})
+	conn := connectConfig(t, cancellingConfig(t, superDSN(p)))
+	checkCancel(t, conn)
+}

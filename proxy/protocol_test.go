@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
@@ -521,7 +523,7 @@ func TestCancelRequest(t *testing.T) {
 	pid := conn.PgConn().PID()
 	waitFor(t, "the query to start", func() bool {
 		n, err := pgxQueryDirect(t, fmt.Sprintf(
-			"SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND query LIKE 'SELECT pg_sleep%%'", pid))
+			"SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND state = 'active' AND query LIKE 'SELECT pg_sleep%%'", pid))
 		return err == nil && n == 1
 	})
 	if err := conn.PgConn().CancelRequest(ctx); err != nil {
@@ -537,7 +539,7 @@ func checkCancel(t *testing.T, conn *pgx.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	_, err := conn.Exec(ctx, "SELECT pg_sleep(10)")
+	_, err := conn.Exec(ctx, "SELECT pg_sleep(5)")
 	wantSQLState(t, err, "57014")
 	if conn.IsClosed() {
 		t.Fatal("connection closed after cancel")
@@ -729,5 +731,119 @@ func TestTransactions(t *testing.T) {
 	}
 	if n := count(); n != 2 {
 		t.Fatalf("%d rows after savepoint rollback, want 2", n)
+	}
+}
+
+// TestLargeMessages moves single messages much larger than the relay's
+// buffers in both directions: a 10 MB value in one DataRow, a 5 MB Query,
+// a 5 MB Bind parameter, and a 2 MB ErrorResponse.
+func TestLargeMessages(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+	conn := connect(t, superDSN(p))
+	ctx := ctxT(t)
+
+	var big string
+	if err := conn.QueryRow(ctx, "SELECT repeat('ab', 5000000)").Scan(&big); err != nil || len(big) != 10000000 {
+		t.Fatalf("10 MB value: got %d bytes, %v", len(big), err)
+	}
+	literal := strings.Repeat("q", 5<<20)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT length('"+literal+"')", pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil || n != len(literal) {
+		t.Fatalf("5 MB Query: length %d, %v", n, err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT length('"+literal+"')", pgx.QueryExecModeExec).Scan(&n); err != nil || n != len(literal) {
+		t.Fatalf("5 MB Parse: length %d, %v", n, err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT length($1::text)", literal).Scan(&n); err != nil || n != len(literal) {
+		t.Fatalf("5 MB Bind: length %d, %v", n, err)
+	}
+	_, err := conn.Exec(ctx, "DO $$ BEGIN RAISE EXCEPTION '%', repeat('e', 2000000) USING ERRCODE = 'P0001'; END $$")
+	wantSQLState(t, err, "P0001")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Message) != 2000000 {
+		t.Errorf("2 MB error message did not arrive whole: %.100v", err)
+	}
+	selectOne(t, conn)
+}
+
+// TestStartupNegotiation covers startup-phase requests other clients make:
+// GSSENCRequest (answered 'N'), NegotiateProtocolVersion from the server
+// (relayed), and a client asking for a newer minor protocol version.
+func TestStartupNegotiation(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+
+	t.Run("gssenc-request", func(t *testing.T) {
+		c := dialRaw(t, p.Addr())
+		buf, err := (&pgproto3.GSSEncRequest{}).Encode(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		var answer [1]byte
+		if _, err := io.ReadFull(c, answer[:]); err != nil || answer[0] != 'N' {
+			t.Fatalf("GSSENCRequest answered %q, %v; want 'N'", answer[0], err)
+		}
+		// The client goes on in plaintext.
+		fe := newFrontend(c)
+		sendStartup(t, fe, map[string]string{"user": "postgres", "database": "postgres"})
+		wantReady(t, fe)
+	})
+
+	t.Run("unknown-protocol-option", func(t *testing.T) {
+		c := dialRaw(t, p.Addr())
+		fe := newFrontend(c)
+		sendStartup(t, fe, map[string]string{"user": "postgres", "database": "postgres", "_pq_.fenceproxy_test": "1"})
+		var sawNegotiate bool
+		for {
+			msg, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := msg.(type) {
+			case *pgproto3.NegotiateProtocolVersion:
+				sawNegotiate = true
+				if len(m.UnrecognizedOptions) != 1 || m.UnrecognizedOptions[0] != "_pq_.fenceproxy_test" {
+					t.Errorf("NegotiateProtocolVersion lists %v", m.UnrecognizedOptions)
+				}
+			case *pgproto3.ErrorResponse:
+				t.Fatalf("startup refused: %s", m.Message)
+			}
+			if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+				break
+			}
+		}
+		if !sawNegotiate {
+			t.Error("no NegotiateProtocolVersion relayed")
+		}
+	})
+
+	t.Run("pgx-protocol-3.2", func(t *testing.T) {
+		// The server (PostgreSQL before 18 answers NegotiateProtocolVersion;
+		// 18 accepts) and pgx agree on a version through the proxy; the
+		// cancel key, longer in 3.2, must still work.
+		cfg := cancellingConfig(t, withQuery(p.URL("postgres", "", "postgres"), "max_protocol_version", "3.2"))
+		conn := connectConfig(t, cfg)
+		checkCancel(t, conn)
+	})
+}
+
+// wantReady reads startup messages up to ReadyForQuery.
+func wantReady(t testing.TB, fe *pgproto3.Frontend) {
+	t.Helper()
+	for {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("startup: %v", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			t.Fatalf("startup refused: %s (SQLSTATE %s)", m.Message, m.Code)
+		case *pgproto3.ReadyForQuery:
+			return
+		}
 	}
 }

@@ -126,7 +126,9 @@ type Server struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	sessions  map[*session]struct{}
-	wg        sync.WaitGroup
+	wg        sync.WaitGroup // sessions
+	serving   sync.WaitGroup // Serve loops
+	refusing  sync.WaitGroup // refused connections; Add only from Serve loops
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -177,11 +179,13 @@ func (s *Server) Serve(l net.Listener) error {
 		return ErrServerClosed
 	}
 	s.listeners[l] = struct{}{}
+	s.serving.Add(1)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.listeners, l)
 		s.mu.Unlock()
+		s.serving.Done()
 	}()
 
 	var backoff time.Duration
@@ -211,7 +215,7 @@ func (s *Server) startSession(c net.Conn) {
 	s.mu.Lock()
 	if s.draining.Load() {
 		s.mu.Unlock()
-		sess.refuse(fatal("57P01", "fenceproxy: the proxy is shutting down"))
+		s.refuseAsync(sess, fatal("57P01", "fenceproxy: the proxy is shutting down"))
 		return
 	}
 	s.sessions[sess] = struct{}{}
@@ -221,7 +225,7 @@ func (s *Server) startSession(c net.Conn) {
 		s.active.Add(-1)
 		s.forget(sess)
 		sess.log.Warn("connection refused: too many clients", zap.Int("max-connections", s.opts.MaxConnections))
-		sess.refuse(fatal("53300", "fenceproxy: sorry, too many clients already"))
+		s.refuseAsync(sess, fatal("53300", "fenceproxy: sorry, too many clients already"))
 		return
 	}
 	s.opts.Hooks.SessionOpened()
@@ -232,6 +236,16 @@ func (s *Server) startSession(c net.Conn) {
 			s.forget(sess)
 		}()
 		sess.run()
+	}()
+}
+
+// refuseAsync refuses a connection that gets no session, in its own
+// goroutine: refusing reads the client's startup packet first.
+func (s *Server) refuseAsync(sess *session, e *pgproto3.ErrorResponse) {
+	s.refusing.Add(1)
+	go func() {
+		defer s.refusing.Done()
+		sess.refuse(e)
 	}()
 }
 
@@ -261,19 +275,15 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // ActiveSessions reports the number of client sessions being served.
 func (s *Server) ActiveSessions() int { return int(s.active.Load()) }
 
-// Shutdown stops accepting connections, lets each session finish its
-// current transaction and closes it when it is idle, and when ctx is done
-// closes the remaining sessions with an admin-shutdown error. It returns
-// once every session has ended.
+// Shutdown stops accepting sessions, lets each session finish its current
+// transaction and closes it when it is idle, and when ctx is done closes
+// the remaining sessions with an admin-shutdown error. It returns once
+// every session has ended. While sessions drain the listeners stay open,
+// so that clients can still cancel their queries, as PostgreSQL allows
+// during its own shutdown; new clients are refused with 57P01.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining.Store(true)
-	var errs []error
-	for l := range s.listeners {
-		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
 	sessions := make([]*session, 0, len(s.sessions))
 	for sess := range s.sessions {
 		sessions = append(sessions, sess)
@@ -292,12 +302,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		s.mu.Lock()
+		rest := make([]*session, 0, len(s.sessions))
 		for sess := range s.sessions {
-			sess.terminate(fatal("57P01", "terminating connection due to administrator command"), "drain timeout")
+			rest = append(rest, sess)
 		}
 		s.mu.Unlock()
+		// Not under s.mu, which a session needs to end (forget), and in
+		// parallel, as each may take a moment.
+		for _, sess := range rest {
+			go sess.terminate(fatal("57P01", "terminating connection due to administrator command"), "drain timeout")
+		}
 		<-done
 	}
+
+	var errs []error
+	s.mu.Lock()
+	for l := range s.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	s.mu.Unlock()
+	s.serving.Wait() // no refuseAsync after this
+	s.refusing.Wait()
 	return errors.Join(errs...)
 }
 

@@ -46,6 +46,10 @@ type session struct {
 
 	// nonce makes refusal markers unguessable by the client.
 	nonce string
+	// backendKey is the upstream's BackendKeyData body (process ID and
+	// secret key), to cancel a running statement when the session is
+	// terminated. Never logged.
+	backendKey []byte
 
 	mu       sync.Mutex
 	state    relayState
@@ -84,13 +88,50 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 	return s
 }
 
-// refuse sends a FATAL error to a client whose session never started.
+// refuseTimeout bounds the startup exchange with a client that is refused.
+const refuseTimeout = 5 * time.Second
+
+// refuse sends a FATAL error to a client that gets no session. Like
+// PostgreSQL, it reads the startup packet first, negotiating TLS as usual:
+// a client that opened with SSLRequest expects 'S' or 'N', and libpq does
+// not show an error sent in their place ("server sent an error response
+// during SSL exchange"). A CancelRequest is relayed, not refused: it is no
+// session, and clients must be able to cancel when the proxy is full or
+// draining.
 func (s *session) refuse(e *pgproto3.ErrorResponse) {
-	_ = s.client.SetWriteDeadline(time.Now().Add(time.Second))
-	if buf, err := e.Encode(nil); err == nil {
-		_, _ = s.client.Write(buf)
+	defer s.client.Close()
+	_ = s.client.SetDeadline(time.Now().Add(refuseTimeout))
+	tlsDone := false
+	for {
+		pkt, err := s.readFirstPacket(&tlsDone)
+		if err != nil {
+			return
+		}
+		if pkt == nil { // TLS negotiated
+			continue
+		}
+		switch code := startupCode(pkt); {
+		case code == codeSSLRequest && !tlsDone && s.srv.opts.ClientTLS != nil:
+			if _, err := s.client.Write([]byte{'S'}); err != nil {
+				return
+			}
+			if err := s.startTLS(nil); err != nil {
+				return
+			}
+			tlsDone = true
+			continue
+		case code == codeSSLRequest, code == codeGSSENCRequest:
+			if _, err := s.client.Write([]byte{'N'}); err != nil {
+				return
+			}
+			continue
+		case code == codeCancelRequest:
+			s.forwardCancel(pkt)
+			return
+		}
+		break
 	}
-	_ = s.client.Close()
+	s.sendFatal(e)
 }
 
 func (s *session) run() {
@@ -187,19 +228,53 @@ func (s *session) drain() {
 func (s *session) terminate(e *pgproto3.ErrorResponse, why string) {
 	s.mu.Lock()
 	relaying := s.state.relaying
+	busy := s.state.inFlight > 0 || s.state.unsynced
 	s.state.finishing = true
 	s.mu.Unlock()
+	if relaying && busy {
+		// The client is told its session is terminated, so a statement
+		// still running upstream must not go on, and commit, after that:
+		// a backend notices a closed socket only when it next does I/O.
+		s.cancelUpstream()
+	}
 	if relaying {
 		// Unblock a copier stuck writing to a slow client, then inject the
 		// error between batches.
 		_ = s.client.SetWriteDeadline(time.Now().Add(time.Second))
-		s.cwMu.Lock()
-		_ = writeMsg(s.cw, e)
-		_ = s.cw.Flush()
-		s.cwMu.Unlock()
+		// The upstream-to-client copier holds cwMu while it relays a
+		// message, and may be stuck on an upstream that stopped in the
+		// middle of one: wait a bounded time, then close without the error.
+		if s.lockClientWriter(time.Second) {
+			_ = writeMsg(s.cw, e)
+			_ = s.cw.Flush()
+			s.cwMu.Unlock()
+		}
 	}
 	s.log.Info("closing session", zap.String("reason", why))
 	s.close(errSessionDone)
+}
+
+// lockClientWriter tries to lock cwMu for up to d.
+func (s *session) lockClientWriter(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !s.cwMu.TryLock() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// cancelUpstream asks the upstream to cancel the session's running
+// statement, with the key from its BackendKeyData.
+func (s *session) cancelUpstream() {
+	if len(s.backendKey) < 8 {
+		return
+	}
+	pkt := binary.BigEndian.AppendUint32(nil, uint32(8+len(s.backendKey)))
+	pkt = binary.BigEndian.AppendUint32(pkt, codeCancelRequest)
+	s.forwardCancel(append(pkt, s.backendKey...))
 }
 
 // ---- startup ----
@@ -400,6 +475,11 @@ const (
 // ReadyForQuery. The proxy holds no passwords: every challenge is relayed to
 // the client and every answer to the upstream.
 func (s *session) relayAuth() error {
+	// plusWithheld: the upstream offered SCRAM-SHA-256-PLUS and the client
+	// was not told. Such an upstream refuses a client that says it supports
+	// channel binding but was not offered it (GS2 flag "y"), taking it for
+	// a downgrade attack (RFC 5802, section 6); say why before it does.
+	plusWithheld := false
 	for {
 		typ, n, err := s.ur.header()
 		if err != nil {
@@ -418,8 +498,8 @@ func (s *session) relayAuth() error {
 				return upstreamErr(errors.New("short authentication message"))
 			}
 			code := binary.BigEndian.Uint32(body)
-			if code == authSASL {
-				body, err = withoutChannelBinding(body)
+			if code == authSASL && !s.channelBindingPassesThrough() {
+				body, plusWithheld, err = withoutChannelBinding(body)
 				if err != nil {
 					return upstreamErr(err)
 				}
@@ -442,6 +522,10 @@ func (s *session) relayAuth() error {
 			if err != nil {
 				return clientErr(err)
 			}
+			if code == authSASL && plusWithheld && ctyp == 'p' && saslWantsBinding(cbody) {
+				s.sendFatal(fatal("28000", "fenceproxy: SCRAM channel binding cannot pass through the proxy, which terminates TLS; connect with channel_binding=disable"))
+				return clientErr(errors.New("client wants SCRAM channel binding, which the proxy cannot relay"))
+			}
 			if err := writeRaw(s.uw, ctyp, cbody); err != nil {
 				return upstreamErr(err)
 			}
@@ -463,7 +547,9 @@ func (s *session) relayAuth() error {
 			return upstreamErr(errors.New("startup refused"))
 		case 'Z':
 			if len(body) == 1 {
+				s.mu.Lock() // read by drain, from Shutdown
 				s.state.txStatus = body[0]
+				s.mu.Unlock()
 			}
 			if err := writeRaw(s.cw, typ, body); err != nil {
 				return clientErr(err)
@@ -473,6 +559,9 @@ func (s *session) relayAuth() error {
 			}
 			return nil
 		default: // ParameterStatus, BackendKeyData, NegotiateProtocolVersion, notices
+			if typ == 'K' {
+				s.backendKey = append([]byte(nil), body...)
+			}
 			if typ == 'K' && len(body) >= 4 {
 				// Only the process ID is kept (to attribute audit events to
 				// sessions); the secret key is relayed and forgotten.
@@ -489,11 +578,12 @@ func (s *session) relayAuth() error {
 
 // withoutChannelBinding removes SCRAM-SHA-256-PLUS from an
 // AuthenticationSASL mechanism list: the proxy terminates TLS, so the
-// client's channel binding data could never match the upstream's.
-func withoutChannelBinding(body []byte) ([]byte, error) {
+// client's channel binding data could never match the upstream's. It
+// reports whether it removed anything.
+func withoutChannelBinding(body []byte) ([]byte, bool, error) {
 	var m pgproto3.AuthenticationSASL
 	if err := m.Decode(body); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	kept := m.AuthMechanisms[:0]
 	for _, mech := range m.AuthMechanisms {
@@ -501,12 +591,44 @@ func withoutChannelBinding(body []byte) ([]byte, error) {
 			kept = append(kept, mech)
 		}
 	}
+	withheld := len(kept) < len(m.AuthMechanisms)
 	m.AuthMechanisms = kept
 	buf, err := m.Encode(nil)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return buf[5:], nil
+	return buf[5:], withheld, nil
+}
+
+// channelBindingPassesThrough reports whether SCRAM-SHA-256-PLUS can work
+// end to end: both legs are TLS and the proxy served the client the very
+// certificate the upstream served the proxy, so the tls-server-end-point
+// binding data (a hash of that certificate) is the same on both sides.
+func (s *session) channelBindingPassesThrough() bool {
+	if _, ok := s.client.(*tls.Conn); !ok {
+		return false
+	}
+	up, ok := s.upstream.(*tls.Conn)
+	if !ok {
+		return false
+	}
+	cfg := s.srv.opts.ClientTLS
+	if cfg == nil || cfg.GetCertificate != nil || cfg.GetConfigForClient != nil ||
+		len(cfg.Certificates) != 1 || len(cfg.Certificates[0].Certificate) == 0 {
+		return false // which certificate the client saw is not known
+	}
+	peer := up.ConnectionState().PeerCertificates
+	return len(peer) > 0 && bytes.Equal(peer[0].Raw, cfg.Certificates[0].Certificate[0])
+}
+
+// saslWantsBinding reports whether a SASLInitialResponse body carries the
+// GS2 flag "y": the client supports channel binding but was not offered it.
+func saslWantsBinding(body []byte) bool {
+	var m pgproto3.SASLInitialResponse
+	if err := m.Decode(body); err != nil {
+		return false
+	}
+	return len(m.Data) > 0 && m.Data[0] == 'y'
 }
 
 // ---- relay ----

@@ -3,11 +3,15 @@ package proxy_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/proxy"
@@ -142,20 +146,11 @@ func TestShutdownDrainTimeout(t *testing.T) {
 	if _, err := stuck.Exec(ctx, "BEGIN; INSERT INTO "+table+" VALUES (1)", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	// A second stuck session, in the middle of a long query.
-	busy := connect(t, superDSN(p))
-	busyErr := make(chan error, 1)
-	go func() {
-		_, err := busy.Exec(context.Background(), "SELECT pg_sleep(60)")
-		busyErr <- err
-	}()
+	pid := stuck.PgConn().PID()
 
-	res := <-shutdownAsync(p, 500*time.Millisecond)
-	if res.err != nil {
-		t.Fatalf("Shutdown: %v", res.err)
-	}
-	if !res.timedOut {
-		t.Error("Shutdown returned before its deadline although a transaction was open")
+	res := waitShutdown(t, p, 300*time.Millisecond)
+	if res.err != nil || !res.timedOut {
+		t.Fatalf("Shutdown returned %v, timed out %v; want nil after the deadline", res.err, res.timedOut)
 	}
 	if n := p.Server.ActiveSessions(); n != 0 {
 		t.Errorf("ActiveSessions() = %d after Shutdown, want 0", n)
@@ -167,18 +162,57 @@ func TestShutdownDrainTimeout(t *testing.T) {
 	if code := sqlState(err); code != "" && code != "57P01" {
 		t.Fatalf("COMMIT after drain deadline: %v, want 57P01 or a closed connection", err)
 	}
-	if err := <-busyErr; err == nil {
-		t.Fatal("long query survived the drain deadline")
-	} else if code := sqlState(err); code != "" && code != "57P01" {
-		t.Fatalf("long query: %v, want 57P01 or a closed connection", err)
-	}
-	waitFor(t, "the server to roll the transaction back", func() bool {
-		n, err := pgxQueryDirect(t, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'BEGIN; INSERT INTO "+table+"%' OR query = 'SELECT pg_sleep(60)'")
-		return err == nil && n == 0
-	})
+	waitFor(t, "the upstream session to end", func() bool { return backendAlive(t, pid) == 0 })
 	if n, err := pgxQueryDirect(t, "SELECT count(*) FROM "+table); err != nil || n != 0 {
 		t.Fatalf("rows = %d, %v; want 0 (rolled back)", n, err)
 	}
+}
+
+// TestShutdownDrainTimeoutRunningStatement: a session whose statement is
+// still running at the drain deadline is told "terminating connection due
+// to administrator command" (57P01). That must hold upstream too: the
+// statement must not go on to commit after the client was told its
+// session was terminated. Closing the upstream socket is not enough, a
+// backend notices a closed client only when it next reads or writes.
+func TestShutdownDrainTimeoutRunningStatement(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+	table := newTable(t, "id int")
+	busy := connect(t, superDSN(p))
+	pid := busy.PgConn().PID()
+	busyErr := make(chan error, 1)
+	go func() {
+		_, err := busy.Exec(context.Background(), "INSERT INTO "+table+" SELECT 1 FROM pg_sleep(3)", pgx.QueryExecModeSimpleProtocol)
+		busyErr <- err
+	}()
+	waitFor(t, "the statement to run", func() bool {
+		n, err := pgxQueryDirect(t, fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND state = 'active'", pid))
+		return err == nil && n == 1
+	})
+
+	res := waitShutdown(t, p, 300*time.Millisecond)
+	if res.err != nil || !res.timedOut {
+		t.Fatalf("Shutdown returned %v, timed out %v; want nil after the deadline", res.err, res.timedOut)
+	}
+	if err := <-busyErr; err == nil {
+		t.Fatal("statement completed although the drain deadline passed while it ran")
+	} else if code := sqlState(err); code != "" && code != "57P01" && code != "57014" {
+		t.Fatalf("statement: %v, want 57P01, 57014 or a closed connection", err)
+	}
+	waitFor(t, "the upstream session to end", func() bool { return backendAlive(t, pid) == 0 })
+	if n, err := pgxQueryDirect(t, "SELECT count(*) FROM "+table); err != nil || n != 0 {
+		t.Fatalf("the statement of a terminated session committed %d rows (err %v); want 0", n, err)
+	}
+}
+
+// backendAlive returns 1 if the server process pid is still a session.
+func backendAlive(t testing.TB, pid uint32) int {
+	t.Helper()
+	n, err := pgxQueryDirect(t, fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE pid = %d", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestShutdownDuringStartup: a client that is in the middle of its startup
@@ -202,5 +236,170 @@ func TestShutdownDuringStartup(t *testing.T) {
 	}
 	if res := <-done; res.err != nil {
 		t.Fatalf("Shutdown: %v", res.err)
+	}
+}
+
+// TestCancelDuringShutdown: while the proxy drains, a client must still be
+// able to cancel its running query (PostgreSQL handles cancel requests in
+// every shutdown mode), after which its session can end.
+func TestCancelDuringShutdown(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+	conn := connectConfig(t, cancellingConfig(t, superDSN(p)))
+	if _, err := conn.Exec(ctxT(t), "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	done := shutdownAsync(p, time.Minute)
+	waitRefusing(t, p)
+	checkCancelInTx(t, conn)
+	if _, err := conn.Exec(ctxT(t), "ROLLBACK"); err != nil {
+		t.Fatalf("ROLLBACK during shutdown: %v", err)
+	}
+	if res := <-done; res.err != nil || res.timedOut {
+		t.Fatalf("Shutdown returned %v, timed out %v", res.err, res.timedOut)
+	}
+}
+
+// checkCancelInTx is checkCancel for a session in a transaction, which the
+// cancelled statement aborts.
+func checkCancelInTx(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := conn.Exec(ctx, "SELECT pg_sleep(5)")
+	wantSQLState(t, err, "57014")
+	if conn.IsClosed() {
+		t.Fatal("connection closed after cancel")
+	}
+}
+
+// TestShutdownDrainTimeoutSlowClient: a client that stopped reading in the
+// middle of a large result (e.g. a paused process) cannot hold the drain
+// deadline up.
+func TestShutdownDrainTimeoutSlowClient(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+	c, fe := rawSession(t, p.Addr(), map[string]string{"application_name": "slow-client"})
+	fe.Send(&pgproto3.Query{String: "SELECT repeat('x', 1000) FROM generate_series(1, 1000000)"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Never read: the socket buffers fill and the relay blocks writing.
+	time.Sleep(200 * time.Millisecond)
+
+	res := waitShutdown(t, p, 300*time.Millisecond)
+	if res.err != nil || !res.timedOut {
+		t.Fatalf("Shutdown returned %v, timed out %v; want nil after the deadline", res.err, res.timedOut)
+	}
+	_ = c.Close()
+	waitFor(t, "the upstream session to end", func() bool { return upstreamSessions(t, "slow-client") == 0 })
+}
+
+// TestShutdownDrainTimeoutStalledUpstream: an upstream that stops sending
+// in the middle of a message cannot hold the drain deadline up either. The
+// upstream is a scripted fake server.
+func TestShutdownDrainTimeoutStalledUpstream(t *testing.T) {
+	t.Parallel()
+	upstream, stalled := stallingUpstream(t)
+	p := proxytest.Start(t, upstream, proxy.Options{})
+	_, fe := rawSession(t, p.Addr(), nil)
+	fe.Send(&pgproto3.Query{String: "SELECT stall"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	<-stalled
+	time.Sleep(100 * time.Millisecond) // for the relay to start reading the DataRow
+	res := waitShutdown(t, p, 300*time.Millisecond)
+	if res.err != nil || !res.timedOut {
+		t.Fatalf("Shutdown returned %v, timed out %v; want nil after the deadline", res.err, res.timedOut)
+	}
+}
+
+// waitShutdown runs Shutdown with a drain timeout and fails the test if it
+// has not returned long after that timeout.
+func waitShutdown(t *testing.T, p *proxytest.Proxy, timeout time.Duration) shutdownResult {
+	t.Helper()
+	select {
+	case res := <-shutdownAsync(p, timeout):
+		return res
+	case <-time.After(timeout + 20*time.Second):
+		t.Fatalf("Shutdown with a %v drain timeout has not returned after 20s more", timeout)
+		return shutdownResult{}
+	}
+}
+
+// stallingUpstream starts a fake PostgreSQL server that accepts any
+// startup, and answers any Query with a RowDescription and the first bytes
+// of a DataRow, then stalls until the connection is closed. The channel is
+// closed when the first stall begins.
+func stallingUpstream(t *testing.T) (string, <-chan struct{}) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg      sync.WaitGroup
+		once    sync.Once
+		stalled = make(chan struct{})
+	)
+	t.Cleanup(func() {
+		_ = l.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serveStalling(c, func() { once.Do(func() { close(stalled) }) })
+			}()
+		}
+	}()
+	return l.Addr().String(), stalled
+}
+
+func serveStalling(c net.Conn, stalling func()) {
+	be := pgproto3.NewBackend(c, c)
+	msg, err := be.ReceiveStartupMessage()
+	if err != nil {
+		return
+	}
+	if _, ok := msg.(*pgproto3.StartupMessage); !ok {
+		return // e.g. a CancelRequest: close, as PostgreSQL does
+	}
+	be.Send(&pgproto3.AuthenticationOk{})
+	be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
+	be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	if err := be.Flush(); err != nil {
+		return
+	}
+	for {
+		msg, err := be.Receive()
+		if err != nil {
+			return
+		}
+		if _, ok := msg.(*pgproto3.Query); !ok {
+			continue
+		}
+		be.Send(&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("x"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1}}})
+		if err := be.Flush(); err != nil {
+			return
+		}
+		// DataRow header for 1000 bytes, then 10 of them.
+		if _, err := c.Write(append([]byte{'D', 0, 0, 0x03, 0xec}, "0123456789"...)); err != nil {
+			return
+		}
+		// Stall until the proxy goes away.
+		stalling()
+		_, _ = io.Copy(io.Discard, c)
+		return
 	}
 }

@@ -100,3 +100,19 @@ func TestRequireClientTLS(t *testing.T) {
 	}
 	waitFor(t, "refused sessions to end", func() bool { return p.Server.ActiveSessions() == 2 })
 }
+
+// TestNoClientTLS: a proxy without ClientTLS answers SSLRequest with 'N',
+// so sslmode=prefer falls back to plaintext and sslmode=require fails.
+func TestNoClientTLS(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+	conn := connect(t, withQuery(p.URL("postgres", "", "postgres"), "sslmode", "prefer"))
+	if _, isTLS := conn.PgConn().Conn().(*tls.Conn); isTLS {
+		t.Error("TLS negotiated with a proxy that has no certificate")
+	}
+	selectOne(t, conn)
+	if _, err := pgx.Connect(ctxT(t), withQuery(p.URL("postgres", "", "postgres"), "sslmode", "require")); err == nil {
+		t.Fatal("sslmode=require connected to a proxy without TLS")
+	}
+	waitFor(t, "the refused session to end", func() bool { return p.Server.ActiveSessions() == 1 })
+}
