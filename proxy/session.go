@@ -559,12 +559,11 @@ func (s *session) relayAuth() error {
 			}
 			return nil
 		default: // ParameterStatus, BackendKeyData, NegotiateProtocolVersion, notices
-			if typ == 'K' {
-				s.backendKey = append([]byte(nil), body...)
-			}
 			if typ == 'K' && len(body) >= 4 {
-				// Only the process ID is kept (to attribute audit events to
-				// sessions); the secret key is relayed and forgotten.
+				// The key is kept to cancel a running statement when the
+				// session is closed by force (never logged); the process ID
+				// also attributes audit events to sessions.
+				s.backendKey = append([]byte(nil), body...)
 				s.srv.mu.Lock() // read by SessionByBackendPID
 				s.info.BackendPID = binary.BigEndian.Uint32(body)
 				s.srv.mu.Unlock()
