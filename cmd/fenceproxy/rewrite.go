@@ -1,0 +1,69 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// rewriteMain implements `fenceproxy rewrite -c FILE [SQL | -]`: it prints
+// the SQL the proxy would send for SQL, "-- forwarded unchanged", or the
+// refusal with its SQLSTATE (exit status 3). With no SQL argument, or "-",
+// the SQL is read from standard input.
+func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rewrite", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("c", "fenceproxy.yaml", "config file (only token_setting and tables are used)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: fenceproxy rewrite -c FILE [SQL | -]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var sql string
+	switch rest := fs.Args(); {
+	case len(rest) == 0 || (len(rest) == 1 && rest[0] == "-"):
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			fmt.Fprintf(stderr, "fenceproxy rewrite: %v\n", err)
+			return 1
+		}
+		sql = string(b)
+	default:
+		sql = strings.Join(rest, " ")
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		fmt.Fprintf(stderr, "fenceproxy rewrite: %v\n", err)
+		return 1
+	}
+	rs, err := cfg.Rules()
+	if err != nil {
+		fmt.Fprintf(stderr, "fenceproxy rewrite: %v\n", err)
+		return 1
+	}
+	d := rs.Decide(sql)
+	switch d.Action {
+	case rules.Forward:
+		fmt.Fprintln(stdout, "-- forwarded unchanged")
+		fmt.Fprintln(stdout, strings.TrimSpace(sql))
+	case rules.Rewrite:
+		fmt.Fprintf(stdout, "-- rewritten (protected: %s)\n", strings.Join(d.Tables, ", "))
+		fmt.Fprintln(stdout, d.SQL)
+	case rules.Refuse:
+		fmt.Fprintf(stdout, "-- refused: ERROR %s: %s\n", d.Err.Code, d.Err.Message)
+		if d.Err.Detail != "" {
+			fmt.Fprintf(stdout, "-- DETAIL: %s\n", d.Err.Detail)
+		}
+		if d.Err.Hint != "" {
+			fmt.Fprintf(stdout, "-- HINT: %s\n", d.Err.Hint)
+		}
+		return 3
+	}
+	return 0
+}
