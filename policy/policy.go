@@ -1,7 +1,8 @@
 // Package policy connects the pure rewriter (package rules) to the relay
 // (package proxy): it holds the rule set in force, swaps it on reload, turns
-// rules decisions into proxy decisions, and translates the errors that
-// rewritten statements raise on purpose into fenceproxy errors.
+// rules decisions into proxy decisions, translates the errors that
+// rewritten statements raise on purpose into fenceproxy errors, and counts
+// what happened in the metrics.
 package policy
 
 import (
@@ -17,9 +18,35 @@ import (
 
 // Policy implements proxy.Policy. The zero value is not usable; use New.
 type Policy struct {
-	current atomic.Pointer[rules.Rules]
+	current atomic.Pointer[ruleSet]
 	log     *zap.Logger
 	metrics *metrics.Metrics
+}
+
+// ruleSet is a rule set with the lookups the policy needs.
+type ruleSet struct {
+	rules  *rules.Rules
+	tables map[string]bool // display names of protected tables
+}
+
+func newRuleSet(rs *rules.Rules) *ruleSet {
+	s := &ruleSet{rules: rs, tables: make(map[string]bool)}
+	if rs != nil {
+		for _, t := range rs.Tables() {
+			s.tables[t] = true
+		}
+	}
+	return s
+}
+
+// tableLabel returns a metric label for a table named in an upstream error.
+// The name comes from text the server sent back, which a client can forge,
+// so only configured names are used as label values.
+func (s *ruleSet) tableLabel(t string) string {
+	if s.tables[t] {
+		return t
+	}
+	return "unknown"
 }
 
 // Options configure a Policy.
@@ -32,25 +59,25 @@ type Options struct {
 
 var _ proxy.Policy = (*Policy)(nil)
 
-// New returns a Policy enforcing rs.
+// New returns a Policy enforcing rs (nil: forward everything).
 func New(rs *rules.Rules, opts Options) *Policy {
 	p := &Policy{log: opts.Logger, metrics: opts.Metrics}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
-	p.current.Store(rs)
+	p.current.Store(newRuleSet(rs))
 	return p
 }
 
 // Swap installs a new rule set; statements decided after it returns use it.
-func (p *Policy) Swap(rs *rules.Rules) { p.current.Store(rs) }
+func (p *Policy) Swap(rs *rules.Rules) { p.current.Store(newRuleSet(rs)) }
 
 // Rules returns the rule set in force.
-func (p *Policy) Rules() *rules.Rules { return p.current.Load() }
+func (p *Policy) Rules() *rules.Rules { return p.current.Load().rules }
 
 // Decide implements proxy.Policy.
 func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
-	rs := p.current.Load()
+	rs := p.current.Load().rules
 	if rs == nil {
 		return proxy.Decision{}
 	}
@@ -73,11 +100,12 @@ func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorRespon
 	}
 	e.Code, e.Message, e.Detail, e.Hint = fe.Code, fe.Message, fe.Detail, fe.Hint
 	if p.metrics != nil {
+		table := p.current.Load().tableLabel(fe.Table)
 		switch fe.Code {
 		case rules.CodeStaleToken:
-			p.metrics.StaleRejections.WithLabelValues(fe.Table).Inc()
+			p.metrics.StaleRejections.WithLabelValues(table).Inc()
 		case rules.CodeMissingToken:
-			p.metrics.MissingTokens.WithLabelValues(fe.Table, "rejected").Inc()
+			p.metrics.MissingTokens.WithLabelValues(table, "rejected").Inc()
 		}
 	}
 	return true
@@ -85,7 +113,7 @@ func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorRespon
 
 func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {
 	if e == nil {
-		return &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000", Message: "fenceproxy: statement refused"}
+		return &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: rules.CodeRefused, Message: "fenceproxy: statement refused"}
 	}
 	return &pgproto3.ErrorResponse{
 		Severity: "ERROR", SeverityUnlocalized: "ERROR",
