@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+)
+
+// TestMain lets the test binary act as the fenceproxy command, so tests can
+// run `fenceproxy serve` as a real process and signal it.
+func TestMain(m *testing.M) {
+	if os.Getenv("FENCEPROXY_TEST_AS_MAIN") == "1" {
+		os.Exit(runMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// startServeProcess runs `fenceproxy serve -c cfg` as a child process and
+// returns its listen address, read from its log.
+func startServeProcess(t *testing.T, cfg string) (*exec.Cmd, string, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "serve", "-c", cfg)
+	cmd.Env = append(os.Environ(), "FENCEPROXY_TEST_AS_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	logs := &strings.Builder{}
+	addrc := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`"listen": ?"([0-9.:]+)"`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			logs.WriteString(line + "\n")
+			if m := re.FindStringSubmatch(line); m != nil && strings.Contains(line, "fenceproxy listening") {
+				select {
+				case addrc <- m[1]:
+				default:
+				}
+			}
+		}
+		close(addrc)
+	}()
+	select {
+	case addr, ok := <-addrc:
+		if !ok {
+			t.Fatalf("fenceproxy exited before listening:\n%s", logs)
+		}
+		return cmd, addr, logs
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fenceproxy did not start:\n%s", logs)
+	}
+	return nil, "", nil
+}
+
+// TestServeDrainsOnSIGTERM: a transaction in flight when the process gets
+// SIGTERM commits; a new connection is refused; the process exits 0 once
+// the session ends.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	pg := pgtest.Start(t, pgcluster.Options{})
+	ctx := context.Background()
+	if err := pg.Exec(ctx, "CREATE TABLE drained (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	text := fmt.Sprintf("listen: 127.0.0.1:0\nupstream:\n  address: %s\nadmin:\n  listen: \"off\"\nshutdown:\n  drain_timeout: 30s\n", pg.Addr())
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd, addr, logs := startServeProcess(t, cfg)
+	dsn := "postgres://postgres@" + addr + "/postgres?sslmode=disable"
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO drained VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// New connections are refused while the transaction drains.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code != "57P01" {
+				t.Fatalf("new connection during drain: %v, want 57P01 or a refused connection", err)
+			}
+			break
+		}
+		c.Close(ctx)
+		if time.Now().After(deadline) {
+			t.Fatal("new connections still accepted 10s after SIGTERM")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO drained VALUES (2)"); err != nil {
+		t.Fatalf("statement in the draining transaction: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit during drain: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("fenceproxy exit: %v\n%s", err, logs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("fenceproxy did not exit after the session became idle:\n%s", logs)
+	}
+	// The session was closed after its commit.
+	if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("session still usable after the proxy exited")
+	}
+	var n int
+	direct, err := pgx.Connect(ctx, pg.SuperuserDSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	if err := direct.QueryRow(ctx, "SELECT count(*) FROM drained").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("rows committed = %d, want 2", n)
+	}
+	if !strings.Contains(logs.String(), "shutting down") {
+		t.Errorf("no shutdown log line:\n%s", logs)
+	}
+}
+
+// TestServeRejectsBadConfig: an invalid file stops startup with a message
+// naming the key.
+func TestServeRejectsBadConfig(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(cfg, []byte("upstream:\n  address: 127.0.0.1:5432\nlimits:\n  max_connections: -1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	code := runMain([]string{"serve", "-c", cfg}, strings.NewReader(""), io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "limits.max_connections") {
+		t.Fatalf("exit %d, stderr %q; want 1 and a message naming limits.max_connections", code, stderr.String())
+	}
+}
+
+// TestRewriteCommand runs `fenceproxy rewrite` on the README's examples.
+func TestRewriteCommand(t *testing.T) {
+	cfg := "../../config.example.yaml"
+	cases := []struct {
+		sql      string
+		code     int
+		contains []string
+	}{
+		{"UPDATE config SET payload = 'x' WHERE id = 1", 0, []string{"-- rewritten", "last_fence = CASE WHEN config.last_fence <=", "current_setting('fence.token', true)"}},
+		{"DELETE FROM config WHERE id = 1", 0, []string{"-- rewritten", "DELETE FROM config WHERE id = 1 AND"}},
+		{"INSERT INTO config (id, payload) VALUES (2, 'y')", 0, []string{"-- rewritten", "(id, payload, last_fence)"}},
+		{"SELECT * FROM config", 0, []string{"-- forwarded unchanged"}},
+		{"TRUNCATE config", 3, []string{"-- refused: ERROR FP003"}},
+		{"COPY config FROM STDIN", 3, []string{"-- refused: ERROR FP003"}},
+	}
+	for _, c := range cases {
+		var out, errb strings.Builder
+		code := runMain([]string{"rewrite", "-c", cfg, c.sql}, strings.NewReader(""), &out, &errb)
+		if code != c.code {
+			t.Errorf("%s: exit %d, want %d (stderr %q)", c.sql, code, c.code, errb.String())
+		}
+		for _, want := range c.contains {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s: output lacks %q:\n%s", c.sql, want, out.String())
+			}
+		}
+	}
+	// SQL from standard input.
+	var out strings.Builder
+	if code := runMain([]string{"rewrite", "-c", cfg, "-"}, strings.NewReader("UPDATE public.config SET payload = 'z'"), &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-- rewritten") {
+		t.Errorf("stdin: exit %d, output %q", code, out.String())
+	}
+}
