@@ -1,0 +1,65 @@
+package rules
+
+import (
+	"container/list"
+	"sync"
+)
+
+// maxCachedSQLLen keeps very large statements (bulk INSERTs, usually unique)
+// out of the cache, so the cache's memory is bounded by entries × this.
+const maxCachedSQLLen = 32 << 10
+
+// decisionCache is a bounded LRU of decisions keyed by statement text.
+// A single mutex is enough: the critical sections are a map lookup and a
+// list move, far cheaper than the parse they save.
+type decisionCache struct {
+	mu  sync.Mutex
+	max int
+	ll  list.List // front = most recently used; values are *cacheEntry
+	m   map[string]*list.Element
+}
+
+type cacheEntry struct {
+	key string
+	d   Decision
+}
+
+func newDecisionCache(max int) *decisionCache {
+	return &decisionCache{max: max, m: make(map[string]*list.Element, max)}
+}
+
+func (c *decisionCache) get(sql string) (Decision, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[sql]
+	if !ok {
+		return Decision{}, false
+	}
+	c.ll.MoveToFront(e)
+	return e.Value.(*cacheEntry).d, true
+}
+
+func (c *decisionCache) put(sql string, d Decision) {
+	if len(sql) > maxCachedSQLLen {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[sql]; ok {
+		e.Value.(*cacheEntry).d = d
+		c.ll.MoveToFront(e)
+		return
+	}
+	if c.ll.Len() >= c.max {
+		old := c.ll.Back()
+		c.ll.Remove(old)
+		delete(c.m, old.Value.(*cacheEntry).key)
+	}
+	c.m[sql] = c.ll.PushFront(&cacheEntry{key: sql, d: d})
+}
+
+func (c *decisionCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ll.Len()
+}

@@ -1,0 +1,325 @@
+package rules
+
+import (
+	"strconv"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+)
+
+// This file builds the expressions the rewriter adds, as parse-tree nodes.
+// Nothing here formats SQL text: names and constants become String and
+// A_Const nodes, and the deparser quotes them.
+//
+// With s = pg_catalog.current_setting('<setting>', true) (NULL when the
+// setting was never set in the session), F = <qual>.<fence column> and
+// CMP = <= (or < when strict):
+//
+//	V     = (s ~ '<tokenPattern>') IS TRUE   -- true or false, never NULL
+//	TOK   = s::bigint
+//	TOK?  = CASE WHEN V THEN TOK END         -- NULL unless the token is valid
+//	FRESH = F CMP TOK
+//	RAISE = (<marker text>)::bigint          -- always fails with 22P02
+//
+// V contains no column reference, so in a WHERE clause the planner treats it
+// as a pseudo-constant and evaluates it once ("One-Time Filter").
+//
+// Why TOK? and not TOK in WHERE clauses: when the planner estimates the
+// selectivity of "F <= expr" it pre-evaluates stable functions in expr
+// (estimate_expression_value), so a bare s::bigint would fail at plan time
+// with a raw "invalid input syntax" error whenever the token is invalid,
+// before the friendly FP002 check could run. Inside CASE it is never
+// evaluated for an invalid token.
+//
+// Every RAISE contains a call of current_setting or a column reference:
+// the planner folds immutable subexpressions, even inside CASE branches that
+// are never taken, so a constant marker cast would fail at plan time.
+//
+// The expressions are kept small on purpose: every node costs time in the
+// proxy (protobuf encoding for the deparser, the round-trip check) and in
+// the server's parser, and an INSERT stamps every VALUES row.
+
+// tokenPattern matches exactly the decimal strings of 1..2^63-1, with
+// optional leading zeros: signs, spaces, underscores, exponents, and the hex
+// and octal forms that bigint input would also accept are rejected. Being a
+// single regular expression (rather than a pattern plus a numeric range
+// check) it needs the setting only once.
+var tokenPattern = rangePattern(MaxToken)
+
+// rangePattern builds an anchored regular expression matching the decimal
+// numbers 1..max (max without leading zeros), optionally zero-padded: all
+// numbers with fewer digits than max, and for numbers with as many digits,
+// one alternative per position where a smaller digit may stand.
+func rangePattern(max string) string {
+	n := len(max)
+	alts := []string{`[1-9][0-9]{0,` + strconv.Itoa(n-2) + `}`}
+	for i := 0; i < n; i++ {
+		lo, hi := byte('0'), max[i]-1
+		if i == 0 {
+			lo = '1'
+		}
+		if hi < lo {
+			continue
+		}
+		alt := max[:i] + digitClass(lo, hi)
+		switch rest := n - 1 - i; rest {
+		case 0:
+		case 1:
+			alt += `[0-9]`
+		default:
+			alt += `[0-9]{` + strconv.Itoa(rest) + `}`
+		}
+		alts = append(alts, alt)
+	}
+	alts = append(alts, max)
+	return `^0*(` + strings.Join(alts, "|") + `)$`
+}
+
+func digitClass(lo, hi byte) string {
+	if lo == hi {
+		return string(lo)
+	}
+	return "[" + string(lo) + "-" + string(hi) + "]"
+}
+
+type fencer struct {
+	setting string
+	t       *tableRule
+	// qual qualifies the fence column: the target's alias, or its relation
+	// name when it has none.
+	qual string
+}
+
+// setting returns pg_catalog.current_setting('<setting>', true).
+func (f *fencer) settingExpr() *pg.Node {
+	return fn("current_setting", aStr(f.setting), aBool(true))
+}
+
+// valid returns V.
+func (f *fencer) valid() *pg.Node {
+	return isTrue(op("~", f.settingExpr(), aStr(tokenPattern)))
+}
+
+// tok returns TOK.
+func (f *fencer) tok() *pg.Node { return cast(f.settingExpr(), "int8") }
+
+// guardedTok returns TOK?.
+func (f *fencer) guardedTok() *pg.Node {
+	return caseExpr([]*pg.Node{f.valid(), f.tok()}, nil)
+}
+
+// fence returns F, the qualified fence column.
+func (f *fencer) fence() *pg.Node { return colRef(f.qual, f.t.column) }
+
+func (f *fencer) cmp() string {
+	if f.t.strict {
+		return "<"
+	}
+	return "<="
+}
+
+// fresh returns F CMP TOK.
+func (f *fencer) fresh() *pg.Node { return op(f.cmp(), f.fence(), f.tok()) }
+
+// raiseStale returns an expression of type typ that always fails with the
+// stale-token marker carrying TOK and F (concat renders a NULL F as "").
+func (f *fencer) raiseStale(typ string) *pg.Node {
+	return cast(fn("concat",
+		aStr(markerPrefix+markerStale+":"),
+		f.tok(),
+		aStr(":"),
+		f.fence(),
+		aStr(":"+sized(f.t.display)),
+	), typ)
+}
+
+// raiseToken returns an expression of type typ that always fails with the
+// missing-token marker, carrying at most tokenEchoLen characters of the
+// setting's value as an SQL literal (quote_nullable gives NULL when unset).
+func (f *fencer) raiseToken(typ string) *pg.Node {
+	return cast(op("||",
+		aStr(markerPrefix+markerToken+":"+sized(f.t.display)+":"+sized(f.setting)+":"),
+		fn("quote_nullable", fn("substr", f.settingExpr(), aInt(1), aInt(tokenEchoLen))),
+	), typ)
+}
+
+// sized renders a length-prefixed marker field.
+func sized(s string) string { return strconv.Itoa(len(s)) + ":" + s }
+
+// guard returns CASE WHEN V THEN true ELSE RAISE(token) END, the
+// pseudo-constant WHERE conjunct that fails a statement with an invalid
+// token before any row is read.
+func (f *fencer) guard() *pg.Node {
+	return caseExpr([]*pg.Node{f.valid(), aBool(true)}, f.raiseToken("bool"))
+}
+
+// stamp returns the fence value for a new row:
+// reject: CASE WHEN V THEN TOK ELSE RAISE(token) END
+// allow:  CASE WHEN V THEN TOK ELSE 0 END (0 is the fence column's documented default).
+func (f *fencer) stamp() *pg.Node {
+	if f.t.allow {
+		return caseExpr([]*pg.Node{f.valid(), f.tok()}, aInt(0))
+	}
+	return caseExpr([]*pg.Node{f.valid(), f.tok()}, f.raiseToken("int8"))
+}
+
+// errorSetValue returns the new fence value for an updated row in
+// on_stale: error mode:
+//
+//	CASE [WHEN NOT V THEN RAISE(token) | F] WHEN FRESH THEN TOK ELSE RAISE(stale) END
+//
+// The NOT V branch is left out when checkV is false, i.e. when the
+// statement already guarantees V for every row that reaches the SET list.
+// With missing_token: allow it is always there and keeps F as it was.
+func (f *fencer) errorSetValue(checkV bool) *pg.Node {
+	var whens []*pg.Node
+	switch {
+	case f.t.allow:
+		whens = append(whens, not(f.valid()), f.fence())
+	case checkV:
+		whens = append(whens, not(f.valid()), f.raiseToken("int8"))
+	}
+	whens = append(whens, f.fresh(), f.tok())
+	return caseExpr(whens, f.raiseStale("int8"))
+}
+
+// skipSetValue returns the new fence value for an updated row in
+// on_stale: skip mode, where the WHERE clause has already dropped stale rows:
+// TOK, or with missing_token: allow, CASE WHEN V THEN TOK ELSE F END.
+func (f *fencer) skipSetValue() *pg.Node {
+	if f.t.allow {
+		return caseExpr([]*pg.Node{f.valid(), f.tok()}, f.fence())
+	}
+	return f.tok()
+}
+
+// skipCond returns the WHERE conjunct of on_stale: skip mode:
+// reject: F CMP TOK?            (an invalid token matches no row)
+// allow:  CASE WHEN V THEN FRESH ELSE true END
+func (f *fencer) skipCond() *pg.Node {
+	if f.t.allow {
+		return caseExpr([]*pg.Node{f.valid(), f.fresh()}, aBool(true))
+	}
+	return op(f.cmp(), f.fence(), f.guardedTok())
+}
+
+// freshOrRaise returns a boolean that is true for a fresh row and raises
+// the stale error otherwise (and, with missing_token: allow, is true when
+// the token is invalid). extra, if not nil, is a condition that must also
+// hold before the stale error is raised; rows failing it yield false.
+func (f *fencer) freshOrRaise(extra *pg.Node) *pg.Node {
+	var whens []*pg.Node
+	if f.t.allow {
+		whens = append(whens, not(f.valid()), aBool(true))
+	}
+	whens = append(whens, f.fresh(), aBool(true))
+	if extra == nil {
+		return caseExpr(whens, f.raiseStale("bool"))
+	}
+	whens = append(whens, extra, f.raiseStale("bool"))
+	return caseExpr(whens, aBool(false))
+}
+
+// notFresh returns CASE WHEN V THEN FRESH IS NOT TRUE ELSE <invalid> END: true
+// for a stale row (a NULL fence counts as stale), <invalid> when the token
+// is invalid.
+func (f *fencer) notFresh(invalid *pg.Node) *pg.Node {
+	return caseExpr([]*pg.Node{f.valid(), isNotTrue(f.fresh())}, invalid)
+}
+
+// --- node constructors ---
+
+func aStr(s string) *pg.Node { return pg.MakeAConstStrNode(s, -1) }
+
+func aInt(i int32) *pg.Node {
+	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Val: &pg.A_Const_Ival{Ival: &pg.Integer{Ival: i}}, Location: -1}}}
+}
+
+func aBool(b bool) *pg.Node {
+	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Val: &pg.A_Const_Boolval{Boolval: &pg.Boolean{Boolval: b}}, Location: -1}}}
+}
+
+// fn calls a pg_catalog function: qualified, so that a same-named function
+// earlier on the session's search_path cannot stand in for it.
+func fn(name string, args ...*pg.Node) *pg.Node {
+	return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode("pg_catalog"), pg.MakeStrNode(name)}, args, -1)
+}
+
+func op(name string, l, r *pg.Node) *pg.Node {
+	return pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP, []*pg.Node{pg.MakeStrNode(name)}, l, r, -1)
+}
+
+// cast builds arg::pg_catalog.typ (typ is the internal name: int8, bool).
+func cast(arg *pg.Node, typ string) *pg.Node {
+	return &pg.Node{Node: &pg.Node_TypeCast{TypeCast: &pg.TypeCast{
+		Arg: arg,
+		TypeName: &pg.TypeName{
+			Names:   []*pg.Node{pg.MakeStrNode("pg_catalog"), pg.MakeStrNode(typ)},
+			Typemod: -1,
+		},
+		Location: -1,
+	}}}
+}
+
+// caseExpr builds CASE WHEN w0 THEN r0 WHEN w1 THEN r1 ... ELSE def END from
+// whens = [w0, r0, w1, r1, ...]; def may be nil.
+func caseExpr(whens []*pg.Node, def *pg.Node) *pg.Node {
+	args := make([]*pg.Node, 0, len(whens)/2)
+	for i := 0; i+1 < len(whens); i += 2 {
+		args = append(args, pg.MakeCaseWhenNode(whens[i], whens[i+1], -1))
+	}
+	n := pg.MakeCaseExprNode(nil, args, -1)
+	n.GetCaseExpr().Defresult = def
+	return n
+}
+
+func not(x *pg.Node) *pg.Node {
+	return pg.MakeBoolExprNode(pg.BoolExprType_NOT_EXPR, []*pg.Node{x}, -1)
+}
+
+func isNotTrue(x *pg.Node) *pg.Node {
+	return &pg.Node{Node: &pg.Node_BooleanTest{BooleanTest: &pg.BooleanTest{Arg: x, Booltesttype: pg.BoolTestType_IS_NOT_TRUE, Location: -1}}}
+}
+
+func isTrue(x *pg.Node) *pg.Node {
+	return &pg.Node{Node: &pg.Node_BooleanTest{BooleanTest: &pg.BooleanTest{Arg: x, Booltesttype: pg.BoolTestType_IS_TRUE, Location: -1}}}
+}
+
+// and conjoins the non-nil args, flattening nested ANDs so the output reads
+// like hand-written SQL. It returns nil when all args are nil.
+func and(args ...*pg.Node) *pg.Node {
+	var flat []*pg.Node
+	for _, a := range args {
+		if a == nil {
+			continue
+		}
+		if b := a.GetBoolExpr(); b != nil && b.Boolop == pg.BoolExprType_AND_EXPR {
+			flat = append(flat, b.Args...)
+			continue
+		}
+		flat = append(flat, a)
+	}
+	switch len(flat) {
+	case 0:
+		return nil
+	case 1:
+		return flat[0]
+	}
+	return pg.MakeBoolExprNode(pg.BoolExprType_AND_EXPR, flat, -1)
+}
+
+func colRef(qual, name string) *pg.Node {
+	return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(qual), pg.MakeStrNode(name)}, -1)
+}
+
+func setTarget(name string, val *pg.Node) *pg.Node {
+	return pg.MakeResTargetNodeWithNameAndVal(name, val, -1)
+}
+
+func cloneNode(n *pg.Node) *pg.Node {
+	if n == nil {
+		return nil
+	}
+	return proto.Clone(n).(*pg.Node)
+}

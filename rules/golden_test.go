@@ -1,0 +1,239 @@
+package rules_test
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"gopkg.in/yaml.v3"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/rewrite with the current decisions")
+
+const updateCmd = "go test ./rules -run TestGolden -update"
+
+// loadRuleSets reads testdata/rewrite/rules.yaml.
+func loadRuleSets(t testing.TB) map[string]rules.Config {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "rewrite", "rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := map[string]rules.Config{}
+	if err := yaml.Unmarshal(b, &sets); err != nil {
+		t.Fatalf("rules.yaml: %v", err)
+	}
+	return sets
+}
+
+func compileSets(t testing.TB) map[string]*rules.Rules {
+	t.Helper()
+	out := map[string]*rules.Rules{}
+	for name, cfg := range loadRuleSets(t) {
+		r, err := rules.Compile(cfg)
+		if err != nil {
+			t.Fatalf("rules.yaml: %s: %v", name, err)
+		}
+		out[name] = r
+	}
+	return out
+}
+
+// goldenFile is a parsed testdata/rewrite/*.txt file:
+//
+//	# comment lines
+//	=== case name
+//	SQL (one or more lines)
+//	--- rule set name
+//	FORWARD
+//	--- another rule set
+//	REWRITE schema.table ...
+//	rewritten SQL (compared after parse -> deparse normalisation)
+//	--- yet another
+//	REFUSE FP003 schema.table ...
+//	message
+//
+// To add a case, write its header, its SQL and empty "--- name" lines for
+// the rule sets it should run under, then run the update command.
+type goldenFile struct {
+	header []string
+	cases  []*goldenCase
+}
+
+type goldenCase struct {
+	name    string
+	sql     string
+	results []*goldenResult
+}
+
+type goldenResult struct {
+	set  string
+	body []string // lines after the "--- set" line
+}
+
+func parseGolden(t *testing.T, path string) *goldenFile {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g := &goldenFile{}
+	var c *goldenCase
+	var r *goldenResult
+	var sqlLines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	flushSQL := func() {
+		if c != nil && r == nil {
+			c.sql = strings.TrimSpace(strings.Join(sqlLines, "\n"))
+		}
+	}
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "=== "):
+			flushSQL()
+			c = &goldenCase{name: strings.TrimSpace(line[4:])}
+			g.cases = append(g.cases, c)
+			r, sqlLines = nil, nil
+		case strings.HasPrefix(line, "--- "):
+			if c == nil {
+				t.Fatalf("%s:%d: result before the first case", path, n)
+			}
+			flushSQL()
+			r = &goldenResult{set: strings.TrimSpace(line[4:])}
+			c.results = append(c.results, r)
+		case c == nil:
+			g.header = append(g.header, line)
+		case r == nil:
+			sqlLines = append(sqlLines, line)
+		default:
+			if strings.TrimSpace(line) != "" {
+				r.body = append(r.body, line)
+			}
+		}
+	}
+	flushSQL()
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func (g *goldenFile) String() string {
+	var b strings.Builder
+	for _, h := range g.header {
+		b.WriteString(h + "\n")
+	}
+	for _, c := range g.cases {
+		fmt.Fprintf(&b, "=== %s\n%s\n", c.name, c.sql)
+		for _, r := range c.results {
+			fmt.Fprintf(&b, "--- %s\n", r.set)
+			for _, l := range r.body {
+				b.WriteString(l + "\n")
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// formatDecision renders d in the golden body format.
+func formatDecision(d rules.Decision) []string {
+	tables := strings.Join(d.Tables, " ")
+	switch d.Action {
+	case rules.Forward:
+		return []string{"FORWARD"}
+	case rules.Rewrite:
+		return []string{strings.TrimSpace("REWRITE " + tables), d.SQL}
+	case rules.Refuse:
+		return []string{strings.TrimSpace("REFUSE " + d.Err.Code + " " + tables), d.Err.Message}
+	}
+	return []string{d.Action.String()}
+}
+
+// normalize returns the canonical form of a golden body for comparison:
+// rewritten SQL goes through parse -> deparse so that formatting in the
+// golden file does not matter.
+func normalize(body []string) (string, error) {
+	if len(body) == 0 {
+		return "", nil
+	}
+	if !strings.HasPrefix(body[0], "REWRITE") {
+		return strings.Join(body, "\n"), nil
+	}
+	sql := strings.Join(body[1:], "\n")
+	tree, err := pg.Parse(sql)
+	if err != nil {
+		return "", fmt.Errorf("expected SQL does not parse: %v", err)
+	}
+	out, err := pg.Deparse(tree)
+	if err != nil {
+		return "", err
+	}
+	return body[0] + "\n" + out, nil
+}
+
+func TestGolden(t *testing.T) {
+	sets := compileSets(t)
+	cfgs := loadRuleSets(t)
+	files, err := filepath.Glob(filepath.Join("testdata", "rewrite", "*.txt"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	sort.Strings(files)
+	for _, path := range files {
+		g := parseGolden(t, path)
+		changed := false
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			for _, c := range g.cases {
+				for _, res := range c.results {
+					r, ok := sets[res.set]
+					if !ok {
+						t.Errorf("%s: case %q: unknown rule set %q", path, c.name, res.set)
+						continue
+					}
+					d := r.Decide(c.sql)
+					if d.Action == rules.Rewrite {
+						if err := checkFenced(d.SQL, cfgs[res.set]); err != nil {
+							t.Errorf("%s: case %q, rules %q: rewritten SQL is not fenced: %v\n%s", path, c.name, res.set, err, d.SQL)
+						}
+					}
+					got := formatDecision(d)
+					if *update {
+						if strings.Join(res.body, "\n") != strings.Join(got, "\n") {
+							res.body = got
+							changed = true
+						}
+						continue
+					}
+					want, err := normalize(res.body)
+					if err != nil {
+						t.Errorf("%s: case %q, rules %q: %v", path, c.name, res.set, err)
+						continue
+					}
+					gotN, _ := normalize(got)
+					if want != gotN {
+						t.Errorf("%s: case %q, rules %q:\nSQL:  %s\ngot:\n%s\nwant:\n%s\n(if the new output is right, run: %s)",
+							path, c.name, res.set, c.sql, gotN, want, updateCmd)
+					}
+				}
+			}
+		})
+		if *update && changed {
+			if err := os.WriteFile(path, []byte(g.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("updated %s", path)
+		}
+	}
+}
