@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
 	"github.com/fenceproxy/fenceproxy/rules"
@@ -38,6 +40,8 @@ type Config struct {
 	Log Log `yaml:"log"`
 	// Admin configures the HTTP listener for /metrics, /healthz and /readyz.
 	Admin Admin `yaml:"admin"`
+	// Audit configures how the proxy hears about audited writes.
+	Audit Audit `yaml:"audit"`
 	// TokenSetting is the session variable that carries the fencing token.
 	// Default "fence.token".
 	TokenSetting string `yaml:"token_setting"`
@@ -117,6 +121,22 @@ type Admin struct {
 	Listen string `yaml:"listen"`
 }
 
+// Audit configures the connection the proxy uses to LISTEN for the events
+// that rewritten statements report with pg_notify: in mode: audit, every
+// write that enforce would have rejected; with missing_token: allow, every
+// write let through without a token. One connection per database in which
+// such statements run; it needs only CONNECT privilege.
+type Audit struct {
+	// DSN is a libpq-style URL or key=value string; its database is
+	// replaced by each audited database. Default: user postgres at
+	// upstream.address, with upstream.tls's mode and CA.
+	DSN string `yaml:"dsn"`
+	// PasswordEnv names the environment variable holding the password, so
+	// that it need not be written in the file. Default
+	// FENCEPROXY_AUDIT_PASSWORD (unset: no password, or ~/.pgpass).
+	PasswordEnv string `yaml:"password_env"`
+}
+
 // Defaults returns a Config with every default filled in and no upstream.
 func Defaults() Config {
 	return Config{
@@ -126,6 +146,7 @@ func Defaults() Config {
 		Shutdown:            Shutdown{DrainTimeout: 30 * time.Second},
 		Log:                 Log{Format: "json", Level: "info"},
 		Admin:               Admin{Listen: "127.0.0.1:9187"},
+		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
 		TokenSetting:        "fence.token",
 		RewriteCacheEntries: 4096,
 	}
@@ -230,6 +251,13 @@ func (c *Config) Validate() error {
 			bad("admin.listen", "%v", err)
 		}
 	}
+	if c.Audit.DSN != "" {
+		if _, err := pgconn.ParseConfig(c.Audit.DSN); err != nil {
+			// pgconn's error may quote the DSN, password included: do not
+			// repeat it.
+			bad("audit.dsn", "not a valid connection string")
+		}
+	}
 	if c.RewriteCacheEntries < 0 {
 		bad("rewrite_cache_entries", "must not be negative, got %d", c.RewriteCacheEntries)
 	}
@@ -251,6 +279,55 @@ func (c *Config) RulesConfig() rules.Config {
 // Rules compiles the protected-table rules.
 func (c *Config) Rules() (*rules.Rules, error) {
 	return rules.Compile(c.RulesConfig())
+}
+
+// Notifies reports whether some table's statements report through
+// pg_notify (mode: audit, or missing_token: allow), so that an audit
+// listener is needed.
+func (c *Config) Notifies() bool {
+	for _, t := range c.Tables {
+		if t.Mode == "off" {
+			continue
+		}
+		if t.Mode == "audit" || t.MissingToken == "allow" {
+			return true
+		}
+	}
+	return false
+}
+
+// AuditConnConfig returns the audit listener's connection settings for one
+// database.
+func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
+	dsn := c.Audit.DSN
+	if dsn == "" {
+		host, port, _ := net.SplitHostPort(c.Upstream.Address)
+		q := url.Values{}
+		switch c.Upstream.TLS.Mode {
+		case "disable":
+			q.Set("sslmode", "disable")
+		case "require":
+			q.Set("sslmode", "require")
+		case "verify-full":
+			q.Set("sslmode", "verify-full")
+			q.Set("sslrootcert", c.Upstream.TLS.CAFile)
+		}
+		u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort(host, port), Path: "/", RawQuery: q.Encode()}
+		dsn = u.String()
+	}
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, errors.New("audit.dsn: not a valid connection string")
+	}
+	pc.Database = database
+	if pw := os.Getenv(c.Audit.PasswordEnv); pw != "" && c.Audit.PasswordEnv != "" {
+		pc.Password = pw
+	}
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	pc.RuntimeParams["application_name"] = "fenceproxy-audit"
+	return pc, nil
 }
 
 // AdminEnabled reports whether the admin listener is configured.

@@ -21,16 +21,20 @@ type Policy struct {
 	current atomic.Pointer[ruleSet]
 	log     *zap.Logger
 	metrics *metrics.Metrics
+	auditor *Auditor
 }
 
 // ruleSet is a rule set with the lookups the policy needs.
 type ruleSet struct {
 	rules  *rules.Rules
 	tables map[string]bool // display names of protected tables
+	// notifies: some rewritten statements report through AuditChannel
+	// (mode: audit, or missing_token: allow), so a listener must run.
+	notifies bool
 }
 
-func newRuleSet(rs *rules.Rules) *ruleSet {
-	s := &ruleSet{rules: rs, tables: make(map[string]bool)}
+func newRuleSet(rs *rules.Rules, notifies bool) *ruleSet {
+	s := &ruleSet{rules: rs, tables: make(map[string]bool), notifies: notifies}
 	if rs != nil {
 		for _, t := range rs.Tables() {
 			s.tables[t] = true
@@ -55,35 +59,53 @@ type Options struct {
 	Logger *zap.Logger
 	// Metrics, when set, counts stale rejections and missing tokens.
 	Metrics *metrics.Metrics
+	// Auditor, when set, listens for the events of rewritten statements
+	// (see AuditChannel) in each database where they run.
+	Auditor *Auditor
 }
 
 var _ proxy.Policy = (*Policy)(nil)
 
-// New returns a Policy enforcing rs (nil: forward everything).
-func New(rs *rules.Rules, opts Options) *Policy {
-	p := &Policy{log: opts.Logger, metrics: opts.Metrics}
+// New returns a Policy enforcing rs (nil: forward everything). notifies
+// says whether rs has tables in audit mode or with missing_token: allow,
+// whose statements report through AuditChannel.
+func New(rs *rules.Rules, notifies bool, opts Options) *Policy {
+	p := &Policy{log: opts.Logger, metrics: opts.Metrics, auditor: opts.Auditor}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
-	p.current.Store(newRuleSet(rs))
+	p.current.Store(newRuleSet(rs, notifies))
 	return p
 }
 
 // Swap installs a new rule set; statements decided after it returns use it.
-func (p *Policy) Swap(rs *rules.Rules) { p.current.Store(newRuleSet(rs)) }
+func (p *Policy) Swap(rs *rules.Rules, notifies bool) { p.current.Store(newRuleSet(rs, notifies)) }
+
+// KnownTable reports whether t is a table of the rules in force (for
+// metric labels).
+func (p *Policy) KnownTable(t string) bool { return p.current.Load().tables[t] }
 
 // Rules returns the rule set in force.
 func (p *Policy) Rules() *rules.Rules { return p.current.Load().rules }
 
 // Decide implements proxy.Policy.
 func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
-	rs := p.current.Load().rules
+	set := p.current.Load()
+	rs := set.rules
 	if rs == nil {
 		return proxy.Decision{}
 	}
 	d := rs.Decide(sql)
 	switch d.Action {
 	case rules.Rewrite:
+		if set.notifies && p.auditor != nil {
+			// The listener must be in place before this statement can
+			// commit. Audit never blocks a write: on failure it is logged.
+			if err := p.auditor.Ensure(info.Database); err != nil {
+				p.log.Error("audit listener unavailable; audit events of this statement may be lost",
+					zap.Uint64("conn-id", info.ID), zap.Error(err))
+			}
+		}
 		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables}
 	case rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}

@@ -8,8 +8,10 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/admin"
@@ -25,15 +28,18 @@ import (
 	"github.com/fenceproxy/fenceproxy/metrics"
 	"github.com/fenceproxy/fenceproxy/policy"
 	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // Instance is a running fenceproxy.
 type Instance struct {
-	log     *zap.Logger
-	path    string
-	srv     *proxy.Server
-	policy  *policy.Policy
-	metrics *metrics.Metrics
+	log      *zap.Logger
+	path     string
+	srv      *proxy.Server
+	policy   *policy.Policy
+	auditor  *policy.Auditor
+	auditTag string
+	metrics  *metrics.Metrics
 
 	listener net.Listener
 	adminL   net.Listener
@@ -55,12 +61,35 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 	if log == nil {
 		log = zap.NewNop()
 	}
-	rs, err := cfg.Rules()
+	tag := auditTag()
+	rs, err := compileRules(cfg, tag)
 	if err != nil {
 		return nil, err
 	}
 	m := metrics.New()
-	pol := policy.New(rs, policy.Options{Logger: log, Metrics: m})
+	in := &Instance{log: log, path: path, metrics: m, cfg: cfg, auditTag: tag}
+	var pol *policy.Policy
+	aud := policy.NewAuditor(policy.AuditOptions{
+		Tag: tag,
+		ConnConfig: func(db string) (*pgconn.Config, error) {
+			in.mu.Lock()
+			c := in.cfg
+			in.mu.Unlock()
+			return c.AuditConnConfig(db)
+		},
+		Lookup: func(pid uint32) (proxy.SessionInfo, bool) {
+			if in.srv == nil {
+				return proxy.SessionInfo{}, false
+			}
+			return in.srv.SessionByBackendPID(pid)
+		},
+		KnownTable:     func(t string) bool { return pol.KnownTable(t) },
+		Logger:         log,
+		Metrics:        m,
+		ConnectTimeout: cfg.Upstream.ConnectTimeout,
+	})
+	pol = policy.New(rs, cfg.Notifies(), policy.Options{Logger: log, Metrics: m, Auditor: aud})
+	in.policy, in.auditor = pol, aud
 	opts, err := ProxyOptions(cfg)
 	if err != nil {
 		return nil, err
@@ -70,20 +99,21 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 	opts.Hooks = m.Hooks()
 	srv, err := proxy.NewServer(opts)
 	if err != nil {
+		aud.Close()
 		return nil, err
 	}
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		aud.Close()
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	in := &Instance{
-		log: log, path: path, srv: srv, policy: pol, metrics: m, listener: l, cfg: cfg,
-		drainTimeout: cfg.Shutdown.DrainTimeout, serveErr: make(chan error, 1), adminDone: make(chan struct{}),
-	}
+	in.srv, in.listener = srv, l
+	in.drainTimeout, in.serveErr, in.adminDone = cfg.Shutdown.DrainTimeout, make(chan error, 1), make(chan struct{})
 	if cfg.AdminEnabled() {
 		al, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
 			_ = l.Close()
+			aud.Close()
 			return nil, fmt.Errorf("admin.listen: %w", err)
 		}
 		in.adminL = al
@@ -157,7 +187,7 @@ func (in *Instance) Reload() error {
 
 // Apply installs the rules of cfg (already validated).
 func (in *Instance) Apply(cfg *config.Config) error {
-	rs, err := cfg.Rules()
+	rs, err := compileRules(cfg, in.auditTag)
 	if err != nil {
 		return err
 	}
@@ -168,7 +198,7 @@ func (in *Instance) Apply(cfg *config.Config) error {
 	if changed := restartKeysChanged(old, cfg); len(changed) > 0 {
 		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
 	}
-	in.policy.Swap(rs)
+	in.policy.Swap(rs, cfg.Notifies())
 	in.metrics.ConfigReloads.WithLabelValues("ok").Inc()
 	in.log.Info("config reloaded", zap.Int("protected-tables", len(cfg.Tables)))
 	return nil
@@ -207,6 +237,7 @@ func (in *Instance) Shutdown() error {
 			in.adminCancel()
 		}
 		<-in.adminDone
+		in.auditor.Close()
 		select {
 		case serr := <-in.serveErr:
 			if serr != nil && !errors.Is(serr, proxy.ErrServerClosed) {
@@ -218,6 +249,20 @@ func (in *Instance) Shutdown() error {
 		in.log.Info("fenceproxy stopped")
 	})
 	return in.stopErr
+}
+
+// compileRules compiles the rules of cfg for an instance whose audit
+// events carry tag.
+func compileRules(cfg *config.Config, tag string) (*rules.Rules, error) {
+	rc := cfg.RulesConfig()
+	return rules.Compile(rc)
+}
+
+// auditTag returns a random identifier for this instance's audit events.
+func auditTag() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // ProxyOptions translates the config into relay options; TLS files are

@@ -183,11 +183,11 @@ func TestMetricsMove(t *testing.T) {
 	}
 
 	checks := map[string]float64{
-		"fenceproxy_connections_total":                                                3,
-		`fenceproxy_stale_rejections_total{table="public.metrics_a"}`:                 1,
+		"fenceproxy_connections_total":                                                 3,
+		`fenceproxy_stale_rejections_total{table="public.metrics_a"}`:                  1,
 		`fenceproxy_missing_tokens_total{outcome="rejected",table="public.metrics_a"}`: 1,
-		"fenceproxy_statements_refused_total":                                         1,
-		"fenceproxy_rewrite_duration_seconds_count":                                   metric(t, in, "fenceproxy_statements_inspected_total"),
+		"fenceproxy_statements_refused_total":                                          1,
+		"fenceproxy_rewrite_duration_seconds_count":                                    metric(t, in, "fenceproxy_statements_inspected_total"),
 	}
 	for sample, want := range checks {
 		if got := metric(t, in, sample); got != want {

@@ -1,0 +1,232 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/metrics"
+	"github.com/fenceproxy/fenceproxy/proxy"
+)
+
+// AuditChannel is the NOTIFY channel rewritten statements report on: in
+// audit mode, every write that enforce mode would have rejected; in enforce
+// mode, every write let through without a token (missing_token: allow).
+// PostgreSQL delivers a notification only when its transaction commits.
+const AuditChannel = "fenceproxy_audit"
+
+// AuditEvent is the JSON payload of an AuditChannel notification, built by
+// the rewritten statement on the server.
+type AuditEvent struct {
+	Version   int     `json:"v"`
+	Instance  string  `json:"i"`   // rules.Config.AuditTag of the proxy that rewrote the statement
+	Mode      string  `json:"m"`   // "audit" or "enforce"
+	Reason    string  `json:"r"`   // "stale" or "missing_token"
+	Table     string  `json:"t"`   // protected table, display form
+	Token     *string `json:"tok"` // the session's token text (cut to 32 characters), or null
+	Watermark *int64  `json:"w"`   // the row's stored watermark, or null
+}
+
+// AuditOptions configure an Auditor.
+type AuditOptions struct {
+	// Tag is this instance's rules.Config.AuditTag: events carrying another
+	// tag were produced through another proxy instance and are ignored, so
+	// that instances sharing a database do not count each other's events.
+	Tag string
+	// ConnConfig returns the connection settings for listening in a
+	// database.
+	ConnConfig func(database string) (*pgconn.Config, error)
+	// Lookup attributes an event to a session by the notifying backend's
+	// process ID.
+	Lookup func(pid uint32) (proxy.SessionInfo, bool)
+	// KnownTable reports whether a table name may be used as a metric label.
+	KnownTable func(table string) bool
+	Logger     *zap.Logger
+	Metrics    *metrics.Metrics
+	// ConnectTimeout bounds the first connection of a listener. Default 5s.
+	ConnectTimeout time.Duration
+}
+
+// Auditor keeps one LISTEN connection per database in which audited
+// statements run, and turns notifications into log lines and metrics.
+type Auditor struct {
+	opts   AuditOptions
+	log    *zap.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	listeners map[string]*auditListener
+}
+
+type auditListener struct {
+	ready chan struct{} // closed once LISTEN is in force the first time
+	err   error         // first-connection error, set before ready is closed
+}
+
+// maxAuditDatabases bounds the listeners: database names come from clients
+// (after they authenticated), so the map must not grow without limit.
+const maxAuditDatabases = 256
+
+// NewAuditor returns an Auditor; Close stops its listeners.
+func NewAuditor(opts AuditOptions) *Auditor {
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 5 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Auditor{opts: opts, log: log, ctx: ctx, cancel: cancel, listeners: make(map[string]*auditListener)}
+}
+
+// Ensure makes sure a listener runs in database and waits (up to the
+// connect timeout) until its LISTEN is in force, so that the statement about
+// to run cannot commit before the listener hears about it. Audit never
+// blocks writes: on failure the error is logged and returned, and the
+// caller forwards the statement anyway.
+func (a *Auditor) Ensure(database string) error {
+	a.mu.Lock()
+	l, ok := a.listeners[database]
+	if !ok {
+		if len(a.listeners) >= maxAuditDatabases || a.ctx.Err() != nil {
+			a.mu.Unlock()
+			return errors.New("policy: too many audited databases")
+		}
+		l = &auditListener{ready: make(chan struct{})}
+		a.listeners[database] = l
+		a.wg.Add(1)
+		go a.listen(database, l)
+	}
+	a.mu.Unlock()
+	select {
+	case <-l.ready:
+		return l.err
+	case <-time.After(a.opts.ConnectTimeout):
+		return errors.New("policy: audit listener not ready")
+	}
+}
+
+// Close stops every listener.
+func (a *Auditor) Close() {
+	a.cancel()
+	a.wg.Wait()
+}
+
+// listen keeps a LISTEN connection to database until the Auditor closes,
+// reconnecting with backoff.
+func (a *Auditor) listen(database string, l *auditListener) {
+	defer a.wg.Done()
+	log := a.log.With(zap.String("database", database))
+	first := true
+	backoff := 100 * time.Millisecond
+	for a.ctx.Err() == nil {
+		conn, err := a.connect(database)
+		if first {
+			l.err = err
+			close(l.ready)
+			first = false
+		}
+		if err != nil {
+			log.Error("audit listener cannot connect; audit events are lost until it does", zap.Error(err))
+			select {
+			case <-a.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		log.Info("audit listener connected")
+		for {
+			// Notifications arrive through the OnNotification callback
+			// set in connect.
+			if err := conn.WaitForNotification(a.ctx); err != nil {
+				if a.ctx.Err() == nil {
+					log.Error("audit listener lost its connection; reconnecting", zap.Error(err))
+				}
+				break
+			}
+		}
+		_ = conn.Close(context.Background())
+	}
+}
+
+func (a *Auditor) connect(database string) (*pgconn.PgConn, error) {
+	cfg, err := a.opts.ConnConfig(database)
+	if err != nil {
+		return nil, err
+	}
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		if n.Channel == AuditChannel {
+			a.handle(n.PID, n.Payload)
+		}
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, a.opts.ConnectTimeout)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+AuditChannel).ReadAll(); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("LISTEN: %w", err)
+	}
+	return conn, nil
+}
+
+// handle records one notification.
+func (a *Auditor) handle(pid uint32, payload string) {
+	var ev AuditEvent
+	if err := json.Unmarshal([]byte(payload), &ev); err != nil || ev.Version != 1 {
+		a.log.Warn("audit notification not understood", zap.Uint32("backend-pid", pid))
+		return
+	}
+	if ev.Instance != a.opts.Tag {
+		return // another proxy instance's statement
+	}
+	table := ev.Table
+	if a.opts.KnownTable != nil && !a.opts.KnownTable(table) {
+		table = "unknown"
+	}
+	fields := []zap.Field{
+		zap.String("table", ev.Table), zap.String("reason", ev.Reason), zap.String("mode", ev.Mode),
+		zap.Uint32("backend-pid", pid),
+	}
+	if ev.Token != nil {
+		fields = append(fields, zap.String("token", *ev.Token))
+	}
+	if ev.Watermark != nil {
+		fields = append(fields, zap.Int64("watermark", *ev.Watermark))
+	}
+	if a.opts.Lookup != nil {
+		if info, ok := a.opts.Lookup(pid); ok {
+			fields = append(fields, zap.Uint64("conn-id", info.ID), zap.String("user", info.User),
+				zap.String("database", info.Database), zap.String("application-name", info.ApplicationName),
+				zap.String("remote-addr", info.RemoteAddr))
+		}
+	}
+	switch {
+	case ev.Mode == "audit":
+		a.log.Warn("audit: enforce mode would have rejected this write", fields...)
+		if a.opts.Metrics != nil {
+			a.opts.Metrics.AuditWouldReject.WithLabelValues(table, ev.Reason).Inc()
+		}
+	case ev.Reason == "missing_token":
+		a.log.Info("write without a fencing token let through (missing_token: allow)", fields...)
+		if a.opts.Metrics != nil {
+			a.opts.Metrics.MissingTokens.WithLabelValues(table, "allowed").Inc()
+		}
+	default:
+		a.log.Warn("audit notification with an unexpected kind", fields...)
+	}
+}
