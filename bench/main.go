@@ -152,8 +152,7 @@ func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale 
 	return cl.Exec(ctx, `
 		CREATE TABLE public.config (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', counter bigint NOT NULL DEFAULT 0,
 		                            last_fence bigint NOT NULL DEFAULT 0);
-		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;
-		VACUUM ANALYZE;`)
+		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;`)
 }
 
 func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort int, cs []int, duration time.Duration) error {

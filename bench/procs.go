@@ -105,7 +105,7 @@ logfile = %s/pgbouncer.log
 	if err := os.WriteFile(filepath.Join(dir, "users.txt"), []byte(`"postgres" ""`+"\n"), 0o644); err != nil {
 		return 0, nil, err
 	}
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+	cmd := exec.Command(bin, "-q", filepath.Join(dir, "pgbouncer.ini"))
 	// PgBouncer refuses to run as root.
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
