@@ -661,6 +661,11 @@ func (s *session) copyClientToUpstream() error {
 				return err
 			}
 		case 'X':
+			// The server closes its end on Terminate: from here on an
+			// upstream EOF is the normal end of the session, not a failure.
+			s.mu.Lock()
+			s.state.finishing = true
+			s.mu.Unlock()
 			if err := writeHeader(s.uw, typ, 0); err == nil {
 				_ = s.uw.Flush()
 			}
@@ -836,6 +841,9 @@ func (s *session) copyUpstreamToClient() error {
 		typ, n, err := s.ur.header()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
+				if s.finishing() {
+					return errSessionDone
+				}
 				return upstreamErr(io.ErrUnexpectedEOF)
 			}
 			return upstreamErr(err)
