@@ -95,7 +95,9 @@ func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
 	if rs == nil {
 		return proxy.Decision{}
 	}
-	d := rs.Decide(sql)
+	// Rules may be scoped to databases, users and application names (as
+	// sent in the startup packet).
+	d := rs.ForSession(info.Database, info.User, info.ApplicationName).Decide(sql)
 	switch d.Action {
 	case rules.Rewrite:
 		if set.notifies && p.auditor != nil {

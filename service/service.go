@@ -255,6 +255,7 @@ func (in *Instance) Shutdown() error {
 // events carry tag.
 func compileRules(cfg *config.Config, tag string) (*rules.Rules, error) {
 	rc := cfg.RulesConfig()
+	rc.AuditTag = tag
 	return rules.Compile(rc)
 }
 
