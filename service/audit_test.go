@@ -139,3 +139,29 @@ func connectApp(t *testing.T, addr, token, app string) *pgx.Conn {
 	t.Cleanup(func() { c.Close(context.Background()) })
 	return c
 }
+
+// TestMissingTokenAllowedIsCounted: with missing_token: allow an untokened
+// write goes through unfenced and is counted.
+func TestMissingTokenAllowedIsCounted(t *testing.T) {
+	createTable(t, "public.allow_a")
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	writeFile(t, path, fmt.Sprintf("listen: 127.0.0.1:0\nupstream:\n  address: %s\nadmin:\n  listen: 127.0.0.1:0\ntables:\n  - table: public.allow_a\n    missing_token: allow\n", cluster.Addr()))
+	in, _ := startInstance(t, path)
+	c := connectApp(t, in.Addr(), "", "legacy")
+	tag, err := c.Exec(ctx, "UPDATE allow_a SET v = 'legacy' WHERE id = 3")
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("untokened write with missing_token: allow: %v, %d rows", err, tag.RowsAffected())
+	}
+	waitFor(t, func() bool {
+		return metric(t, in, `fenceproxy_missing_tokens_total{outcome="allowed",table="public.allow_a"}`) == 1
+	})
+	// A tokened stale write is still fenced.
+	if err := cluster.Exec(ctx, "UPDATE allow_a SET last_fence = 100 WHERE id = 3"); err != nil {
+		t.Fatal(err)
+	}
+	tok := connectApp(t, in.Addr(), "5", "legacy")
+	if _, err := tok.Exec(ctx, "UPDATE allow_a SET v = 'x' WHERE id = 3"); sqlstate(err) != rules.CodeStaleToken {
+		t.Fatalf("stale tokened write: %v, want %s", err, rules.CodeStaleToken)
+	}
+}
