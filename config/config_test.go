@@ -1,0 +1,99 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenceproxy/fenceproxy/config"
+)
+
+func TestExampleFileLoads(t *testing.T) {
+	cfg, err := config.Load("../config.example.yaml")
+	if err != nil {
+		t.Fatalf("config.example.yaml: %v", err)
+	}
+	// The example documents every key with its default: apart from the
+	// required upstream and the example table, it must equal Defaults.
+	def := config.Defaults()
+	if cfg.Listen != def.Listen || cfg.Limits != def.Limits || cfg.Shutdown != def.Shutdown ||
+		cfg.Log != def.Log || cfg.Admin != def.Admin || cfg.TokenSetting != def.TokenSetting ||
+		cfg.RewriteCacheEntries != def.RewriteCacheEntries || cfg.Upstream.ConnectTimeout != def.Upstream.ConnectTimeout ||
+		cfg.Upstream.TLS != def.Upstream.TLS || cfg.TLS != def.TLS || cfg.Audit != def.Audit {
+		t.Errorf("config.example.yaml drifted from Defaults:\n got %+v\nwant %+v", cfg, def)
+	}
+	if len(cfg.Tables) != 1 || cfg.Tables[0].Table != "public.config" {
+		t.Errorf("tables = %+v", cfg.Tables)
+	}
+}
+
+func TestMinimalFileGetsDefaults(t *testing.T) {
+	cfg, err := config.Load("testdata/minimal.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:6432" || cfg.Limits.MaxConnections != 1000 || cfg.Shutdown.DrainTimeout != 30*time.Second ||
+		cfg.TokenSetting != "fence.token" || cfg.Admin.Listen != "127.0.0.1:9187" || cfg.Upstream.TLS.Mode != "disable" {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+}
+
+// TestInvalidConfigNamesTheKey: every validation error names the key.
+func TestInvalidConfigNamesTheKey(t *testing.T) {
+	cases := []struct{ yaml, key string }{
+		{"", "upstream.address"},
+		{"upstream: {address: nohost}", "upstream.address"},
+		{"upstream: {address: 'h:5432'}\nlisten: ':x'", "listen"},
+		{"upstream: {address: 'h:5432', tls: {mode: maybe}}", "upstream.tls.mode"},
+		{"upstream: {address: 'h:5432', tls: {mode: verify-full}}", "upstream.tls.ca_file"},
+		{"upstream: {address: 'h:5432', connect_timeout: -1s}", "upstream.connect_timeout"},
+		{"upstream: {address: 'h:5432'}\ntls: {cert_file: /nonexistent.pem}", "tls"},
+		{"upstream: {address: 'h:5432'}\ntls: {require: true}", "tls.require"},
+		{"upstream: {address: 'h:5432'}\nlimits: {max_connections: 0}", "limits.max_connections"},
+		{"upstream: {address: 'h:5432'}\nlimits: {max_message_bytes: 10}", "limits.max_message_bytes"},
+		{"upstream: {address: 'h:5432'}\nlog: {format: xml}", "log.format"},
+		{"upstream: {address: 'h:5432'}\nlog: {level: loud}", "log.level"},
+		{"upstream: {address: 'h:5432'}\nadmin: {listen: nope}", "admin.listen"},
+		{"upstream: {address: 'h:5432'}\naudit: {dsn: 'postgres://u:secret@h:5432/?sslmode=bogus'}", "audit.dsn"},
+		{"upstream: {address: 'h:5432'}\ntables: [{table: config}]", "tables[0]"},
+		{"upstream: {address: 'h:5432'}\ntables: [{table: public.a, on_stale: maybe}]", "tables[0].on_stale"},
+		{"upstream: {address: 'h:5432'}\ntables: [{table: public.a, mode: loud}]", "tables[0].mode"},
+		{"upstream: {address: 'h:5432'}\ntables: [{table: public.a}, {table: public.a}]", "tables[1]"},
+		{"upstream: {address: 'h:5432'}\ntoken_setting: notdotted", "token_setting"},
+		{"upstream: {address: 'h:5432'}\nlisten_addr: x", "listen_addr"}, // unknown key
+	}
+	for _, c := range cases {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte(c.yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := config.Load(path)
+		if err == nil {
+			t.Errorf("%q: accepted, want an error naming %s", c.yaml, c.key)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.key) {
+			t.Errorf("%q: error %q does not name %s", c.yaml, err, c.key)
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("%q: error %q repeats a password", c.yaml, err)
+		}
+	}
+}
+
+func TestAuditConnConfig(t *testing.T) {
+	cfg, err := config.Parse([]byte("upstream: {address: 'db:5433', tls: {mode: require}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FENCEPROXY_AUDIT_PASSWORD", "pw")
+	pc, err := cfg.AuditConnConfig("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.Host != "db" || pc.Port != 5433 || pc.User != "postgres" || pc.Database != "app" || pc.Password != "pw" || pc.TLSConfig == nil {
+		t.Errorf("audit conn config = host %s port %d user %s db %s tls %v", pc.Host, pc.Port, pc.User, pc.Database, pc.TLSConfig != nil)
+	}
+}
