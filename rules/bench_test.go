@@ -113,3 +113,16 @@ func BenchmarkRewriteFirstSeenForms(b *testing.B) {
 		})
 	}
 }
+
+// ForSession with scoped entries, for a session whose set is memoized: the
+// per-statement cost of scopes.
+func BenchmarkForSessionScoped(b *testing.B) {
+	r := scopedRules(b)
+	r.ForSession("prod", "app", "billing")
+	b.ReportAllocs()
+	for b.Loop() {
+		if r.ForSession("prod", "app", "billing") == r {
+			b.Fatal("root")
+		}
+	}
+}

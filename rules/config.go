@@ -3,6 +3,7 @@ package rules
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Defaults applied by Compile.
@@ -16,8 +17,8 @@ const (
 // truncated by the server, so a longer configured name could never match.
 const maxIdentLen = 63
 
-// Table is one protected table, one entry of the `tables:` list of the YAML
-// configuration.
+// Table is one entry of the `tables:` list of the YAML configuration: a
+// protected table and how it is fenced, optionally only for some sessions.
 type Table struct {
 	// Table is the schema-qualified table name, e.g. public.config. Required.
 	// Each part follows PostgreSQL's identifier rules: unquoted parts fold to
@@ -28,18 +29,40 @@ type Table struct {
 	Column string `yaml:"column"`
 	// OnStale is what happens to a write whose token is older than the row's
 	// watermark: "error" (default) fails the statement with FP001, "skip"
-	// leaves the row untouched and uncounted.
+	// leaves the row untouched and uncounted. Ignored in audit mode.
 	OnStale string `yaml:"on_stale"`
 	// Strict, when true, accepts a write only if watermark < token (each
 	// grant writes a row once); the default accepts watermark <= token.
 	Strict bool `yaml:"strict"`
 	// MissingToken is what happens when the session has no valid token:
 	// "reject" (default) fails the statement with FP002, "allow" lets the
-	// write through unfenced (for staged adoption).
+	// write through unfenced and records it (for staged adoption). Ignored
+	// in audit mode.
 	MissingToken string `yaml:"missing_token"`
-	// Mode is "enforce" (default) or "off" (the table is not protected).
-	// "audit" is reserved and not supported yet.
+	// Mode is "enforce" (default), "audit" (never block or change a write,
+	// keep the watermark moving when a valid token is present, and record
+	// every write enforce would have rejected) or "off" (not protected).
 	Mode string `yaml:"mode"`
+	// Scope limits the entry to some sessions. Default: every session. A
+	// table may be listed several times with different scopes; for a
+	// session, the first entry (in list order) whose scope matches decides
+	// how the table is fenced, and a table no entry matches is not
+	// protected in that session.
+	Scope Scope `yaml:"scope"`
+}
+
+// Scope selects sessions by the values the client sent in its startup
+// packet. Each list left empty matches any value; a session matches when it
+// matches every list. Values are compared exactly (no case folding, no
+// patterns). Scopes are for staged rollout, not a security boundary: a
+// client chooses its own application_name.
+type Scope struct {
+	// Databases lists database names. Default: any.
+	Databases []string `yaml:"databases"`
+	// Users lists user (role) names. Default: any.
+	Users []string `yaml:"users"`
+	// ApplicationNames lists application_name values. Default: any.
+	ApplicationNames []string `yaml:"application_names"`
 }
 
 // Config is the rewriter's configuration.
@@ -50,12 +73,23 @@ type Config struct {
 	TokenSetting string `yaml:"token_setting"`
 	// Tables lists the protected tables.
 	Tables []Table `yaml:"tables"`
-	// CacheSize bounds the number of decisions cached by statement text.
-	// 0 means DefaultCacheSize; a negative value disables the cache.
+	// CacheSize bounds the number of decisions cached by statement text,
+	// shared by the rule sets ForSession derives. 0 means DefaultCacheSize;
+	// a negative value disables the cache.
 	CacheSize int `yaml:"cache_size"`
+	// AuditTag identifies this proxy instance in audit notifications (the
+	// "i" field of the payload, see AuditEvent), so that a listener can
+	// tell its own instance's records from those of other instances
+	// sharing the database. Default "". At most MaxAuditTagLen bytes of
+	// valid UTF-8 without NUL bytes.
+	AuditTag string `yaml:"audit_tag"`
 }
 
-// tableRule is a validated, normalised Table.
+// MaxAuditTagLen bounds Config.AuditTag, which every audit notification
+// carries (PostgreSQL limits a notification payload to 8000 bytes).
+const MaxAuditTagLen = 256
+
+// tableRule is a validated, normalised Table in mode enforce or audit.
 type tableRule struct {
 	schema, rel string // exact (folded) names
 	display     string // schema.rel, quoted where needed; used in messages
@@ -63,12 +97,13 @@ type tableRule struct {
 	skip        bool   // on_stale: skip
 	strict      bool
 	allow       bool // missing_token: allow
+	audit       bool // mode: audit
 }
 
 // sameFencing reports whether two rules fence a write identically, which
 // lets an unqualified table name that matches both be rewritten.
 func (t *tableRule) sameFencing(o *tableRule) bool {
-	return t.column == o.column && t.skip == o.skip && t.strict == o.strict && t.allow == o.allow
+	return t.column == o.column && t.skip == o.skip && t.strict == o.strict && t.allow == o.allow && t.audit == o.audit
 }
 
 // Compile validates and normalises cfg. Errors name the offending key, e.g.
@@ -84,51 +119,81 @@ func Compile(cfg Config) (*Rules, error) {
 	// PostgreSQL looks setting names up case-insensitively and reports them
 	// in lower case.
 	setting = strings.ToLower(setting)
-
-	r := &Rules{
-		tokenSetting: setting,
-		byRel:        make(map[string][]*tableRule),
+	switch tag := cfg.AuditTag; {
+	case len(tag) > MaxAuditTagLen:
+		return nil, fmt.Errorf("audit_tag: must be at most %d bytes, got %d", MaxAuditTagLen, len(tag))
+	case !utf8.ValidString(tag) || strings.IndexByte(tag, 0) >= 0:
+		// It is sent to the server inside every rewritten statement.
+		return nil, fmt.Errorf("audit_tag: must be valid UTF-8 without NUL bytes")
 	}
-	seen := make(map[[2]string]int)
+
+	groups := make(map[[2]string]*group)
+	var order []*group
 	for i, t := range cfg.Tables {
 		key := fmt.Sprintf("tables[%d]", i)
-		tr, enforce, err := compileTable(key, t)
+		tr, schema, rel, err := compileTable(key, t)
 		if err != nil {
 			return nil, err
 		}
-		k := [2]string{tr.schema, tr.rel}
-		if j, dup := seen[k]; dup {
-			return nil, fmt.Errorf("%s.table: %s is already listed as tables[%d]", key, tr.display, j)
+		sc, err := compileScope(key+".scope", t.Scope)
+		if err != nil {
+			return nil, err
 		}
-		seen[k] = i
-		if !enforce {
-			continue
+		e := &entry{index: i, rule: tr, scope: sc}
+		k := [2]string{schema, rel}
+		g := groups[k]
+		if g == nil {
+			g = &group{display: quoteIdent(schema) + "." + quoteIdent(rel)}
+			groups[k] = g
+			order = append(order, g)
 		}
-		r.tables = append(r.tables, tr)
-		r.byRel[tr.rel] = append(r.byRel[tr.rel], tr)
+		for _, prev := range g.entries {
+			if err := checkShadow(key, g.display, prev, e); err != nil {
+				return nil, err
+			}
+		}
+		g.entries = append(g.entries, e)
 	}
-	r.buildNeedles()
 
 	size := cfg.CacheSize
 	if size == 0 {
 		size = DefaultCacheSize
 	}
+	var cache *decisionCache
 	if size > 0 {
-		r.cache = newDecisionCache(size)
+		cache = newDecisionCache(size)
 	}
-	return r, nil
+	return newRoot(setting, cfg.AuditTag, order, cache), nil
 }
 
-func compileTable(key string, t Table) (*tableRule, bool, error) {
+// checkShadow rejects entry e when an earlier entry prev for the same table
+// matches every session e matches: e would never apply.
+func checkShadow(key, display string, prev, e *entry) error {
+	if !prev.scope.covers(&e.scope) {
+		return nil
+	}
+	if prev.scope.any() && e.scope.any() {
+		return fmt.Errorf("%s.table: %s is already listed as tables[%d]", key, display, prev.index)
+	}
+	if prev.scope.equal(&e.scope) {
+		return fmt.Errorf("%s.scope: %s is already listed with the same scope as tables[%d]", key, display, prev.index)
+	}
+	return fmt.Errorf("%s.scope: never applies: tables[%d] lists %s for every session this scope matches, and the first matching entry wins (list the narrower scope first)",
+		key, prev.index, display)
+}
+
+// compileTable validates one entry. It returns the rule (nil for mode: off)
+// and the table's folded schema and relation names.
+func compileTable(key string, t Table) (*tableRule, string, string, error) {
 	if strings.TrimSpace(t.Table) == "" {
-		return nil, false, fmt.Errorf("%s.table: required", key)
+		return nil, "", "", fmt.Errorf("%s.table: required", key)
 	}
 	parts, err := parseQualifiedName(t.Table)
 	if err != nil {
-		return nil, false, fmt.Errorf("%s.table: %q: %v", key, t.Table, err)
+		return nil, "", "", fmt.Errorf("%s.table: %q: %v", key, t.Table, err)
 	}
 	if len(parts) != 2 {
-		return nil, false, fmt.Errorf("%s.table: must be schema-qualified (e.g. public.config), got %q", key, t.Table)
+		return nil, "", "", fmt.Errorf("%s.table: must be schema-qualified (e.g. public.config), got %q", key, t.Table)
 	}
 	tr := &tableRule{schema: parts[0], rel: parts[1]}
 	tr.display = quoteIdent(tr.schema) + "." + quoteIdent(tr.rel)
@@ -137,10 +202,10 @@ func compileTable(key string, t Table) (*tableRule, bool, error) {
 	if t.Column != "" {
 		col, err := parseQualifiedName(t.Column)
 		if err != nil {
-			return nil, false, fmt.Errorf("%s.column: %q: %v", key, t.Column, err)
+			return nil, "", "", fmt.Errorf("%s.column: %q: %v", key, t.Column, err)
 		}
 		if len(col) != 1 {
-			return nil, false, fmt.Errorf("%s.column: must be a plain column name, got %q", key, t.Column)
+			return nil, "", "", fmt.Errorf("%s.column: must be a plain column name, got %q", key, t.Column)
 		}
 		tr.column = col[0]
 	}
@@ -150,7 +215,7 @@ func compileTable(key string, t Table) (*tableRule, bool, error) {
 	case "skip":
 		tr.skip = true
 	default:
-		return nil, false, fmt.Errorf("%s.on_stale: must be \"error\" or \"skip\", got %q", key, t.OnStale)
+		return nil, "", "", fmt.Errorf("%s.on_stale: must be \"error\" or \"skip\", got %q", key, t.OnStale)
 	}
 	tr.strict = t.Strict
 	switch t.MissingToken {
@@ -158,19 +223,20 @@ func compileTable(key string, t Table) (*tableRule, bool, error) {
 	case "allow":
 		tr.allow = true
 	default:
-		return nil, false, fmt.Errorf("%s.missing_token: must be \"reject\" or \"allow\", got %q", key, t.MissingToken)
+		return nil, "", "", fmt.Errorf("%s.missing_token: must be \"reject\" or \"allow\", got %q", key, t.MissingToken)
 	}
-	enforce := true
 	switch t.Mode {
-	case "", "enforce":
+	case "", ModeEnforce:
+	case ModeAudit:
+		// Audit never blocks: on_stale and missing_token describe what
+		// enforce would do and do not change the audit rewrite.
+		tr.audit, tr.skip, tr.allow = true, false, false
 	case "off":
-		enforce = false
-	case "audit":
-		return nil, false, fmt.Errorf("%s.mode: \"audit\" is not supported yet; use \"enforce\" or \"off\"", key)
+		return nil, tr.schema, tr.rel, nil
 	default:
-		return nil, false, fmt.Errorf("%s.mode: must be \"enforce\" or \"off\", got %q", key, t.Mode)
+		return nil, "", "", fmt.Errorf("%s.mode: must be \"enforce\", \"audit\" or \"off\", got %q", key, t.Mode)
 	}
-	return tr, enforce, nil
+	return tr, tr.schema, tr.rel, nil
 }
 
 // parseQualifiedName splits a dotted name into identifiers following

@@ -37,10 +37,38 @@ func TestCompileErrors(t *testing.T) {
 			`tables[1].on_stale: must be "error" or "skip", got "x"`},
 		{"bad missing_token", rules.Config{Tables: []rules.Table{{Table: "public.a", MissingToken: "ignore"}}},
 			`tables[0].missing_token: must be "reject" or "allow", got "ignore"`},
-		{"audit not yet", rules.Config{Tables: []rules.Table{{Table: "public.a", Mode: "audit"}}},
-			`tables[0].mode: "audit" is not supported yet; use "enforce" or "off"`},
 		{"bad mode", rules.Config{Tables: []rules.Table{{Table: "public.a", Mode: "on"}}},
-			`tables[0].mode: must be "enforce" or "off", got "on"`},
+			`tables[0].mode: must be "enforce", "audit" or "off", got "on"`},
+		{"mode is case-sensitive", rules.Config{Tables: []rules.Table{{Table: "public.a", Mode: "Audit"}}},
+			`tables[0].mode: must be "enforce", "audit" or "off", got "Audit"`},
+		{"duplicate across modes", rules.Config{Tables: []rules.Table{{Table: "public.a", Mode: "audit"}, {Table: "public.a", Mode: "off"}}},
+			`tables[1].table: public.a is already listed as tables[0]`},
+		{"empty scope value", rules.Config{Tables: []rules.Table{{Table: "public.a"}, {Table: "public.b"},
+			{Table: "public.c", Scope: rules.Scope{Users: []string{"", "x"}}}}},
+			`tables[2].scope.users[0]: must not be empty`},
+		{"empty database", rules.Config{Tables: []rules.Table{{Table: "public.a", Scope: rules.Scope{Databases: []string{"d", ""}}}}},
+			`tables[0].scope.databases[1]: must not be empty`},
+		{"empty application name", rules.Config{Tables: []rules.Table{{Table: "public.a", Scope: rules.Scope{ApplicationNames: []string{""}}}}},
+			`tables[0].scope.application_names[0]: must not be empty`},
+		{"same scope twice", rules.Config{Tables: []rules.Table{
+			{Table: "public.a", Scope: rules.Scope{ApplicationNames: []string{"billing", "api"}}},
+			{Table: "public.b"},
+			{Table: "PUBLIC.A", Mode: "audit", Scope: rules.Scope{ApplicationNames: []string{"api", "billing", "api"}}}}},
+			`tables[2].scope: public.a is already listed with the same scope as tables[0]`},
+		{"scope shadowed by an unscoped entry", rules.Config{Tables: []rules.Table{
+			{Table: "public.a", Mode: "audit"},
+			{Table: "public.a", Scope: rules.Scope{ApplicationNames: []string{"billing"}}}}},
+			`tables[1].scope: never applies: tables[0] lists public.a for every session this scope matches, and the first matching entry wins (list the narrower scope first)`},
+		{"scope shadowed by a wider scope", rules.Config{Tables: []rules.Table{
+			{Table: "public.a", Scope: rules.Scope{Users: []string{"u1", "u2"}}},
+			{Table: "public.a", Mode: "off", Scope: rules.Scope{Users: []string{"u1"}, Databases: []string{"d"}}}}},
+			`tables[1].scope: never applies: tables[0] lists public.a for every session this scope matches, and the first matching entry wins (list the narrower scope first)`},
+		{"audit_tag too long", rules.Config{AuditTag: strings.Repeat("x", rules.MaxAuditTagLen+1)},
+			`audit_tag: must be at most 256 bytes, got 257`},
+		{"audit_tag not UTF-8", rules.Config{AuditTag: "a\xffb"},
+			`audit_tag: must be valid UTF-8 without NUL bytes`},
+		{"audit_tag with NUL", rules.Config{AuditTag: "a\x00b"},
+			`audit_tag: must be valid UTF-8 without NUL bytes`},
 		{"setting without dot", rules.Config{TokenSetting: "fence_token"},
 			`token_setting: "fence_token" is not a valid custom setting name (two or more identifiers joined by dots, e.g. "fence.token")`},
 		{"setting with bad char", rules.Config{TokenSetting: "fence.to-ken"},
@@ -91,6 +119,46 @@ func TestCompileNormalises(t *testing.T) {
 	}
 	if d := r.Decide(`UPDATE unprotected SET a = 1`); d.Action != rules.Forward {
 		t.Errorf("mode off table rewritten: %+v", d)
+	}
+}
+
+// Entries for the same table whose scopes overlap without one covering the
+// other are fine: the first matching entry wins.
+func TestCompileAcceptsOverlappingScopes(t *testing.T) {
+	_, err := rules.Compile(rules.Config{Tables: []rules.Table{
+		{Table: "public.a", Scope: rules.Scope{ApplicationNames: []string{"billing"}}},
+		{Table: "public.a", Mode: "off", Scope: rules.Scope{Users: []string{"migrator"}}},
+		{Table: "public.a", Mode: "audit", Scope: rules.Scope{ApplicationNames: []string{"billing", "api"}}},
+		{Table: "public.a", Mode: "audit"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTablesListsEveryFencedTable(t *testing.T) {
+	r, err := rules.Compile(rules.Config{Tables: []rules.Table{
+		{Table: "public.b", Mode: "audit"},
+		{Table: "public.a", Scope: rules.Scope{Users: []string{"u"}}},
+		{Table: "public.off", Mode: "off"},
+		{Table: "public.a", Mode: "audit"},
+		{Table: "public.c", Mode: "off", Scope: rules.Scope{Users: []string{"u"}}},
+		{Table: "public.c"},
+		{Table: "public.d", Scope: rules.Scope{Users: []string{"v"}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(r.Tables(), " "), "public.b public.a public.c public.d"; got != want {
+		t.Errorf("Tables() = %s, want %s", got, want)
+	}
+	if got, want := strings.Join(r.AuditTables(), " "), "public.b public.a"; got != want {
+		t.Errorf("AuditTables() = %s, want %s", got, want)
+	}
+	// The slices are copies.
+	r.Tables()[0] = "x"
+	if r.Tables()[0] != "public.b" {
+		t.Error("Tables() exposes its backing array")
 	}
 }
 

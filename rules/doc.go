@@ -27,6 +27,46 @@
 // table are replaced by their deparsed rewrite; the others keep their
 // original text.
 //
+// # Modes and scopes
+//
+// Each `tables:` entry has a mode: enforce (the default) fences writes as
+// described below; audit never blocks a write or changes its outcome as the
+// client sees it (rows affected, RETURNING rows, errors), keeps the
+// watermark moving when the token is valid (never backwards), and records
+// every write enforce would have rejected; off leaves the table alone.
+// One statement may write tables in different modes; each write is
+// rewritten by its own table's rule.
+//
+// An entry may carry a scope: lists of databases, users and
+// application_names, each empty for "any", compared exactly with the values
+// of the client's startup packet. A table may be listed several times with
+// different scopes: for a session, the first entry (in list order) whose
+// scope matches decides how the table is fenced, and a table no entry
+// matches is not protected in that session. For example
+//
+//	tables:
+//	  - table: public.config
+//	    scope: {application_names: [billing]}
+//	  - table: public.config
+//	    mode: audit
+//
+// enforces fencing for the billing service and audits everyone else.
+// Compile rejects an entry that can never apply because an earlier entry for
+// the same table matches every session it matches (identical scopes
+// included). Scopes serve staged rollout; they are not a security boundary
+// (a client picks its own application_name).
+//
+// Rules.ForSession(database, user, applicationName) returns the rule set of
+// a session, with the same API. It is meant to be called for every
+// statement: without scoped entries it returns its receiver; otherwise it
+// computes which entries match (no allocation) and returns a memoized set,
+// keyed by that match pattern (never by client strings) and bounded to a
+// few hundred sets, beyond which it builds a set without a cache. The sets
+// share the root's bounded decision cache. The root itself decides for
+// sessions that match no scoped entry. Tables and AuditTables list every
+// table the configuration fences for some session (for metric labels),
+// whichever set they are called on.
+//
 // # Token validity
 //
 // A valid token is a decimal integer 1..9223372036854775807, written as ASCII
@@ -89,10 +129,96 @@
 // time with a raw error for an invalid token.)
 //
 // With missing_token: allow, an invalid token lets the write through
-// unfenced: the GUARD is left out, UPDATE keeps F unchanged
-// (CASE WHEN NOT V THEN F WHEN ...), skip conditions become
-// CASE WHEN V THEN FRESH ELSE true END, and new rows get fence value 0, the
-// fence column's documented default (a client-supplied value is never used).
+// unfenced, and records it (mode "enforce", reason "missing_token", see
+// Audit records): the raising GUARD becomes the recording
+//
+//	RECORD = CASE WHEN V THEN true ELSE NOTIFY(missing_token, true) END
+//
+// (also a pseudo-constant, evaluated once per statement, never false),
+// UPDATE keeps F unchanged (CASE WHEN NOT V THEN F WHEN ...), skip
+// conditions become CASE WHEN V THEN FRESH ELSE true END, and new rows get
+// fence value 0, the fence column's documented default (a client-supplied
+// value is never used), recorded: CASE WHEN V THEN TOK ELSE
+// NOTIFY(missing_token, 0) END. Where there is no WHERE clause to carry
+// RECORD, the value records it itself: UPDATE ... WHERE CURRENT OF and MERGE
+// UPDATE actions assign CASE WHEN NOT V THEN NOTIFY(missing_token, F) ...,
+// and a MERGE DELETE action's condition c becomes
+// CASE WHEN (c) THEN RECORD ELSE false END. In a multi-row VALUES list only
+// the first row records (every row is computed when any is; one sub-select
+// per row would cost the server a sub-plan per row).
+//
+// With mode: audit (on_stale and missing_token do not matter; strict does):
+//
+//	UPDATE t SET ..., F = CASE WHEN NOT V THEN F WHEN FRESH THEN TOK ELSE NOTIFY(stale, F) END WHERE (w) AND RECORD
+//	UPDATE t SET ..., F = CASE WHEN NOT V THEN NOTIFY(missing_token, F) WHEN FRESH THEN TOK ELSE NOTIFY(stale, F) END WHERE CURRENT OF c
+//	DELETE FROM t WHERE (w) AND RECORD AND CASE WHEN NOT V THEN true WHEN FRESH THEN true WHEN (w) THEN NOTIFY(stale, true) ELSE true END
+//	DELETE FROM t WHERE RECORD AND CASE WHEN (w) THEN CASE WHEN NOT V THEN true WHEN FRESH THEN true ELSE NOTIFY(stale, true) END ELSE false END  -- w not repeatable
+//	INSERT INTO t (..., F) VALUES (..., CASE WHEN V THEN TOK ELSE NOTIFY(missing_token, 0) END)
+//	... ON CONFLICT ... DO UPDATE SET ..., F = CASE WHEN NOT V THEN F WHEN FRESH THEN TOK ELSE NOTIFY(stale, F) END
+//	MERGE ... WHEN MATCHED [AND c] THEN UPDATE SET ..., F = CASE WHEN NOT V THEN NOTIFY(missing_token, F) WHEN FRESH THEN TOK ELSE NOTIFY(stale, F) END
+//	MERGE ... WHEN MATCHED AND CASE WHEN (c) THEN CASE WHEN NOT V THEN NOTIFY(missing_token, true)
+//	            WHEN FRESH THEN true ELSE NOTIFY(stale, true) END ELSE false END THEN DELETE
+//
+// A stale row keeps its watermark and is written anyway; the added
+// conditions are never false for a row the client's own condition selects,
+// so the same rows are written, counted and returned. An invalid token is
+// recorded once per UPDATE or DELETE, whether or not a row matches (enforce
+// raises FP002 then too), and by INSERT and MERGE when they write a row
+// (when enforce raises it); a stale write once per stale row (identical
+// notifications are merged, see below). The ON CONFLICT
+// branch does not record an invalid token: the proposed row's stamp, which
+// is computed for every proposed row, already did. A MERGE DELETE condition
+// evaluates c once and records only for rows the action takes.
+//
+// # Audit records
+//
+// NOTIFY(reason, val) sends a notification and yields val:
+//
+//	(SELECT val FROM pg_catalog.pg_notify('fenceproxy_audit', PAYLOAD) AS n)                -- stale
+//	(SELECT val FROM pg_catalog.pg_notify('fenceproxy_audit', PAYLOAD) AS n WHERE NOT V)    -- missing_token
+//	PAYLOAD = pg_catalog.json_build_object('v', 1, 'i', <audit tag>, 'm', <mode>, 'r', <reason>,
+//	            't', <table>, 'tok', pg_catalog.substr(s, 1, 32), 'w', F or NULL)::pg_catalog.text
+//
+// (the alias is n_ when the target's own alias is n). pg_notify is volatile,
+// so the planner never evaluates it ahead of time, and a CASE branch is
+// evaluated only when taken; a sub-select whose value and payload do not
+// depend on the row becomes an InitPlan, run at most once per statement.
+// The WHERE NOT V of a missing_token record matters when a concurrent
+// update makes PostgreSQL re-check a row (EvalPlanQual): that runs every
+// InitPlan of the plan, taken branch or not, and the record must then send
+// nothing for a valid token.
+// The payload, as a listener receives it:
+//
+//	{"v" : 1, "i" : "proxy-a", "m" : "audit", "r" : "stale", "t" : "public.config", "tok" : "41", "w" : 42}
+//
+//	v    payload format version, 1
+//	i    Config.AuditTag of the proxy that rewrote the statement
+//	m    "audit" (mode: audit) or "enforce" (missing_token: allow)
+//	r    "stale" (the token was older than the row's watermark, or not
+//	     newer with strict: true) or "missing_token" (unset, empty or
+//	     not a valid token)
+//	t    the table's display name (the bare relation name when an
+//	     unqualified reference matched alike-fenced tables in several schemas)
+//	tok  the token setting's first 32 characters; null when unset
+//	w    the row's stored watermark (bigint) for "stale"; null for
+//	     "missing_token"
+//
+// AuditEvent and ParseAuditEvent decode it. PostgreSQL delivers
+// notifications when the transaction commits (none on rollback, nor for a
+// subtransaction rolled back to a savepoint) to the sessions of the same
+// database that LISTEN on the channel, and delivers identical payloads sent
+// in one transaction once: a statement recording stale rows with N
+// distinct watermarks sends N notifications, and a transaction repeating
+// the same stale write sends one.
+//
+// A statement that enforce mode would refuse (see Refusals) is, when every
+// table the refusal concerns is in audit mode, forwarded as the client sent
+// it (or, in a multi-statement string or a statement with several writes,
+// that write is left as sent and the others are still rewritten), and the
+// refusal is returned in Decision.AuditRefusal for the proxy to record: a
+// refusal cannot be recorded by the server. A statement that does not parse
+// is treated so when every protected table it mentions is audited, unless
+// it contains a Unicode escape (U&), which could name any table.
 //
 // The proxy owns the fence column: a client assignment to it is removed
 // (a multi-column SET (a, F) = (x, y) is split first) and a client value in
@@ -100,7 +226,8 @@
 //
 // # Refusals
 //
-// Refused (FP003), with a message naming the table: COPY ... FROM into a
+// Refused (FP003, or in audit mode forwarded and recorded as
+// Decision.AuditRefusal), with a message naming the table: COPY ... FROM into a
 // protected table; TRUNCATE of one; INSERT (or MERGE ... INSERT) without a
 // column list (there is no catalog to find the columns); DELETE ... WHERE
 // CURRENT OF; UPDATE ... WHERE CURRENT OF with on_stale: skip; a fence column
@@ -136,6 +263,16 @@
 // holders, not malicious ones. User-defined operators in a DELETE condition
 // are assumed to be repeatable. The fence column should be NOT NULL; a NULL
 // fence value is treated as stale.
+//
+// Audit records are notifications, with their limits: anyone connected to
+// the database can send a forged one (a listener must use only configured
+// table names as labels); they are scoped to one database; a transaction
+// that sent one cannot be prepared for two-phase commit (PREPARE
+// TRANSACTION fails, where enforce would have failed the write itself); if
+// the server's notification queue fills up (a listener not reading),
+// committing a transaction that sent one fails. Under concurrent updates
+// PostgreSQL may evaluate a row's check twice (EvalPlanQual), which can
+// record a stale write against a row version that is then not written.
 //
 // # SQLSTATEs
 //

@@ -85,6 +85,7 @@ func digitClass(lo, hi byte) string {
 
 type fencer struct {
 	setting string
+	tag     string // Config.AuditTag
 	t       *tableRule
 	// qual qualifies the fence column: the target's alias, or its relation
 	// name when it has none.
@@ -154,29 +155,67 @@ func (f *fencer) guard() *pg.Node {
 	return caseExpr([]*pg.Node{f.valid(), aBool(true)}, f.raiseToken("bool"))
 }
 
-// stamp returns the fence value for a new row:
-// reject: CASE WHEN V THEN TOK ELSE RAISE(token) END
-// allow:  CASE WHEN V THEN TOK ELSE 0 END (0 is the fence column's documented default).
-func (f *fencer) stamp() *pg.Node {
-	if f.t.allow {
-		return caseExpr([]*pg.Node{f.valid(), f.tok()}, aInt(0))
+// lenient reports whether an invalid token lets the write through:
+// missing_token: allow, or audit mode.
+func (f *fencer) lenient() bool { return f.t.allow || f.t.audit }
+
+// mode is the "m" field of the table's notifications.
+func (f *fencer) mode() string {
+	if f.t.audit {
+		return ModeAudit
 	}
-	return caseExpr([]*pg.Node{f.valid(), f.tok()}, f.raiseToken("int8"))
+	return ModeEnforce
+}
+
+// tokenGuard returns the pseudo-constant WHERE conjunct that deals with an
+// invalid token once per statement, before any row is read, whether or not
+// a row matches (as enforce's FP002 does):
+//
+//	reject:       GUARD (raises FP002)
+//	allow, audit: CASE WHEN V THEN true ELSE NOTIFY(missing_token, true) END (never false)
+func (f *fencer) tokenGuard() *pg.Node {
+	if !f.lenient() {
+		return f.guard()
+	}
+	return caseExpr([]*pg.Node{f.valid(), aBool(true)}, f.notify(AuditMissingToken, aBool(true)))
+}
+
+// stamp returns the fence value for a new row:
+//
+//	reject:       CASE WHEN V THEN TOK ELSE RAISE(token) END
+//	allow, audit: CASE WHEN V THEN TOK ELSE NOTIFY(missing_token, 0) END
+//
+// (0 is the fence column's documented default). record false leaves the
+// NOTIFY out (ELSE 0): every row of a multi-row VALUES list is computed, so
+// recording the first one is enough, and a sub-select per row would cost
+// the server a sub-plan per row.
+func (f *fencer) stamp(record bool) *pg.Node {
+	var invalid *pg.Node
+	switch {
+	case !f.lenient():
+		invalid = f.raiseToken("int8")
+	case record:
+		invalid = f.notify(AuditMissingToken, aInt(0))
+	default:
+		invalid = aInt(0)
+	}
+	return caseExpr([]*pg.Node{f.valid(), f.tok()}, invalid)
 }
 
 // errorSetValue returns the new fence value for an updated row in
 // on_stale: error mode:
 //
-//	CASE [WHEN NOT V THEN RAISE(token) | F] WHEN FRESH THEN TOK ELSE RAISE(stale) END
+//	CASE [WHEN NOT V THEN RAISE(token) | F | NOTIFY(missing_token, F)] WHEN FRESH THEN TOK ELSE RAISE(stale) END
 //
-// The NOT V branch is left out when checkV is false, i.e. when the
-// statement already guarantees V for every row that reaches the SET list.
-// With missing_token: allow it is always there and keeps F as it was.
+// checkV is true when the statement does not otherwise deal with an
+// invalid token (no WHERE guard, no stamp): then the NOT V branch raises,
+// or with missing_token: allow records the write and keeps F. When checkV
+// is false it is left out, or with missing_token: allow keeps F.
 func (f *fencer) errorSetValue(checkV bool) *pg.Node {
 	var whens []*pg.Node
 	switch {
 	case f.t.allow:
-		whens = append(whens, not(f.valid()), f.fence())
+		whens = append(whens, not(f.valid()), f.missingKeep(checkV))
 	case checkV:
 		whens = append(whens, not(f.valid()), f.raiseToken("int8"))
 	}
@@ -184,12 +223,33 @@ func (f *fencer) errorSetValue(checkV bool) *pg.Node {
 	return caseExpr(whens, f.raiseStale("int8"))
 }
 
+// auditSetValue returns the new fence value for an updated row in audit
+// mode, which never moves the watermark backwards:
+//
+//	CASE WHEN NOT V THEN F | NOTIFY(missing_token, F) WHEN FRESH THEN TOK ELSE NOTIFY(stale, F) END
+//
+// with the NOT V branch recording the write when checkV is true, as in
+// errorSetValue.
+func (f *fencer) auditSetValue(checkV bool) *pg.Node {
+	return caseExpr([]*pg.Node{not(f.valid()), f.missingKeep(checkV), f.fresh(), f.tok()},
+		f.notify(AuditStale, f.fence()))
+}
+
+// missingKeep returns F, or NOTIFY(missing_token, F) when record is true.
+func (f *fencer) missingKeep(record bool) *pg.Node {
+	if record {
+		return f.notify(AuditMissingToken, f.fence())
+	}
+	return f.fence()
+}
+
 // skipSetValue returns the new fence value for an updated row in
 // on_stale: skip mode, where the WHERE clause has already dropped stale rows:
-// TOK, or with missing_token: allow, CASE WHEN V THEN TOK ELSE F END.
-func (f *fencer) skipSetValue() *pg.Node {
+// TOK, or with missing_token: allow, CASE WHEN V THEN TOK ELSE F END (with
+// the write recorded in the ELSE branch when checkV is true).
+func (f *fencer) skipSetValue(checkV bool) *pg.Node {
 	if f.t.allow {
-		return caseExpr([]*pg.Node{f.valid(), f.tok()}, f.fence())
+		return caseExpr([]*pg.Node{f.valid(), f.tok()}, f.missingKeep(checkV))
 	}
 	return f.tok()
 }
@@ -221,6 +281,98 @@ func (f *fencer) freshOrRaise(extra *pg.Node) *pg.Node {
 	return caseExpr(whens, aBool(false))
 }
 
+// freshOrNotify is freshOrRaise for audit mode: it records a stale row
+// instead of raising, and is never false:
+//
+//	CASE WHEN NOT V THEN true WHEN FRESH THEN true [WHEN extra] THEN NOTIFY(stale, true) [ELSE true] END
+//
+// (the invalid token is recorded by tokenGuard).
+func (f *fencer) freshOrNotify(extra *pg.Node) *pg.Node {
+	whens := []*pg.Node{not(f.valid()), aBool(true), f.fresh(), aBool(true)}
+	if extra == nil {
+		return caseExpr(whens, f.notify(AuditStale, aBool(true)))
+	}
+	whens = append(whens, extra, f.notify(AuditStale, aBool(true)))
+	return caseExpr(whens, aBool(true))
+}
+
+// auditCheck returns the self-contained audit check of a MERGE ... DELETE
+// action, which has no WHERE clause for tokenGuard; it is never false:
+//
+//	CASE WHEN NOT V THEN NOTIFY(missing_token, true) WHEN FRESH THEN true ELSE NOTIFY(stale, true) END
+func (f *fencer) auditCheck() *pg.Node {
+	return caseExpr([]*pg.Node{not(f.valid()), f.notify(AuditMissingToken, aBool(true)), f.fresh(), aBool(true)},
+		f.notify(AuditStale, aBool(true)))
+}
+
+// notify returns NOTIFY(reason, val), an expression that sends an audit
+// notification and yields val:
+//
+//	(SELECT val FROM pg_catalog.pg_notify('fenceproxy_audit', PAYLOAD) AS n [WHERE NOT V])
+//	PAYLOAD = pg_catalog.json_build_object('v', 1, 'i', <tag>, 'm', <mode>, 'r', <reason>,
+//	            't', <table>, 'tok', pg_catalog.substr(s, 1, 32), 'w', F | NULL)::pg_catalog.text
+//
+// pg_notify returns void, so it is called in the FROM clause of a scalar
+// sub-select. It is volatile, so the planner never evaluates it ahead of
+// time, and the executor evaluates a CASE branch only when it is taken, so
+// only the rows (or statements) that take the branch send a notification.
+// PostgreSQL delivers the notification on commit, and drops it on
+// rollback.
+//
+// When val and PAYLOAD do not depend on the row (missing_token), the
+// sub-select is an InitPlan, run at most once per statement, when first
+// needed; but EvalPlanQual (the re-check of a row updated concurrently)
+// runs every InitPlan the plan refers to, needed or not
+// (ExecSetParamPlanMulti in EvalPlanQualBegin). So a missing_token NOTIFY
+// carries WHERE NOT V, a pseudo-constant the planner turns into a
+// One-Time Filter above the function scan: run with a valid token it
+// returns no row and sends nothing. (A stale NOTIFY refers to F, so it is a
+// correlated SubPlan, which is never run ahead of need.)
+//
+// The stored watermark "w" is F for a stale row, NULL for missing_token.
+// The sub-select's alias is not the target's qualifier, so that F in val
+// still names the target's column.
+func (f *fencer) notify(reason string, val *pg.Node) *pg.Node {
+	w := aNull()
+	if reason == AuditStale {
+		w = f.fence()
+	}
+	payload := cast(fn("json_build_object",
+		aStr("v"), aInt(AuditVersion),
+		aStr("i"), aStr(f.tag),
+		aStr("m"), aStr(f.mode()),
+		aStr("r"), aStr(reason),
+		aStr("t"), aStr(f.t.display),
+		aStr("tok"), fn("substr", f.settingExpr(), aInt(1), aInt(tokenEchoLen)),
+		aStr("w"), w,
+	), "text")
+	alias := "n"
+	if f.qual == alias {
+		alias = "n_"
+	}
+	from := &pg.Node{Node: &pg.Node_RangeFunction{RangeFunction: &pg.RangeFunction{
+		// Each function of a FROM item is a (call, column definitions)
+		// pair; the parser leaves an empty node for "no definitions".
+		Functions: []*pg.Node{pg.MakeListNode([]*pg.Node{fn("pg_notify", aStr(AuditChannel), payload), {}})},
+		Alias:     &pg.Alias{Aliasname: alias},
+	}}}
+	var where *pg.Node
+	if reason == AuditMissingToken {
+		where = not(f.valid())
+	}
+	return &pg.Node{Node: &pg.Node_SubLink{SubLink: &pg.SubLink{
+		SubLinkType: pg.SubLinkType_EXPR_SUBLINK,
+		Subselect: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
+			TargetList:  []*pg.Node{pg.MakeResTargetNodeWithVal(val, -1)},
+			FromClause:  []*pg.Node{from},
+			WhereClause: where,
+			LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
+			Op:          pg.SetOperation_SETOP_NONE,
+		}}},
+		Location: -1,
+	}}}
+}
+
 // notFresh returns CASE WHEN V THEN FRESH IS NOT TRUE ELSE <invalid> END: true
 // for a stale row (a NULL fence counts as stale), <invalid> when the token
 // is invalid.
@@ -234,6 +386,10 @@ func aStr(s string) *pg.Node { return pg.MakeAConstStrNode(s, -1) }
 
 func aInt(i int32) *pg.Node {
 	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Val: &pg.A_Const_Ival{Ival: &pg.Integer{Ival: i}}, Location: -1}}}
+}
+
+func aNull() *pg.Node {
+	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Isnull: true, Location: -1}}}
 }
 
 func aBool(b bool) *pg.Node {
@@ -250,7 +406,8 @@ func op(name string, l, r *pg.Node) *pg.Node {
 	return pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP, []*pg.Node{pg.MakeStrNode(name)}, l, r, -1)
 }
 
-// cast builds arg::pg_catalog.typ (typ is the internal name: int8, bool).
+// cast builds arg::pg_catalog.typ (typ is the internal name: int8, bool,
+// text).
 func cast(arg *pg.Node, typ string) *pg.Node {
 	return &pg.Node{Node: &pg.Node_TypeCast{TypeCast: &pg.TypeCast{
 		Arg: arg,

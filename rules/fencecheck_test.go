@@ -17,7 +17,13 @@ import (
 // It checks structure (the fence column is assigned exactly once, every
 // inserted row is stamped, every DELETE is conditioned, ...) and that the
 // fence expressions read the token from the configured setting.
-func checkFenced(sql string, cfg rules.Config) error {
+//
+// A table in audit mode counts as handled when its writes carry the audit
+// expressions (the fence column assigned with the audit CASE, stale rows
+// and invalid tokens recorded with pg_notify) and never raise. With
+// auditRefused (Decision.AuditRefusal set), writes to audit tables may also
+// be left as the client sent them.
+func checkFenced(sql string, cfg rules.Config, auditRefused bool) error {
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		return fmt.Errorf("does not parse: %v", err)
@@ -39,7 +45,8 @@ func checkFenced(sql string, cfg rules.Config) error {
 	}
 	c.tok = "pg_catalog.current_setting('" + c.setting + "', true)::bigint"
 	for _, tb := range cfg.Tables {
-		if tb.Mode == "off" {
+		// The root rule set applies the unscoped entries.
+		if tb.Mode == "off" || len(tb.Scope.Databases)+len(tb.Scope.Users)+len(tb.Scope.ApplicationNames) > 0 {
 			continue
 		}
 		parts := splitName(tb.Table)
@@ -47,9 +54,14 @@ func checkFenced(sql string, cfg rules.Config) error {
 		if tb.Column != "" {
 			col = splitName(tb.Column)[0]
 		}
-		c.tables = append(c.tables, checkTable{schema: parts[0], rel: parts[1], col: col,
-			skip: tb.OnStale == "skip", allow: tb.MissingToken == "allow"})
+		ct := checkTable{schema: parts[0], rel: parts[1], col: col,
+			skip: tb.OnStale == "skip", allow: tb.MissingToken == "allow", audit: tb.Mode == "audit"}
+		if ct.audit {
+			ct.skip, ct.allow = false, false
+		}
+		c.tables = append(c.tables, ct)
 	}
+	c.auditRefused = auditRefused
 	for _, s := range tree.Stmts {
 		walkMessages(s.ProtoReflect(), c.visit)
 		if c.err != nil {
@@ -75,14 +87,54 @@ func splitName(s string) []string {
 type checkTable struct {
 	schema, rel, col string
 	skip, allow      bool
+	audit            bool
+}
+
+// lenient reports whether an invalid token lets the write through (and
+// must be recorded).
+func (t *checkTable) lenient() bool { return t.allow || t.audit }
+
+func (t *checkTable) mode() string {
+	if t.audit {
+		return "audit"
+	}
+	return "enforce"
 }
 
 type checker struct {
-	cfg     rules.Config
-	setting string
-	tok     string
-	tables  []checkTable
-	err     error
+	cfg          rules.Config
+	setting      string
+	tok          string
+	tables       []checkTable
+	auditRefused bool
+	err          error
+}
+
+// records reports whether expression text s sends an audit notification
+// for reason, in t's mode.
+func (c *checker) records(s string, t *checkTable, reason string) bool {
+	return strings.Contains(s, "pg_catalog.pg_notify('fenceproxy_audit', pg_catalog.json_build_object('v', 1, ") &&
+		strings.Contains(s, "'m', '"+t.mode()+"', 'r', '"+reason+"'")
+}
+
+// raises reports whether expression text s can raise a fenceproxy error.
+func raises(s string) bool {
+	return strings.Contains(s, "fenceproxy:stale:") || strings.Contains(s, "fenceproxy:token:")
+}
+
+// unrewritten reports whether an audit write was left as the client sent it
+// because enforce would have refused it.
+func (c *checker) unrewritten(t *checkTable, m protoreflect.ProtoMessage) bool {
+	if !t.audit || !c.auditRefused {
+		return false
+	}
+	found := false
+	walkMessages(m.ProtoReflect(), func(m protoreflect.ProtoMessage) {
+		if f, ok := m.(*pg.FuncCall); ok && len(f.Funcname) == 2 && f.Funcname[1].GetString_().GetSval() == "pg_notify" {
+			found = true
+		}
+	})
+	return !found
 }
 
 func walkMessages(m protoreflect.Message, f func(protoreflect.ProtoMessage)) {
@@ -154,45 +206,57 @@ func expr(n *pg.Node) string {
 func (c *checker) visit(m protoreflect.ProtoMessage) {
 	switch n := m.(type) {
 	case *pg.UpdateStmt:
-		if t := c.match(n.Relation); t != nil {
+		if t := c.match(n.Relation); t != nil && !c.unrewritten(t, n) {
 			currentOf := n.WhereClause.GetCurrentOfExpr() != nil
-			c.checkSet("UPDATE", n.TargetList, t, currentOf && !t.allow)
+			c.checkSet("UPDATE", n.TargetList, t, currentOf)
 			where := expr(n.WhereClause)
 			if t.skip && !strings.Contains(where, t.col) {
 				c.fail("UPDATE (skip) WHERE has no fence condition: %s", where)
 			}
-			if !t.allow && !currentOf && !strings.Contains(where, "fenceproxy:token:") {
+			if !t.lenient() && !currentOf && !strings.Contains(where, "fenceproxy:token:") {
 				c.fail("UPDATE WHERE has no token guard: %s", where)
+			}
+			if t.lenient() && !currentOf && !c.records(where, t, "missing_token") {
+				c.fail("UPDATE WHERE does not record an invalid token: %s", where)
+			}
+			if t.audit && raises(where) {
+				c.fail("audit UPDATE WHERE can raise: %s", where)
 			}
 		}
 	case *pg.DeleteStmt:
-		if t := c.match(n.Relation); t != nil {
+		if t := c.match(n.Relation); t != nil && !c.unrewritten(t, n) {
 			where := expr(n.WhereClause)
 			if !strings.Contains(where, t.col) || !strings.Contains(where, c.tok) {
 				c.fail("DELETE WHERE has no fence condition: %s", where)
 			}
-			if !t.skip && !strings.Contains(where, "fenceproxy:stale:") {
+			if !t.skip && !t.audit && !strings.Contains(where, "fenceproxy:stale:") {
 				c.fail("DELETE (error) WHERE does not raise: %s", where)
 			}
-			if !t.allow && !strings.Contains(where, "fenceproxy:token:") {
+			if !t.lenient() && !strings.Contains(where, "fenceproxy:token:") {
 				c.fail("DELETE WHERE has no token guard: %s", where)
+			}
+			if t.lenient() && !c.records(where, t, "missing_token") {
+				c.fail("DELETE WHERE does not record an invalid token: %s", where)
+			}
+			if t.audit && (raises(where) || !c.records(where, t, "stale")) {
+				c.fail("audit DELETE WHERE raises or does not record stale rows: %s", where)
 			}
 		}
 	case *pg.InsertStmt:
-		if t := c.match(n.Relation); t != nil {
+		if t := c.match(n.Relation); t != nil && !c.unrewritten(t, n) {
 			c.checkInsert(n, t)
 		}
 	case *pg.MergeStmt:
-		if t := c.match(n.Relation); t != nil {
+		if t := c.match(n.Relation); t != nil && !c.unrewritten(t, n) {
 			c.checkMerge(n, t)
 		}
 	case *pg.CopyStmt:
-		if t := c.match(n.Relation); t != nil && n.IsFrom {
+		if t := c.match(n.Relation); t != nil && n.IsFrom && !(t.audit && c.auditRefused) {
 			c.fail("COPY FROM into protected table %s", t.rel)
 		}
 	case *pg.TruncateStmt:
 		for _, r := range n.Relations {
-			if t := c.match(r.GetRangeVar()); t != nil {
+			if t := c.match(r.GetRangeVar()); t != nil && !(t.audit && c.auditRefused) {
 				c.fail("TRUNCATE of protected table %s", t.rel)
 			}
 		}
@@ -200,8 +264,11 @@ func (c *checker) visit(m protoreflect.ProtoMessage) {
 }
 
 // checkSet verifies a SET list assigns the fence column exactly once, with
-// an expression of the token (and, in error mode, the stale raise).
-func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, wantTokenRaise bool) {
+// an expression of the token (and, in error mode, the stale raise; in audit
+// mode, the stale record and no raise). selfContained is true when nothing
+// else in the statement deals with an invalid token (WHERE CURRENT OF, a
+// MERGE action): the value must raise, or record, it.
+func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContained bool) {
 	count := 0
 	for _, n := range tl {
 		rt := n.GetResTarget()
@@ -217,11 +284,21 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, wantTokenR
 		if !strings.Contains(v, c.tok) {
 			c.fail("%s SET %s = %s does not use the token", what, t.col, v)
 		}
-		if !t.skip && (!strings.Contains(v, "fenceproxy:stale:") || !strings.Contains(v, t.col+" <")) {
-			c.fail("%s (error) SET %s = %s does not check the fence", what, t.col, v)
+		switch {
+		case t.audit:
+			if raises(v) || !c.records(v, t, "stale") || !strings.Contains(v, t.col+" <") {
+				c.fail("%s (audit) SET %s = %s raises or does not record stale rows", what, t.col, v)
+			}
+		case !t.skip:
+			if !strings.Contains(v, "fenceproxy:stale:") || !strings.Contains(v, t.col+" <") {
+				c.fail("%s (error) SET %s = %s does not check the fence", what, t.col, v)
+			}
 		}
-		if wantTokenRaise && !strings.Contains(v, "fenceproxy:token:") {
+		if selfContained && !t.lenient() && !strings.Contains(v, "fenceproxy:token:") {
 			c.fail("%s SET %s = %s does not check the token", what, t.col, v)
+		}
+		if selfContained && t.lenient() && !c.records(v, t, "missing_token") {
+			c.fail("%s SET %s = %s does not record an invalid token", what, t.col, v)
 		}
 	}
 	if count != 1 {
@@ -229,13 +306,21 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, wantTokenR
 	}
 }
 
-func (c *checker) checkStamp(what string, v *pg.Node, t *checkTable) {
+// checkStamp checks the fence value of a new row; record is true for the
+// rows that must record an invalid token (the first of a VALUES list).
+func (c *checker) checkStamp(what string, v *pg.Node, t *checkTable, record bool) {
 	s := expr(v)
 	if !strings.Contains(s, c.tok) {
 		c.fail("%s: fence value %s does not use the token", what, s)
 	}
-	if !t.allow && !strings.Contains(s, "fenceproxy:token:") {
+	if !t.lenient() && !strings.Contains(s, "fenceproxy:token:") {
 		c.fail("%s: fence value %s does not check the token", what, s)
+	}
+	if t.lenient() && record && !c.records(s, t, "missing_token") {
+		c.fail("%s: fence value %s does not record an invalid token", what, s)
+	}
+	if t.audit && raises(s) {
+		c.fail("%s: audit fence value %s can raise", what, s)
 	}
 }
 
@@ -276,7 +361,7 @@ func (c *checker) checkInsert(n *pg.InsertStmt, t *checkTable) {
 			return i
 		}
 		if len(s.ValuesLists) > 0 {
-			for _, row := range s.ValuesLists {
+			for r, row := range s.ValuesLists {
 				items := row.GetList().GetItems()
 				for _, i := range idx {
 					j := at(i, len(items))
@@ -284,7 +369,7 @@ func (c *checker) checkInsert(n *pg.InsertStmt, t *checkTable) {
 						c.fail("INSERT VALUES row too short")
 						return
 					}
-					c.checkStamp("INSERT VALUES", items[j], t)
+					c.checkStamp("INSERT VALUES", items[j], t, r == 0)
 				}
 			}
 			return
@@ -302,7 +387,7 @@ func (c *checker) checkInsert(n *pg.InsertStmt, t *checkTable) {
 				c.fail("INSERT SELECT * without the stamp as the last column")
 				return
 			}
-			c.checkStamp("INSERT SELECT", s.TargetList[len(s.TargetList)-1].GetResTarget().GetVal(), t)
+			c.checkStamp("INSERT SELECT", s.TargetList[len(s.TargetList)-1].GetResTarget().GetVal(), t, true)
 			return
 		}
 		for _, i := range idx {
@@ -311,12 +396,15 @@ func (c *checker) checkInsert(n *pg.InsertStmt, t *checkTable) {
 				c.fail("INSERT SELECT list too short")
 				return
 			}
-			c.checkStamp("INSERT SELECT", s.TargetList[j].GetResTarget().GetVal(), t)
+			c.checkStamp("INSERT SELECT", s.TargetList[j].GetResTarget().GetVal(), t, true)
 		}
 	}
 	leaf(sel)
 	if oc := n.OnConflictClause; oc != nil && oc.Action == pg.OnConflictAction_ONCONFLICT_UPDATE {
 		c.checkSet("ON CONFLICT DO UPDATE", oc.TargetList, t, false)
+		if t.audit && raises(expr(oc.WhereClause)) {
+			c.fail("ON CONFLICT DO UPDATE (audit) WHERE can raise")
+		}
 		if t.skip && !strings.Contains(expr(oc.WhereClause), t.col) {
 			c.fail("ON CONFLICT DO UPDATE (skip) WHERE has no fence condition")
 		}
@@ -341,17 +429,27 @@ func (c *checker) checkMerge(n *pg.MergeStmt, t *checkTable) {
 				if !guarded[w.MatchKind] {
 					c.fail("MERGE (skip) UPDATE action without a leading stale guard")
 				}
-				c.checkSet("MERGE UPDATE", w.TargetList, t, false)
+				c.checkSet("MERGE UPDATE", w.TargetList, t, t.allow)
 				continue
 			}
 			// Error mode: either a fenced UPDATE or the raise clause
 			// that guards the DELETE after it.
-			if len(w.TargetList) == 1 && strings.Contains(expr(w.TargetList[0].GetResTarget().GetVal()), "fenceproxy:stale:") &&
+			if !t.audit && len(w.TargetList) == 1 && strings.Contains(expr(w.TargetList[0].GetResTarget().GetVal()), "fenceproxy:stale:") &&
 				!strings.Contains(expr(w.TargetList[0].GetResTarget().GetVal()), " THEN "+c.tok) {
 				continue
 			}
-			c.checkSet("MERGE UPDATE", w.TargetList, t, !t.allow)
+			c.checkSet("MERGE UPDATE", w.TargetList, t, true)
 		case pg.CmdType_CMD_DELETE:
+			cond := expr(w.Condition)
+			if t.lenient() && !c.records(cond, t, "missing_token") {
+				c.fail("MERGE DELETE condition does not record an invalid token: %s", cond)
+			}
+			if t.audit {
+				if raises(cond) || !c.records(cond, t, "stale") {
+					c.fail("MERGE (audit) DELETE condition raises or does not record stale rows: %s", cond)
+				}
+				continue
+			}
 			if t.skip {
 				if !guarded[w.MatchKind] {
 					c.fail("MERGE (skip) DELETE action without a leading stale guard")
@@ -372,7 +470,7 @@ func (c *checker) checkMerge(n *pg.MergeStmt, t *checkTable) {
 						c.fail("MERGE INSERT with fewer values than columns")
 						return
 					}
-					c.checkStamp("MERGE INSERT", w.Values[j], t)
+					c.checkStamp("MERGE INSERT", w.Values[j], t, true)
 				}
 			}
 			if !found {

@@ -60,6 +60,12 @@ func compileSets(t testing.TB) map[string]*rules.Rules {
 //	--- yet another
 //	REFUSE FP003 schema.table ...
 //	message
+//	--- an audit rule set
+//	FORWARD schema.table ...
+//	WOULD REFUSE FP003 schema.table: message
+//
+// A WOULD REFUSE line (Decision.AuditRefusal) may also follow a REWRITE
+// line, before the SQL.
 //
 // To add a case, write its header, its SQL and empty "--- name" lines for
 // the rule sets it should run under, then run the update command.
@@ -150,11 +156,18 @@ func (g *goldenFile) String() string {
 // formatDecision renders d in the golden body format.
 func formatDecision(d rules.Decision) []string {
 	tables := strings.Join(d.Tables, " ")
+	var audit []string
+	if a := d.AuditRefusal; a != nil {
+		audit = []string{"WOULD REFUSE " + a.Code + " " + a.Table + ": " + a.Message}
+	}
 	switch d.Action {
 	case rules.Forward:
+		if audit != nil {
+			return append([]string{strings.TrimSpace("FORWARD " + tables)}, audit...)
+		}
 		return []string{"FORWARD"}
 	case rules.Rewrite:
-		return []string{strings.TrimSpace("REWRITE " + tables), d.SQL}
+		return append(append([]string{strings.TrimSpace("REWRITE " + tables)}, audit...), d.SQL)
 	case rules.Refuse:
 		return []string{strings.TrimSpace("REFUSE " + d.Err.Code + " " + tables), d.Err.Message}
 	}
@@ -171,7 +184,11 @@ func normalize(body []string) (string, error) {
 	if !strings.HasPrefix(body[0], "REWRITE") {
 		return strings.Join(body, "\n"), nil
 	}
-	sql := strings.Join(body[1:], "\n")
+	head := body[:1]
+	if len(body) > 1 && strings.HasPrefix(body[1], "WOULD REFUSE ") {
+		head = body[:2]
+	}
+	sql := strings.Join(body[len(head):], "\n")
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		return "", fmt.Errorf("expected SQL does not parse: %v", err)
@@ -180,7 +197,7 @@ func normalize(body []string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return body[0] + "\n" + out, nil
+	return strings.Join(head, "\n") + "\n" + out, nil
 }
 
 func TestGolden(t *testing.T) {
@@ -204,7 +221,7 @@ func TestGolden(t *testing.T) {
 					}
 					d := r.Decide(c.sql)
 					if d.Action == rules.Rewrite {
-						if err := checkFenced(d.SQL, cfgs[res.set]); err != nil {
+						if err := checkFenced(d.SQL, cfgs[res.set], d.AuditRefusal != nil); err != nil {
 							t.Errorf("%s: case %q, rules %q: rewritten SQL is not fenced: %v\n%s", path, c.name, res.set, err, d.SQL)
 						}
 					}

@@ -2,9 +2,11 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -19,9 +21,13 @@ func (r *Rules) decide(sql string) Decision {
 	}
 	out, err := render(sql, res.tree, res.rewritten)
 	if err != nil {
-		return refuse(res.tables, fmt.Sprintf("fenceproxy: cannot rewrite this statement on %s", describeTables(res.tables)), err.Error(), "")
+		d := refuse(res.tables, fmt.Sprintf("fenceproxy: cannot rewrite this statement on %s", describeTables(res.tables)), err.Error(), "")
+		if allAudit(res.written) {
+			return Decision{Action: Forward, Tables: res.tables, AuditRefusal: d.Err}
+		}
+		return d
 	}
-	return Decision{Action: Rewrite, SQL: out, Tables: res.tables}
+	return Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
 }
 
 // rewritten is a parse tree whose protected writes have been rewritten in
@@ -30,6 +36,8 @@ type rewritten struct {
 	tree      *pg.ParseResult
 	rewritten []bool // per statement: whether it was changed
 	tables    []string
+	written   []*tableRule
+	audit     *Error // see Decision.AuditRefusal
 }
 
 // rewrite parses sql and rewrites its protected writes. It returns a final
@@ -39,34 +47,57 @@ func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		tables := r.mentioned(sql)
-		d := refuse(tables, fmt.Sprintf("fenceproxy: cannot parse a statement that mentions %s, so it cannot be fenced", describeTables(tables)),
+		d := refuse(displays(tables), fmt.Sprintf("fenceproxy: cannot parse a statement that mentions %s, so it cannot be fenced", describeTables(displays(tables))),
 			err.Error(), "")
+		// MayTouch may have fired on "U&" alone: then the statement may
+		// name any table, in disguise, and is refused.
+		if allAudit(tables) && !r.unicodeEscape(sql) {
+			d = Decision{Action: Forward, Tables: d.Tables, AuditRefusal: d.Err}
+		}
 		return nil, &d
 	}
 	w := &walker{r: r}
-	changed := make([]bool, len(tree.Stmts))
 	for i, raw := range tree.Stmts {
-		n := len(w.pending)
+		w.stmt = i
 		w.walk(raw.ProtoReflect())
 		if w.err != nil {
 			break
 		}
-		changed[i] = len(w.pending) > n
 	}
+	changed := make([]bool, len(tree.Stmts))
 	if w.err == nil {
-		for _, apply := range w.pending {
-			if w.err = apply(); w.err != nil {
-				break
-			}
-		}
+		w.apply(changed)
 	}
 	if w.err != nil {
 		return nil, &Decision{Action: Refuse, Err: w.err, Tables: sortedUnique(w.errTables)}
 	}
-	if len(w.pending) == 0 {
-		return nil, &Decision{Action: Forward}
+	if !slices.Contains(changed, true) {
+		d := Decision{Action: Forward}
+		if w.audit != nil {
+			d.Tables, d.AuditRefusal = sortedUnique(w.auditTables), w.audit
+		}
+		return nil, &d
 	}
-	return &rewritten{tree: tree, rewritten: changed, tables: sortedUnique(w.tables)}, nil
+	return &rewritten{tree: tree, rewritten: changed, tables: sortedUnique(w.tables), written: w.written, audit: w.audit}, nil
+}
+
+// allAudit reports whether tables is not empty and all of them are in
+// audit mode: then a refusal concerning them is only recorded.
+func allAudit(tables []*tableRule) bool {
+	for _, t := range tables {
+		if !t.audit {
+			return false
+		}
+	}
+	return len(tables) > 0
+}
+
+func displays(tables []*tableRule) []string {
+	out := make([]string, len(tables))
+	for i, t := range tables {
+		out[i] = t.display
+	}
+	return sortedUnique(out)
 }
 
 // render produces the text to send: a single statement is deparsed; in a
@@ -138,19 +169,77 @@ func describeTables(tables []string) string {
 // walk never sees nodes the rewriter added.
 type walker struct {
 	r         *Rules
-	pending   []func() *Error
-	tables    []string // protected tables written
-	err       *Error   // first refusal
+	stmt      int // index of the statement being walked
+	pending   []pendingWrite
+	tables    []string     // protected tables written
+	written   []*tableRule // their rules
+	err       *Error       // first refusal
 	errTables []string
+	// audit is the first refusal that concerned audit-mode tables only:
+	// recorded, not fatal (see Decision.AuditRefusal).
+	audit       *Error
+	auditTables []string
 }
 
-func (w *walker) refuse(t string, msg, detail, hint string) {
+// pendingWrite is a queued rewrite of node, a write to t in statement stmt.
+type pendingWrite struct {
+	stmt  int
+	t     *tableRule
+	node  proto.Message
+	apply func() *Error
+}
+
+// refuse records a refusal concerning tables (none when the statement may
+// concern any protected table). It is fatal, and the whole string is
+// refused, unless every table concerned is in audit mode: audit never
+// blocks a write, so the write is then left as the client sent it and the
+// refusal only recorded. It reports whether it was fatal.
+func (w *walker) refuse(tables []*tableRule, msg, detail, hint string) bool {
 	if w.err != nil {
-		return
+		return true
 	}
-	w.err = &Error{Code: CodeRefused, Message: msg, Detail: detail, Hint: hint, Table: t}
-	if t != "" {
-		w.errTables = append(w.errTables, t)
+	e := &Error{Code: CodeRefused, Message: msg, Detail: detail, Hint: hint}
+	if len(tables) > 0 {
+		e.Table = tables[0].display
+	}
+	if allAudit(tables) {
+		if w.audit == nil {
+			w.audit = e
+		}
+		w.auditTables = append(w.auditTables, displays(tables)...)
+		return false
+	}
+	w.err = e
+	w.errTables = append(w.errTables, displays(tables)...)
+	return true
+}
+
+// apply runs the queued rewrites and marks the statements they changed.
+// A rewrite of an audit-mode table that is refused leaves its statement as
+// the client sent it: the node is restored from a copy, since the rewrite
+// may have failed half-way.
+func (w *walker) apply(changed []bool) {
+	for _, p := range w.pending {
+		var saved proto.Message
+		if p.t.audit {
+			saved = proto.Clone(p.node)
+		}
+		err := p.apply()
+		switch {
+		case err == nil:
+			changed[p.stmt] = true
+		case p.t.audit:
+			proto.Reset(p.node)
+			proto.Merge(p.node, saved)
+			if w.audit == nil {
+				w.audit = err
+			}
+			w.auditTables = append(w.auditTables, p.t.display)
+		default:
+			w.err = err
+			w.errTables = append(w.errTables, p.t.display)
+			return
+		}
 	}
 }
 
@@ -187,7 +276,7 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 	case *pg.CopyStmt:
 		if n.IsFrom {
 			if t := w.match(n.Relation); t != nil {
-				w.refuse(t.display, fmt.Sprintf("fenceproxy: COPY ... FROM into protected table %s is not allowed", t.display),
+				w.refuse([]*tableRule{t}, fmt.Sprintf("fenceproxy: COPY ... FROM into protected table %s is not allowed", t.display),
 					"Rows loaded by COPY cannot be stamped with the fencing token.",
 					"Load the rows with INSERT statements, which fenceproxy fences, or load them without the proxy.")
 			}
@@ -195,10 +284,11 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 	case *pg.TruncateStmt:
 		for _, rel := range n.Relations {
 			if t := w.match(rel.GetRangeVar()); t != nil {
-				w.refuse(t.display, fmt.Sprintf("fenceproxy: TRUNCATE of protected table %s is not allowed", t.display),
+				if w.refuse([]*tableRule{t}, fmt.Sprintf("fenceproxy: TRUNCATE of protected table %s is not allowed", t.display),
 					"TRUNCATE removes every row without looking at the fence column.",
-					"Use DELETE, which fenceproxy fences, or run maintenance without the proxy.")
-				return false
+					"Use DELETE, which fenceproxy fences, or run maintenance without the proxy.") {
+					return false
+				}
 			}
 		}
 	case *pg.DoStmt:
@@ -230,11 +320,16 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 				w.err, w.errTables = sub.err, sub.errTables
 				return false
 			}
-			if len(sub.tables) > 0 {
-				t := sub.tables[0]
-				w.refuse(t, fmt.Sprintf("fenceproxy: a rule that writes protected table %s is not allowed", t),
-					"The rule's actions would run later, inside statements fenceproxy cannot see.", "")
-				return false
+			if sub.audit != nil && w.audit == nil {
+				w.audit = sub.audit
+			}
+			w.auditTables = append(w.auditTables, sub.auditTables...)
+			if len(sub.written) > 0 {
+				t := sub.written[0].display
+				if w.refuse(sub.written, fmt.Sprintf("fenceproxy: a rule that writes protected table %s is not allowed", t),
+					"The rule's actions would run later, inside statements fenceproxy cannot see.", "") {
+					return false
+				}
 			}
 		}
 		return false
@@ -249,28 +344,39 @@ func (w *walker) refuseBody(what string, body *pg.Node) {
 	if body == nil || w.err != nil {
 		return
 	}
-	var found []string
+	var found []*tableRule
+	escaped := false
 	visitStrings(body.ProtoReflect(), func(s string) {
 		found = append(found, w.r.mentioned(s)...)
-		if w.r.unicodeEscape(s) {
-			found = append(found, "")
-		}
+		escaped = escaped || w.r.unicodeEscape(s)
 	})
-	if len(found) == 0 {
+	if len(found) == 0 && !escaped {
 		return
 	}
-	found = sortedUnique(found)
-	if found[0] == "" {
-		found = found[1:]
+	names := displays(found)
+	if escaped {
+		// A Unicode escape can name any table: fail closed.
+		found = append(found, nil)
 	}
-	t := ""
-	if len(found) > 0 {
-		t = found[0]
-	}
-	w.refuse(t, fmt.Sprintf("fenceproxy: %s mentions %s; statements inside it cannot be fenced", what, describeTables(found)),
+	w.refuseNames(found, names, fmt.Sprintf("fenceproxy: %s mentions %s; statements inside it cannot be fenced", what, describeTables(names)),
 		"fenceproxy rewrites the SQL it sees; it cannot rewrite statements run inside stored or anonymous code.",
 		"Send the writes as plain statements through the proxy.")
-	w.errTables = append(w.errTables, found...)
+}
+
+// refuseNames is refuse for a list that may hold nil, "some table that
+// cannot be named", which makes the refusal fatal.
+func (w *walker) refuseNames(found []*tableRule, names []string, msg, detail, hint string) {
+	if slices.Contains(found, nil) {
+		if w.err == nil {
+			w.err = &Error{Code: CodeRefused, Message: msg, Detail: detail, Hint: hint}
+			if len(names) > 0 {
+				w.err.Table = names[0]
+			}
+			w.errTables = append(w.errTables, names...)
+		}
+		return
+	}
+	w.refuse(found, msg, detail, hint)
 }
 
 // unicodeEscape reports whether s contains U& (any case), the prefix of a
@@ -310,32 +416,27 @@ func (w *walker) post(m protoreflect.ProtoMessage) {
 	switch n := m.(type) {
 	case *pg.UpdateStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, func() *Error { return w.r.rewriteUpdate(n, t) })
+			w.queue(t, n, func() *Error { return w.r.rewriteUpdate(n, t) })
 		}
 	case *pg.DeleteStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, func() *Error { return w.r.rewriteDelete(n, t) })
+			w.queue(t, n, func() *Error { return w.r.rewriteDelete(n, t) })
 		}
 	case *pg.InsertStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, func() *Error { return w.r.rewriteInsert(n, t) })
+			w.queue(t, n, func() *Error { return w.r.rewriteInsert(n, t) })
 		}
 	case *pg.MergeStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, func() *Error { return w.r.rewriteMerge(n, t) })
+			w.queue(t, n, func() *Error { return w.r.rewriteMerge(n, t) })
 		}
 	}
 }
 
-func (w *walker) queue(t *tableRule, apply func() *Error) {
+func (w *walker) queue(t *tableRule, node proto.Message, apply func() *Error) {
 	w.tables = append(w.tables, t.display)
-	w.pending = append(w.pending, func() *Error {
-		if err := apply(); err != nil {
-			w.errTables = append(w.errTables, t.display)
-			return err
-		}
-		return nil
-	})
+	w.written = append(w.written, t)
+	w.pending = append(w.pending, pendingWrite{stmt: w.stmt, t: t, node: node, apply: apply})
 }
 
 // match returns the rule protecting the relation rv names, or nil.
@@ -344,7 +445,8 @@ func (w *walker) queue(t *tableRule, apply func() *Error) {
 // exactly. An unqualified name matches every protected table with that
 // relation name, whatever its schema, because the proxy cannot know the
 // session's search_path (fail closed). If those tables are fenced
-// differently, the statement is refused as ambiguous.
+// differently, the statement is refused as ambiguous (only recorded, and
+// the write left alone, when they are all in audit mode).
 func (w *walker) match(rv *pg.RangeVar) *tableRule {
 	if rv == nil {
 		return nil
@@ -371,11 +473,10 @@ func (w *walker) match(rv *pg.RangeVar) *tableRule {
 		same = same && t.sameFencing(cands[0])
 	}
 	if !same {
-		w.refuse(names[0], fmt.Sprintf("fenceproxy: table name %s is ambiguous: it matches protected tables %s, which are fenced differently",
+		w.refuse(cands, fmt.Sprintf("fenceproxy: table name %s is ambiguous: it matches protected tables %s, which are fenced differently",
 			quoteIdent(rv.Relname), strings.Join(names, ", ")),
 			"fenceproxy cannot know the session's search_path.",
 			"Qualify the table name with its schema.")
-		w.errTables = append(w.errTables, names...)
 		return nil
 	}
 	t := *cands[0]
@@ -393,7 +494,7 @@ func qualifier(rv *pg.RangeVar) string {
 }
 
 func (r *Rules) fencer(t *tableRule, rv *pg.RangeVar) *fencer {
-	return &fencer{setting: r.tokenSetting, t: t, qual: qualifier(rv)}
+	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv)}
 }
 
 func refused(t *tableRule, msg, detail, hint string) *Error {
@@ -410,11 +511,15 @@ func isCurrentOf(n *pg.Node) bool { return n.GetCurrentOfExpr() != nil }
 //
 // The SET list is computed only for rows that passed the client's WHERE, so
 // other rows never raise whatever order the quals run in, and under
-// concurrency EvalPlanQual recomputes it on the newest row version. With
-// missing_token: reject the pseudo-constant guard is AND-ed to the WHERE
-// clause, so an invalid token fails the statement even if no row matches.
+// concurrency EvalPlanQual recomputes it on the newest row version. The
+// pseudo-constant token guard is AND-ed to the WHERE clause, so an invalid
+// token fails the statement (or, with missing_token: allow, is recorded)
+// even if no row matches.
 //
 // on_stale: skip: WHERE ... AND F CMP TOK? and SET F = TOK.
+//
+// audit: like on_stale: error, with a recording guard, and a stale row
+// recorded and left with its watermark instead of raising.
 func (r *Rules) rewriteUpdate(u *pg.UpdateStmt, t *tableRule) *Error {
 	f := r.fencer(t, u.Relation)
 	tl, err := dropFenceAssignments(u.TargetList, t)
@@ -423,25 +528,26 @@ func (r *Rules) rewriteUpdate(u *pg.UpdateStmt, t *tableRule) *Error {
 	}
 	currentOf := isCurrentOf(u.WhereClause)
 	switch {
+	case t.audit && currentOf:
+		// No other condition can be AND-ed to WHERE CURRENT OF: the SET
+		// value records an invalid token itself.
+		tl = append(tl, setTarget(t.column, f.auditSetValue(true)))
+	case t.audit:
+		u.WhereClause = and(u.WhereClause, f.tokenGuard())
+		tl = append(tl, setTarget(t.column, f.auditSetValue(false)))
 	case t.skip && currentOf:
 		return refused(t, "fenceproxy: UPDATE ... WHERE CURRENT OF on protected table %s with on_stale: skip is not supported",
 			"WHERE CURRENT OF cannot be combined with the fence condition that skips stale rows.",
 			"Update the row by its key instead of through the cursor.")
 	case t.skip:
-		var guard *pg.Node
-		if !t.allow {
-			guard = f.guard()
-		}
-		u.WhereClause = and(u.WhereClause, guard, f.skipCond())
-		tl = append(tl, setTarget(t.column, f.skipSetValue()))
+		u.WhereClause = and(u.WhereClause, f.tokenGuard(), f.skipCond())
+		tl = append(tl, setTarget(t.column, f.skipSetValue(false)))
 	case currentOf:
 		// No other condition can be AND-ed to WHERE CURRENT OF: the SET
 		// value checks the token itself.
 		tl = append(tl, setTarget(t.column, f.errorSetValue(true)))
 	default:
-		if !t.allow {
-			u.WhereClause = and(u.WhereClause, f.guard())
-		}
+		u.WhereClause = and(u.WhereClause, f.tokenGuard())
 		tl = append(tl, setTarget(t.column, f.errorSetValue(false)))
 	}
 	u.TargetList = tl
@@ -503,13 +609,13 @@ func dropFenceAssignments(tl []*pg.Node, t *tableRule) ([]*pg.Node, *Error) {
 
 // rewriteDelete fences a DELETE from a protected table.
 //
-// on_stale: skip: WHERE (W) [AND guard] AND F CMP TOK?.
+// on_stale: skip: WHERE (W) AND guard AND F CMP TOK?.
 //
 // on_stale: error: a DELETE has no SET list, and AND-ed quals run in any
 // order, so the stale error is raised only for rows that match the
 // client's condition W, which is repeated inside the check:
 //
-//	WHERE (W) [AND guard] AND CASE WHEN FRESH THEN true WHEN (W) THEN RAISE(stale) ELSE false END
+//	WHERE (W) AND guard AND CASE WHEN FRESH THEN true WHEN (W) THEN RAISE(stale) ELSE false END
 //
 // W stays a separate conjunct so the planner can still use it for index
 // scans and joins. When W calls a function that is not known to be free of
@@ -517,7 +623,11 @@ func dropFenceAssignments(tl []*pg.Node, t *tableRule) ([]*pg.Node, *Error) {
 // single-evaluation form is used instead (correct, but opaque to the
 // planner):
 //
-//	WHERE [guard AND] CASE WHEN (W) THEN <fresh or raise> ELSE false END
+//	WHERE guard AND CASE WHEN (W) THEN <fresh or raise> ELSE false END
+//
+// guard is tokenGuard: it raises FP002, or records the invalid token.
+// audit: the same forms with freshOrNotify, which records a stale row and
+// never filters one out.
 func (r *Rules) rewriteDelete(d *pg.DeleteStmt, t *tableRule) *Error {
 	f := r.fencer(t, d.Relation)
 	if isCurrentOf(d.WhereClause) {
@@ -525,26 +635,28 @@ func (r *Rules) rewriteDelete(d *pg.DeleteStmt, t *tableRule) *Error {
 			"WHERE CURRENT OF cannot be combined with the fence check.",
 			"Delete the row by its key instead of through the cursor.")
 	}
-	var guard *pg.Node
-	if !t.allow {
-		guard = f.guard()
+	check := f.freshOrRaise
+	if t.audit {
+		check = f.freshOrNotify
 	}
+	guard := f.tokenGuard()
 	w := d.WhereClause
 	switch {
 	case t.skip:
 		d.WhereClause = and(w, guard, f.skipCond())
 	case w == nil:
-		d.WhereClause = and(guard, f.freshOrRaise(nil))
+		d.WhereClause = and(guard, check(nil))
 	case repeatable(w):
-		d.WhereClause = and(w, guard, f.freshOrRaise(cloneNode(w)))
+		d.WhereClause = and(w, guard, check(cloneNode(w)))
 	default:
-		d.WhereClause = and(guard, caseExpr([]*pg.Node{w, f.freshOrRaise(nil)}, aBool(false)))
+		d.WhereClause = and(guard, caseExpr([]*pg.Node{w, check(nil)}, aBool(false)))
 	}
 	return nil
 }
 
 // rewriteInsert stamps new rows with the token and fences the DO UPDATE
-// branch of ON CONFLICT like an UPDATE.
+// branch of ON CONFLICT like an UPDATE (audit: records a stale row and
+// keeps its watermark).
 func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule) *Error {
 	f := r.fencer(t, ins.Relation)
 	switch {
@@ -552,7 +664,7 @@ func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule) *Error {
 		// DEFAULT VALUES
 		ins.Cols = []*pg.Node{pg.MakeResTargetNodeWithName(t.column, -1)}
 		ins.SelectStmt = &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
-			ValuesLists: []*pg.Node{pg.MakeListNode([]*pg.Node{f.stamp()})},
+			ValuesLists: []*pg.Node{pg.MakeListNode([]*pg.Node{f.stamp(true)})},
 			LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
 			Op:          pg.SetOperation_SETOP_NONE,
 		}}}
@@ -589,13 +701,17 @@ func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule) *Error {
 	if err != nil {
 		return err
 	}
-	if t.skip {
+	// The proposed row's stamp has already checked (or recorded) the
+	// token: it is computed for every proposed row, conflicting or not.
+	switch {
+	case t.audit:
+		tl = append(tl, setTarget(t.column, f.auditSetValue(false)))
+	case t.skip:
 		// A false DO UPDATE condition leaves the existing row alone and
 		// inserts nothing: the skip outcome.
 		oc.WhereClause = and(oc.WhereClause, f.skipCond())
-		tl = append(tl, setTarget(t.column, f.skipSetValue()))
-	} else {
-		// The proposed row's stamp has already checked the token.
+		tl = append(tl, setTarget(t.column, f.skipSetValue(false)))
+	default:
 		tl = append(tl, setTarget(t.column, f.errorSetValue(false)))
 	}
 	oc.TargetList = tl
@@ -605,7 +721,9 @@ func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule) *Error {
 // addStampColumn appends the stamp to every row a query produces: to each
 // VALUES row, to the target list of a SELECT, and to each branch of a set
 // operation (the stamp is the same for every row, so UNION, INTERSECT and
-// EXCEPT still combine the same rows).
+// EXCEPT still combine the same rows). In a VALUES list only the first
+// row's stamp records an invalid token (see fencer.stamp): whatever reads
+// the rows, it reads the first one if it reads any.
 //
 // ncols is the number of columns the client listed. A row or SELECT list of
 // another length is refused: PostgreSQL would reject the statement anyway,
@@ -621,19 +739,19 @@ func addStampColumn(sel *pg.SelectStmt, ncols int, f *fencer, t *tableRule) *Err
 		return addStampColumn(sel.Rarg, ncols, f, t)
 	}
 	if len(sel.ValuesLists) > 0 {
-		for _, row := range sel.ValuesLists {
+		for i, row := range sel.ValuesLists {
 			l := row.GetList()
 			if l == nil || len(l.Items) != ncols {
 				return wrongLength(t)
 			}
-			l.Items = append(l.Items, f.stamp())
+			l.Items = append(l.Items, f.stamp(i == 0))
 		}
 		return nil
 	}
 	if !hasStar(sel.TargetList) && len(sel.TargetList) != ncols {
 		return wrongLength(t)
 	}
-	sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(f.stamp(), -1))
+	sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(f.stamp(true), -1))
 	return nil
 }
 
@@ -656,13 +774,13 @@ func hasStar(tl []*pg.Node) bool {
 // which the client listed at positions idx.
 func replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f *fencer, t *tableRule) *Error {
 	if len(sel.ValuesLists) > 0 && (sel.Op == pg.SetOperation_SETOP_NONE || sel.Op == pg.SetOperation_SET_OPERATION_UNDEFINED) {
-		for _, row := range sel.ValuesLists {
+		for r, row := range sel.ValuesLists {
 			l := row.GetList()
 			if l == nil || len(l.Items) != ncols {
 				return wrongLength(t)
 			}
 			for _, i := range idx {
-				l.Items[i] = f.stamp()
+				l.Items[i] = f.stamp(r == 0)
 			}
 		}
 		return nil
@@ -688,7 +806,7 @@ func replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f *fencer, t *
 		if rt == nil || hasNode(rt.Val, isCallOrSubLink) {
 			return cannot
 		}
-		rt.Val = f.stamp()
+		rt.Val = f.stamp(true)
 	}
 	return nil
 }
@@ -759,6 +877,16 @@ func hasNode(n *pg.Node, pred func(protoreflect.ProtoMessage) bool) bool {
 //	WHEN MATCHED AND CASE WHEN V THEN FRESH IS NOT TRUE ELSE RAISE(token) END THEN DO NOTHING
 //
 // and UPDATE actions set F = TOK. INSERT actions are stamped in both modes.
+//
+// With missing_token: allow, a DELETE action's condition also records an
+// invalid token: CASE WHEN (cond) THEN CASE WHEN V THEN true ELSE
+// NOTIFY(missing_token, true) END ELSE false END.
+//
+// audit: UPDATE actions assign auditSetValue(true); a DELETE action's
+// condition becomes CASE WHEN (cond) THEN <auditCheck> ELSE false END, which
+// records a stale row or an invalid token and never changes which action
+// runs (cond is evaluated once, and nothing is recorded for a row the
+// action does not take).
 func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule) *Error {
 	f := r.fencer(t, m.Relation)
 	var out []*pg.Node
@@ -774,29 +902,40 @@ func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule) *Error {
 			if err != nil {
 				return err
 			}
-			if t.skip {
+			switch {
+			case t.audit:
+				tl = append(tl, setTarget(t.column, f.auditSetValue(true)))
+			case t.skip:
 				needGuard[c.MatchKind] = true
-				tl = append(tl, setTarget(t.column, f.skipSetValue()))
-			} else {
+				tl = append(tl, setTarget(t.column, f.skipSetValue(true)))
+			default:
 				tl = append(tl, setTarget(t.column, f.errorSetValue(true)))
 			}
 			c.TargetList = tl
 		case pg.CmdType_CMD_DELETE:
-			if t.skip {
-				needGuard[c.MatchKind] = true
+			if t.audit {
+				c.Condition = onlyIf(c.Condition, f.auditCheck())
 				break
 			}
-			invalid, raise := aBool(true), caseExpr([]*pg.Node{f.valid(), f.raiseStale("int8")}, f.raiseToken("int8"))
-			if t.allow {
-				invalid, raise = aBool(false), f.raiseStale("int8")
+			if t.skip {
+				needGuard[c.MatchKind] = true
+			} else {
+				invalid, raise := aBool(true), caseExpr([]*pg.Node{f.valid(), f.raiseStale("int8")}, f.raiseToken("int8"))
+				if t.allow {
+					invalid, raise = aBool(false), f.raiseStale("int8")
+				}
+				out = append(out, &pg.Node{Node: &pg.Node_MergeWhenClause{MergeWhenClause: &pg.MergeWhenClause{
+					MatchKind:   c.MatchKind,
+					CommandType: pg.CmdType_CMD_UPDATE,
+					Override:    pg.OverridingKind_OVERRIDING_NOT_SET,
+					Condition:   and(cloneNode(c.Condition), f.notFresh(invalid)),
+					TargetList:  []*pg.Node{setTarget(t.column, raise)},
+				}}})
 			}
-			out = append(out, &pg.Node{Node: &pg.Node_MergeWhenClause{MergeWhenClause: &pg.MergeWhenClause{
-				MatchKind:   c.MatchKind,
-				CommandType: pg.CmdType_CMD_UPDATE,
-				Override:    pg.OverridingKind_OVERRIDING_NOT_SET,
-				Condition:   and(cloneNode(c.Condition), f.notFresh(invalid)),
-				TargetList:  []*pg.Node{setTarget(t.column, raise)},
-			}}})
+			if t.allow {
+				// Record the invalid token of a row the action deletes.
+				c.Condition = onlyIf(c.Condition, f.tokenGuard())
+			}
 		case pg.CmdType_CMD_INSERT:
 			if err := stampMergeInsert(c, f, t); err != nil {
 				return err
@@ -829,12 +968,22 @@ func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule) *Error {
 	return nil
 }
 
+// onlyIf returns check when cond is nil, and otherwise
+// CASE WHEN (cond) THEN check ELSE false END: true when both are, with check
+// evaluated only when cond is true.
+func onlyIf(cond, check *pg.Node) *pg.Node {
+	if cond == nil {
+		return check
+	}
+	return caseExpr([]*pg.Node{cond, check}, aBool(false))
+}
+
 func stampMergeInsert(c *pg.MergeWhenClause, f *fencer, t *tableRule) *Error {
 	switch {
 	case len(c.TargetList) == 0 && len(c.Values) == 0:
 		// INSERT DEFAULT VALUES
 		c.TargetList = []*pg.Node{pg.MakeResTargetNodeWithName(t.column, -1)}
-		c.Values = []*pg.Node{f.stamp()}
+		c.Values = []*pg.Node{f.stamp(true)}
 		return nil
 	case len(c.TargetList) == 0:
 		return refused(t, "fenceproxy: MERGE ... INSERT into protected table %s must list its columns explicitly",
@@ -846,13 +995,13 @@ func stampMergeInsert(c *pg.MergeWhenClause, f *fencer, t *tableRule) *Error {
 	found := false
 	for i, col := range c.TargetList {
 		if col.GetResTarget().GetName() == t.column {
-			c.Values[i] = f.stamp()
+			c.Values[i] = f.stamp(true)
 			found = true
 		}
 	}
 	if !found {
 		c.TargetList = append(c.TargetList, pg.MakeResTargetNodeWithName(t.column, -1))
-		c.Values = append(c.Values, f.stamp())
+		c.Values = append(c.Values, f.stamp(true))
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,33 +41,75 @@ type Decision struct {
 	Err *Error
 	// Tables names the protected tables the statement writes (Rewrite), or
 	// that the refused statement concerns (Refuse), in display form
-	// (schema.table), sorted, without duplicates.
+	// (schema.table), sorted, without duplicates. For a Forward with an
+	// AuditRefusal, it names the audit-mode tables the refusal concerns.
 	Tables []string
+	// AuditRefusal, on a Forward or Rewrite, is the refusal (FP003) that
+	// enforce mode would have made: the statement writes audit-mode tables
+	// in a way fenceproxy cannot fence (TRUNCATE, COPY FROM, DELETE ...
+	// WHERE CURRENT OF, a statement that does not parse, ...). Audit mode
+	// never blocks a write, so those writes are forwarded as the client
+	// sent them; the proxy should record the refusal as an audit
+	// would-reject. Nil otherwise.
+	AuditRefusal *Error
 }
 
-// Rules is a compiled configuration. It is safe for concurrent use. A reload
-// builds a new *Rules, which starts with an empty cache.
+// Rules is a compiled configuration, or the part of it that applies to one
+// session (ForSession). It is safe for concurrent use. A reload builds a new
+// *Rules, which starts with an empty cache.
 type Rules struct {
 	tokenSetting string
-	tables       []*tableRule
+	auditTag     string
+	tables       []*tableRule // fenced in this set (enforce or audit)
 	byRel        map[string][]*tableRule
 	// byFirst[c] lists the relation names (ASCII-lowered) whose first byte,
 	// lowered, is c: the needles MayTouch looks for.
 	byFirst [256][]string
-	cache   *decisionCache
+	// cache is shared by the root and its derived sets; cacheSet tells
+	// their entries apart.
+	cache    *decisionCache
+	cacheSet uint32
+	listed   []string    // Tables(), shared with the root
+	audited  []string    // AuditTables(), shared with the root
+	scopes   *scopeIndex // nil when no entry has a scope
+}
+
+// newSet builds a rule set fencing tables.
+func newSet(setting, tag string, tables []*tableRule, cache *decisionCache, cacheSet uint32, scopes *scopeIndex) *Rules {
+	r := &Rules{
+		tokenSetting: setting,
+		auditTag:     tag,
+		tables:       tables,
+		byRel:        make(map[string][]*tableRule),
+		cache:        cache,
+		cacheSet:     cacheSet,
+		scopes:       scopes,
+	}
+	for _, t := range tables {
+		r.byRel[t.rel] = append(r.byRel[t.rel], t)
+	}
+	r.buildNeedles()
+	return r
 }
 
 // TokenSetting is the normalised name of the token session variable.
 func (r *Rules) TokenSetting() string { return r.tokenSetting }
 
-// Tables lists the protected (mode: enforce) tables in display form.
-func (r *Rules) Tables() []string {
-	out := make([]string, len(r.tables))
-	for i, t := range r.tables {
-		out[i] = t.display
-	}
-	return out
-}
+// AuditTag is Config.AuditTag, the "i" field of this rule set's audit
+// notifications.
+func (r *Rules) AuditTag() string { return r.auditTag }
+
+// Tables lists, in display form and configuration order, every table that
+// some entry of the configuration fences (mode enforce or audit) for some
+// session: the table names that may appear in decisions, errors,
+// notifications and metric labels. A set returned by ForSession returns the
+// same list as its root.
+func (r *Rules) Tables() []string { return slices.Clone(r.listed) }
+
+// AuditTables lists, like Tables, every table that some entry puts in
+// audit mode: the "t" field of a notification of mode "audit" names one of
+// them (unless forged; see AuditEvent).
+func (r *Rules) AuditTables() []string { return slices.Clone(r.audited) }
 
 func (r *Rules) buildNeedles() {
 	seen := make(map[string]bool)
@@ -115,16 +158,16 @@ func (r *Rules) MayTouch(sql string) bool {
 // mentioned lists the protected tables whose relation name appears in s
 // (ignoring ASCII case); used to name the tables in a refusal when s cannot
 // be parsed.
-func (r *Rules) mentioned(s string) []string {
-	var out []string
+func (r *Rules) mentioned(s string) []*tableRule {
+	var out []*tableRule
 	ls := asciiLower(s)
 	for _, t := range r.tables {
 		n := asciiLower(t.rel)
 		if strings.Contains(ls, n) || strings.Contains(ls, strings.ReplaceAll(n, `"`, `""`)) {
-			out = append(out, t.display)
+			out = append(out, t)
 		}
 	}
-	return sortedUnique(out)
+	return out
 }
 
 func lowerASCII(c byte) byte {
@@ -159,13 +202,13 @@ func (r *Rules) Decide(sql string) Decision {
 		return Decision{Action: Forward}
 	}
 	if r.cache != nil {
-		if d, ok := r.cache.get(sql); ok {
+		if d, ok := r.cache.get(r.cacheSet, sql); ok {
 			return d
 		}
 	}
 	d := r.decide(sql)
 	if r.cache != nil {
-		r.cache.put(sql, d)
+		r.cache.put(r.cacheSet, sql, d)
 	}
 	return d
 }
