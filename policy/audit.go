@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -13,25 +12,15 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/metrics"
 	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // AuditChannel is the NOTIFY channel rewritten statements report on: in
 // audit mode, every write that enforce mode would have rejected; in enforce
 // mode, every write let through without a token (missing_token: allow).
 // PostgreSQL delivers a notification only when its transaction commits.
-const AuditChannel = "fenceproxy_audit"
-
-// AuditEvent is the JSON payload of an AuditChannel notification, built by
-// the rewritten statement on the server.
-type AuditEvent struct {
-	Version   int     `json:"v"`
-	Instance  string  `json:"i"`   // rules.Config.AuditTag of the proxy that rewrote the statement
-	Mode      string  `json:"m"`   // "audit" or "enforce"
-	Reason    string  `json:"r"`   // "stale" or "missing_token"
-	Table     string  `json:"t"`   // protected table, display form
-	Token     *string `json:"tok"` // the session's token text (cut to 32 characters), or null
-	Watermark *int64  `json:"w"`   // the row's stored watermark, or null
-}
+// The payload is a rules.AuditEvent.
+const AuditChannel = rules.AuditChannel
 
 // AuditOptions configure an Auditor.
 type AuditOptions struct {
@@ -186,12 +175,12 @@ func (a *Auditor) connect(database string) (*pgconn.PgConn, error) {
 
 // handle records one notification.
 func (a *Auditor) handle(pid uint32, payload string) {
-	var ev AuditEvent
-	if err := json.Unmarshal([]byte(payload), &ev); err != nil || ev.Version != 1 {
-		a.log.Warn("audit notification not understood", zap.Uint32("backend-pid", pid))
+	ev, err := rules.ParseAuditEvent(payload)
+	if err != nil {
+		a.log.Warn("audit notification not understood", zap.Uint32("backend-pid", pid), zap.Error(err))
 		return
 	}
-	if ev.Instance != a.opts.Tag {
+	if ev.Tag != a.opts.Tag {
 		return // another proxy instance's statement
 	}
 	table := ev.Table
@@ -216,12 +205,12 @@ func (a *Auditor) handle(pid uint32, payload string) {
 		}
 	}
 	switch {
-	case ev.Mode == "audit":
+	case ev.Mode == rules.ModeAudit:
 		a.log.Warn("audit: enforce mode would have rejected this write", fields...)
 		if a.opts.Metrics != nil {
 			a.opts.Metrics.AuditWouldReject.WithLabelValues(table, ev.Reason).Inc()
 		}
-	case ev.Reason == "missing_token":
+	case ev.Reason == rules.AuditMissingToken:
 		a.log.Info("write without a fencing token let through (missing_token: allow)", fields...)
 		if a.opts.Metrics != nil {
 			a.opts.Metrics.MissingTokens.WithLabelValues(table, "allowed").Inc()

@@ -98,6 +98,11 @@ func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
 	// Rules may be scoped to databases, users and application names (as
 	// sent in the startup packet).
 	d := rs.ForSession(info.Database, info.User, info.ApplicationName).Decide(sql)
+	if d.AuditRefusal != nil {
+		// Every table involved is in audit mode: the statement enforce would
+		// refuse is forwarded as sent, and only the proxy can record it.
+		p.recordAuditRefusal(set, info, d.AuditRefusal)
+	}
 	switch d.Action {
 	case rules.Rewrite:
 		if set.notifies && p.auditor != nil {
@@ -133,6 +138,17 @@ func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorRespon
 		}
 	}
 	return true
+}
+
+func (p *Policy) recordAuditRefusal(set *ruleSet, info *proxy.SessionInfo, e *rules.Error) {
+	p.log.Warn("audit: enforce mode would have rejected this write",
+		zap.String("table", e.Table), zap.String("reason", "refused"), zap.String("mode", "audit"),
+		zap.String("sqlstate", e.Code), zap.String("refusal", e.Message),
+		zap.Uint64("conn-id", info.ID), zap.String("user", info.User), zap.String("database", info.Database),
+		zap.String("application-name", info.ApplicationName), zap.String("remote-addr", info.RemoteAddr))
+	if p.metrics != nil {
+		p.metrics.AuditWouldReject.WithLabelValues(set.tableLabel(e.Table), "refused").Inc()
+	}
 }
 
 func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {

@@ -165,3 +165,23 @@ func TestMissingTokenAllowedIsCounted(t *testing.T) {
 		t.Fatalf("stale tokened write: %v, want %s", err, rules.CodeStaleToken)
 	}
 }
+
+// TestAuditRecordsRefusals: a statement enforce would refuse (TRUNCATE) is
+// forwarded in audit mode and recorded.
+func TestAuditRecordsRefusals(t *testing.T) {
+	createTable(t, "public.audit_r")
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	writeFile(t, path, fmt.Sprintf("listen: 127.0.0.1:0\nupstream:\n  address: %s\nadmin:\n  listen: 127.0.0.1:0\ntables:\n  - table: public.audit_r\n    mode: audit\n", cluster.Addr()))
+	in, logs := startInstance(t, path)
+	c := connectApp(t, in.Addr(), "42", "maint")
+	if _, err := c.Exec(ctx, "TRUNCATE audit_r"); err != nil {
+		t.Fatalf("TRUNCATE in audit mode: %v", err)
+	}
+	if got := metric(t, in, `fenceproxy_audit_would_reject_total{reason="refused",table="public.audit_r"}`); got != 1 {
+		t.Errorf("refused counter = %v, want 1", got)
+	}
+	if n := logs.FilterMessage("audit: enforce mode would have rejected this write").FilterField(zapcore.Field{Key: "reason", Type: zapcore.StringType, String: "refused"}).Len(); n != 1 {
+		t.Errorf("%d refusal audit lines, want 1", n)
+	}
+}
