@@ -93,6 +93,13 @@ func run() error {
 		return err
 	}
 	defer stopProxy()
+	// The same proxy held to one OS thread running Go code: on a small
+	// machine shared with PostgreSQL this avoids cross-thread wake-ups.
+	proxy1Port, stopProxy1, err := startProxy(bin, work, cl.Port(), "GOMAXPROCS=1")
+	if err != nil {
+		return err
+	}
+	defer stopProxy1()
 
 	var cs []int
 	for _, s := range strings.Split(*clients, ",") {
@@ -104,7 +111,7 @@ func run() error {
 	}
 
 	if !*skipSelect {
-		targets := []target{{"direct", cl.Port()}, {"fenceproxy", proxyPort}}
+		targets := []target{{"direct", cl.Port()}, {"fenceproxy", proxyPort}, {"fenceproxy-1", proxy1Port}}
 		bouncerPort, stopBouncer, err := startPgBouncer(work, cl.Port())
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: PgBouncer not measured: %v\n", err)
@@ -115,8 +122,8 @@ func run() error {
 		fmt.Println()
 		fmt.Println("## select-only (pgbench -S), TPS and average latency; ratio = TPS / direct TPS")
 		fmt.Println()
-		fmt.Printf("| %-8s | %2s | %-22s | %-30s | %-30s |\n", "mode", "-c", "direct", "fenceproxy", "pgbouncer (session)")
-		fmt.Println("|----------|----|------------------------|--------------------------------|--------------------------------|")
+		fmt.Printf("| %-8s | %2s | %-22s | %-30s | %-30s | %-30s |\n", "mode", "-c", "direct", "fenceproxy", "fenceproxy GOMAXPROCS=1", "pgbouncer (session)")
+		fmt.Println("|----------|----|------------------------|--------------------------------|--------------------------------|--------------------------------|")
 		for _, mode := range strings.Split(*modes, ",") {
 			for _, c := range cs {
 				res := map[string]result{}
@@ -135,13 +142,13 @@ func run() error {
 					}
 					return fmt.Sprintf("%8.0f tps %6.3f ms %.2fx", r.tps, r.latencyMS, r.tps/d.tps)
 				}
-				fmt.Printf("| %-8s | %2d | %8.0f tps %6.3f ms | %-30s | %-30s |\n", mode, c, d.tps, d.latencyMS, cell("fenceproxy"), cell("pgbouncer"))
+				fmt.Printf("| %-8s | %2d | %8.0f tps %6.3f ms | %-30s | %-30s | %-30s |\n", mode, c, d.tps, d.latencyMS, cell("fenceproxy"), cell("fenceproxy-1"), cell("pgbouncer"))
 			}
 		}
 	}
 
 	if !*skipFenced {
-		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, cs, *duration); err != nil {
+		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, cs, *duration); err != nil {
 			return err
 		}
 	}
@@ -159,7 +166,7 @@ func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale 
 		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;`)
 }
 
-func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort int, cs []int, duration time.Duration) error {
+func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort, proxy1Port int, cs []int, duration time.Duration) error {
 	proxyScript := filepath.Join(work, "fenced-proxy.sql")
 	directScript := filepath.Join(work, "fenced-direct.sql")
 	// One row per client; the proxy reads the token from fence.token (set
@@ -175,8 +182,8 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(sync = synchronous_commit: on waits for the WAL flush of each commit, PostgreSQL's default)")
 	fmt.Println()
-	fmt.Printf("| %-3s | %-8s | %2s | %-26s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct", "fenceproxy (rewritten)")
-	fmt.Println("|-----|----------|----|----------------------------|----------------------------------|")
+	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-32s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct", "fenceproxy (rewritten)", "fenceproxy GOMAXPROCS=1")
+	fmt.Println("|------|----------|----|----------------------------|----------------------------------|----------------------------------|")
 	for _, commit := range []string{"on", "off"} {
 		for _, mode := range []string{"simple", "prepared"} {
 			for _, c := range cs {
@@ -190,11 +197,18 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 				if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
 					return err
 				}
-				p, err := pgbenchRun(pgbench, proxyPort, []string{"PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit}, mode, c, duration, []string{"-f", proxyScript})
-				if err != nil {
-					return fmt.Errorf("fenced proxy: %w", err)
+				var cells []string
+				for _, port := range []int{proxyPort, proxy1Port} {
+					if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
+						return err
+					}
+					p, err := pgbenchRun(pgbench, port, []string{"PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit}, mode, c, duration, []string{"-f", proxyScript})
+					if err != nil {
+						return fmt.Errorf("fenced proxy: %w", err)
+					}
+					cells = append(cells, fmt.Sprintf("%8.0f tps %8.3f ms %.2fx", p.tps, p.latencyMS, p.tps/d.tps))
 				}
-				fmt.Printf("| %-3s | %-8s | %2d | %8.0f tps %8.3f ms | %8.0f tps %8.3f ms %.2fx |\n", commit, mode, c, d.tps, d.latencyMS, p.tps, p.latencyMS, p.tps/d.tps)
+				fmt.Printf("| %-4s | %-8s | %2d | %8.0f tps %8.3f ms | %-32s | %-32s |\n", commit, mode, c, d.tps, d.latencyMS, cells[0], cells[1])
 			}
 		}
 	}

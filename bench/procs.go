@@ -35,12 +35,12 @@ func waitPort(port int, d time.Duration) error {
 	return fmt.Errorf("nothing listening on port %d after %v", port, d)
 }
 
-func startProxy(bin, work string, upstreamPort int) (int, func(), error) {
+func startProxy(bin, work string, upstreamPort int, env ...string) (int, func(), error) {
 	port, err := freePort()
 	if err != nil {
 		return 0, nil, err
 	}
-	cfg := filepath.Join(work, "fenceproxy.yaml")
+	cfg := filepath.Join(work, fmt.Sprintf("fenceproxy-%d.yaml", port))
 	text := fmt.Sprintf(`listen: 127.0.0.1:%d
 upstream:
   address: 127.0.0.1:%d
@@ -55,6 +55,7 @@ tables:
 		return 0, nil, err
 	}
 	cmd := exec.Command(bin, "serve", "-c", cfg)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return 0, nil, err
