@@ -31,6 +31,9 @@ type ruleSet struct {
 	// notifies: some rewritten statements report through AuditChannel
 	// (mode: audit, or missing_token: allow), so a listener must run.
 	notifies bool
+	// nonASCII: a protected name has bytes >= 0x80, which MayTouch can only
+	// find in UTF-8 text.
+	nonASCII bool
 }
 
 func newRuleSet(rs *rules.Rules, notifies bool) *ruleSet {
@@ -38,6 +41,11 @@ func newRuleSet(rs *rules.Rules, notifies bool) *ruleSet {
 	if rs != nil {
 		for _, t := range rs.Tables() {
 			s.tables[t] = true
+			for i := 0; i < len(t); i++ {
+				if t[i] >= 0x80 {
+					s.nonASCII = true
+				}
+			}
 		}
 	}
 	return s
@@ -89,7 +97,7 @@ func (p *Policy) KnownTable(t string) bool { return p.current.Load().tables[t] }
 func (p *Policy) Rules() *rules.Rules { return p.current.Load().rules }
 
 // Decide implements proxy.Policy.
-func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
+func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) proxy.Decision {
 	set := p.current.Load()
 	rs := set.rules
 	if rs == nil {
@@ -97,7 +105,11 @@ func (p *Policy) Decide(info *proxy.SessionInfo, sql string) proxy.Decision {
 	}
 	// Rules may be scoped to databases, users and application names (as
 	// sent in the startup packet).
-	d := rs.ForSession(info.Database, info.User, info.ApplicationName).Decide(sql)
+	rs = rs.ForSession(info.Database, info.User, info.ApplicationName)
+	if e := lexingRefusal(set, rs, lex, sql); e != nil {
+		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}
+	}
+	d := rs.Decide(sql)
 	if d.AuditRefusal != nil {
 		// Every table involved is in audit mode: the statement enforce would
 		// refuse is forwarded as sent, and only the proxy can record it.
@@ -149,6 +161,45 @@ func (p *Policy) recordAuditRefusal(set *ruleSet, info *proxy.SessionInfo, e *ru
 	if p.metrics != nil {
 		p.metrics.AuditWouldReject.WithLabelValues(set.tableLabel(e.Table), "refused").Inc()
 	}
+}
+
+// lexingRefusal fails closed when the server may tokenize sql differently
+// from pg_query, which always reads it as UTF-8 with
+// standard_conforming_strings on. Only backslashes and bytes >= 0x80 can be
+// read differently, and only statements that may touch a protected table
+// matter.
+func lexingRefusal(set *ruleSet, rs *rules.Rules, lex proxy.Lexing, sql string) *rules.Error {
+	backslash, high := false, false
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case c == '\\':
+			backslash = true
+		case c >= 0x80:
+			high = true
+		}
+	}
+	if !backslash && !high {
+		return nil
+	}
+	utf8 := lex.ClientEncoding == "UTF8"
+	if !rs.MayTouch(sql) && !(high && !utf8 && set.nonASCII) {
+		return nil
+	}
+	refuse := func(why, hint string) *rules.Error {
+		return &rules.Error{Code: rules.CodeRefused, Message: "fenceproxy: " + why, Hint: hint}
+	}
+	switch {
+	case lex.Uncertain:
+		return refuse("cannot tell how the server will read this statement on a protected table: earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
+			"Send a Sync before this statement, or avoid backslashes and non-ASCII bytes in its text (use parameters).")
+	case backslash && !lex.StandardConformingStrings:
+		return refuse("statements on protected tables with backslashes need standard_conforming_strings = on",
+			"SET standard_conforming_strings = on (PostgreSQL's default), or pass the value as a parameter.")
+	case high && !utf8:
+		return refuse("statements on protected tables with non-ASCII bytes need client_encoding UTF8, got "+lex.ClientEncoding,
+			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
+	}
+	return nil
 }
 
 func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {

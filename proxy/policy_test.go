@@ -23,7 +23,7 @@ type stubPolicy struct{}
 
 const staleSQL = `DO $$ BEGIN RAISE EXCEPTION 'fenceproxy-stale: token 7 is stale' USING ERRCODE = 'P0001'; END $$`
 
-func (stubPolicy) Decide(_ *proxy.SessionInfo, sql string) proxy.Decision {
+func (stubPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) proxy.Decision {
 	switch {
 	case strings.Contains(sql, "forbidden_table"):
 		return proxy.Decision{Action: proxy.Refuse, Tables: []string{"forbidden_table"}, Refusal: &pgproto3.ErrorResponse{

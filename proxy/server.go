@@ -79,8 +79,9 @@ type Decision struct {
 // message, so it must be fast for statements it does not care about.
 type Policy interface {
 	// Decide returns the decision for one SQL text (a Query's string,
-	// possibly several statements, or a Parse's statement).
-	Decide(info *SessionInfo, sql string) Decision
+	// possibly several statements, or a Parse's statement), which the
+	// server will tokenize as lex says.
+	Decide(info *SessionInfo, lex Lexing, sql string) Decision
 	// TranslateError may rewrite an upstream ErrorResponse in place (e.g.
 	// the error a rewritten statement raised on purpose) and reports
 	// whether it did. It is only called for errors whose raw form mentions
@@ -88,10 +89,25 @@ type Policy interface {
 	TranslateError(info *SessionInfo, e *pgproto3.ErrorResponse) bool
 }
 
+// Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
+// server last reported it for the session.
+type Lexing struct {
+	// StandardConformingStrings: with it off, a backslash escapes in
+	// ordinary '...' literals, so the same text holds different tokens.
+	StandardConformingStrings bool
+	// ClientEncoding is the session's client_encoding: in encodings such
+	// as SJIS or GBK a byte >= 0x80 may be followed by an ASCII byte
+	// (even a backslash) that belongs to the same character.
+	ClientEncoding string
+	// Uncertain is set when earlier extended-protocol messages, not yet
+	// synced, may change either setting before this statement is parsed.
+	Uncertain bool
+}
+
 // forwardAll is the Policy used when none is configured.
 type forwardAll struct{}
 
-func (forwardAll) Decide(*SessionInfo, string) Decision                      { return Decision{} }
+func (forwardAll) Decide(*SessionInfo, Lexing, string) Decision              { return Decision{} }
 func (forwardAll) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
 
 // SessionInfo describes a client session for logging and metrics. It is set

@@ -57,7 +57,15 @@ type session struct {
 	nextRef  uint64
 
 	closeOnce sync.Once
-	cause     error
+	cause     error // guarded by mu
+	closed    bool  // guarded by mu
+
+	// idleCond is signalled (with mu) at each ReadyForQuery and at close;
+	// relaySQL waits on it for the server to catch up (see lexing).
+	idleCond *sync.Cond
+	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
+	// by mu.
+	lex Lexing
 }
 
 // relayState tracks what is needed to know whether a session is idle.
@@ -85,6 +93,10 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 		refusals: make(map[uint64]*pgproto3.ErrorResponse),
 	}
 	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
+	s.idleCond = sync.NewCond(&s.mu)
+	// PostgreSQL's defaults; the server reports the session's values in
+	// ParameterStatus during startup.
+	s.lex = Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}
 	return s
 }
 
@@ -162,10 +174,16 @@ func (s *session) run() {
 // close tears both connections down; the first cause wins.
 func (s *session) close(cause error) {
 	s.closeOnce.Do(func() {
+		s.mu.Lock()
 		s.cause = cause
+		s.closed = true
+		s.state.finishing = true
+		up := s.upstream
+		s.mu.Unlock()
+		s.idleCond.Broadcast()
 		_ = s.client.Close()
-		if s.upstream != nil {
-			_ = s.upstream.Close()
+		if up != nil {
+			_ = up.Close()
 		}
 	})
 }
@@ -197,7 +215,9 @@ func upstreamErr(err error) error {
 var errSessionDone = errors.New("session ended")
 
 func (s *session) logEnd() {
+	s.mu.Lock()
 	err := s.cause
+	s.mu.Unlock()
 	switch {
 	case err == nil, errors.Is(err, errSessionDone), errors.Is(err, io.EOF):
 		s.log.Info("session closed")
@@ -250,7 +270,7 @@ func (s *session) terminate(e *pgproto3.ErrorResponse, why string) {
 			s.cwMu.Unlock()
 		}
 	}
-	s.log.Info("closing session", zap.String("reason", why))
+	s.logger().Info("closing session", zap.String("reason", why))
 	s.close(errSessionDone)
 }
 
@@ -405,19 +425,19 @@ func (s *session) sendFatal(e *pgproto3.ErrorResponse) {
 func (s *session) forwardCancel(pkt []byte) {
 	c, err := s.srv.dialUpstreamRaw()
 	if err != nil {
-		s.log.Warn("cancel request not forwarded", zap.Error(err))
+		s.logger().Warn("cancel request not forwarded", zap.Error(err))
 		return
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(s.srv.opts.ConnectTimeout))
 	if _, err := c.Write(pkt); err != nil {
-		s.log.Warn("cancel request not forwarded", zap.Error(err))
+		s.logger().Warn("cancel request not forwarded", zap.Error(err))
 		return
 	}
 	// PostgreSQL closes the connection without a reply; wait for that so
 	// the cancel is delivered before the client hears back.
 	_, _ = io.Copy(io.Discard, c)
-	s.log.Debug("cancel request forwarded")
+	s.logger().Debug("cancel request forwarded")
 }
 
 func (s *session) startSession(pkt []byte, deadline time.Time) error {
@@ -432,7 +452,10 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		s.info.Database = s.info.User
 	}
 	s.info.ApplicationName = sm.Parameters["application_name"]
-	s.log = s.log.With(zap.String("user", s.info.User), zap.String("database", s.info.Database))
+	log := s.logger().With(zap.String("user", s.info.User), zap.String("database", s.info.Database))
+	s.mu.Lock()
+	s.log = log
+	s.mu.Unlock()
 
 	up, err := s.srv.dialUpstream()
 	if err != nil {
@@ -440,7 +463,15 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		s.sendFatal(fatal("08006", "fenceproxy: cannot connect to the upstream server"))
 		return upstreamErr(err)
 	}
+	s.mu.Lock()
+	if s.closed {
+		// Closed (drain timeout) while dialling: do not leak the backend.
+		s.mu.Unlock()
+		_ = up.Close()
+		return errSessionDone
+	}
 	s.upstream = up
+	s.mu.Unlock()
 	_ = up.SetDeadline(deadline)
 
 	s.cr = newMsgReader(s.client, ioBufferSize, s.srv.opts.MaxMessageBytes)
@@ -724,7 +755,11 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		}
 		sql = p.Query
 	}
-	d := s.srv.opts.Policy.Decide(&s.info, sql)
+	lex, err := s.lexingFor(sql)
+	if err != nil {
+		return err
+	}
+	d := s.decide(lex, sql)
 	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
 	if !s.track(typ) {
 		return errSessionDone
@@ -767,6 +802,67 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	return nil
 }
 
+// decide asks the policy, failing closed if it panics: a bug in the
+// rewriter or the parser must refuse one statement, not crash the proxy.
+func (s *session) decide(lex Lexing, sql string) (d Decision) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger().Error("policy panicked; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+			d = Decision{Action: Refuse, Refusal: &pgproto3.ErrorResponse{
+				Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000",
+				Message: "fenceproxy: internal error while inspecting the statement; it was not executed",
+			}}
+		}
+	}()
+	return s.srv.opts.Policy.Decide(&s.info, lex, sql)
+}
+
+// lexingFor returns how the server will tokenize sql. Only backslashes
+// (standard_conforming_strings) and bytes >= 0x80 (client_encoding) can be
+// read differently, so for SQL with neither the last reported settings do.
+// Otherwise the proxy must not decide on stale settings: earlier statements
+// still in flight may change them (their ParameterStatus arrives with
+// their ReadyForQuery), so it sends what it has and waits for the server to
+// answer. Extended-protocol messages not yet followed by a Sync cannot be
+// waited for; then Lexing.Uncertain is set and the policy decides.
+func (s *session) lexingFor(sql string) (Lexing, error) {
+	sensitive := false
+	for i := 0; i < len(sql); i++ {
+		if c := sql[i]; c == '\\' || c >= 0x80 {
+			sensitive = true
+			break
+		}
+	}
+	s.mu.Lock()
+	if !sensitive || (s.state.inFlight == 0 && !s.state.unsynced) {
+		lex := s.lex
+		s.mu.Unlock()
+		return lex, nil
+	}
+	s.mu.Unlock()
+	if err := s.uw.Flush(); err != nil {
+		return Lexing{}, upstreamErr(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.state.inFlight > 0 && !s.state.finishing {
+		s.idleCond.Wait()
+	}
+	if s.state.finishing {
+		return Lexing{}, errSessionDone
+	}
+	lex := s.lex
+	lex.Uncertain = s.state.unsynced
+	return lex, nil
+}
+
+// logger returns the session's logger (replaced once the user is known).
+func (s *session) logger() *zap.Logger {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.log
+}
+
 // refusalMarkerPrefix starts the text of every refusal statement.
 const refusalMarkerPrefix = "fenceproxy-refusal:"
 
@@ -797,8 +893,13 @@ func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
 		return nil
 	}
 	rest := e.Message[i+len(refusalMarkerPrefix)+len(s.nonce)+1:]
-	j := strings.IndexByte(rest, '"')
-	if j < 0 {
+	// Only the digits are read: what quotes the value depends on
+	// lc_messages (" in English, » « in German, « » in French).
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	if j == 0 {
 		return nil
 	}
 	id, err := strconv.ParseUint(rest[:j], 10, 64)
@@ -861,6 +962,15 @@ func (s *session) copyUpstreamToClient() error {
 			if err := s.relayError(body); err != nil {
 				return err
 			}
+		case typ == 'S' && n <= maxServerMessage:
+			body, err := s.ur.body(n)
+			if err != nil {
+				return upstreamErr(err)
+			}
+			s.parameterStatus(body)
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
 		case typ == 'Z':
 			body, err := s.ur.body(n)
 			if err != nil {
@@ -887,6 +997,25 @@ func (s *session) copyUpstreamToClient() error {
 	}
 }
 
+// parameterStatus records the settings that change how the server reads
+// SQL text.
+func (s *session) parameterStatus(body []byte) {
+	var ps pgproto3.ParameterStatus
+	if ps.Decode(body) != nil {
+		return
+	}
+	switch ps.Name {
+	case "standard_conforming_strings":
+		s.mu.Lock()
+		s.lex.StandardConformingStrings = ps.Value == "on"
+		s.mu.Unlock()
+	case "client_encoding":
+		s.mu.Lock()
+		s.lex.ClientEncoding = ps.Value
+		s.mu.Unlock()
+	}
+}
+
 func (s *session) finishing() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -902,9 +1031,12 @@ func (s *session) readyForQuery(status byte) bool {
 		s.state.inFlight--
 	}
 	s.state.txStatus = status
-	if s.state.inFlight == 0 {
+	if s.state.inFlight == 0 && !s.state.unsynced {
+		// Every refused statement sent so far has been answered; one
+		// pipelined behind this Sync would still be pending otherwise.
 		clear(s.refusals)
 	}
+	s.idleCond.Broadcast()
 	if s.state.draining && s.state.idle() && !s.state.finishing {
 		s.state.finishing = true
 		return true

@@ -1,0 +1,116 @@
+package policy_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/policy"
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// TestLexingCannotSmuggleWrites: the server must not read a statement on a
+// protected table differently from the proxy's parser. With
+// standard_conforming_strings off, or in a client encoding whose
+// multibyte characters may end in a backslash, text that looks like one
+// harmless SELECT to a UTF-8, standard-strings parser hides an UPDATE.
+// Such statements are refused; ordinary ones still work.
+func TestLexingCannotSmuggleWrites(t *testing.T) {
+	rs, err := rules.Compile(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+		Policy: policy.New(rs, false, policy.Options{}),
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+	})}
+	db := e.newDB(t)
+	d := direct(t, db)
+	ctx := context.Background()
+	untouched := func(t *testing.T) {
+		t.Helper()
+		var payload string
+		var fence int64
+		if err := d.QueryRow(ctx, "SELECT payload, last_fence FROM acct WHERE id = 1").Scan(&payload, &fence); err != nil {
+			t.Fatal(err)
+		}
+		if payload != "a" || fence != 0 {
+			t.Fatalf("row changed to (%q, %d): a write got through unfenced", payload, fence)
+		}
+	}
+	simple := func(c *pgx.Conn, sql string) error {
+		_, err := c.PgConn().Exec(ctx, sql).ReadAll()
+		return err
+	}
+
+	t.Run("standard_conforming_strings off", func(t *testing.T) {
+		c := e.connect(t, db)
+		if err := simple(c, "SET standard_conforming_strings = off"); err != nil {
+			t.Fatal(err)
+		}
+		err := simple(c, `SELECT '\''; UPDATE acct SET payload = $$pwned$$ WHERE id = 1; --'`)
+		wantCode(t, err, rules.CodeRefused)
+		untouched(t)
+		// Pipelined in one write: the SET's ParameterStatus arrives only
+		// with its ReadyForQuery, after the proxy has read the second
+		// Query; the proxy must wait for it before deciding.
+		c2 := e.connect(t, db)
+		fe := c2.PgConn().Frontend()
+		fe.Send(&pgproto3.Query{String: "SET standard_conforming_strings = off"})
+		fe.Send(&pgproto3.Query{String: `SELECT '\''; UPDATE acct SET payload = $$pwned$$ WHERE id = 1; --'`})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var codes []string
+		for ready := 0; ready < 2; {
+			msg, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := msg.(type) {
+			case *pgproto3.ErrorResponse:
+				codes = append(codes, m.Code)
+			case *pgproto3.ReadyForQuery:
+				ready++
+			}
+		}
+		if len(codes) != 1 || codes[0] != rules.CodeRefused {
+			t.Fatalf("pipelined smuggling: errors %v, want [%s]", codes, rules.CodeRefused)
+		}
+		untouched(t)
+		// Without backslashes the reading is the same: fenced as usual.
+		setToken(t, c, "5")
+		if err := simple(c, "UPDATE acct SET payload = 'a' WHERE id = 2"); err != nil {
+			t.Fatalf("plain write with standard_conforming_strings off: %v", err)
+		}
+	})
+
+	t.Run("client_encoding SJIS", func(t *testing.T) {
+		c := e.connect(t, db)
+		if err := simple(c, "SET client_encoding = 'SJIS'"); err != nil {
+			t.Fatal(err)
+		}
+		// \x81\x5c is one SJIS character whose second byte is a backslash.
+		err := simple(c, "SELECT E'\x81\\'; UPDATE acct SET payload = $$pwned$$ WHERE id = 1; --'")
+		wantCode(t, err, rules.CodeRefused)
+		untouched(t)
+	})
+
+	t.Run("refusal translated in other languages", func(t *testing.T) {
+		c := e.connect(t, db)
+		for _, lang := range []string{"de_DE.UTF-8", "fr_FR.UTF-8", "C"} {
+			// lc_messages needs the locale installed; the marker must be
+			// found whatever quotes surround it.
+			if err := simple(c, "SET lc_messages = '"+lang+"'"); err != nil {
+				continue
+			}
+			wantCode(t, simple(c, "TRUNCATE acct"), rules.CodeRefused)
+		}
+	})
+}
