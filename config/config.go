@@ -320,6 +320,9 @@ func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
 		return nil, errors.New("audit.dsn: not a valid connection string")
 	}
 	pc.Database = database
+	if c.Audit.DSN == "" && c.Upstream.TLS.ServerName != "" && pc.TLSConfig != nil {
+		pc.TLSConfig.ServerName = c.Upstream.TLS.ServerName
+	}
 	if pw := os.Getenv(c.Audit.PasswordEnv); pw != "" && c.Audit.PasswordEnv != "" {
 		pc.Password = pw
 	}

@@ -138,9 +138,11 @@ Try it yourself. In one terminal:
 
 Or take a real lock from etcd and write with its token:
 
-  fenceproxy lock --etcd %s --ttl 10s %s -- \
-    psql "host=%s port=%s user=postgres dbname=postgres" \
-         -c "SET fence.token = '$FENCE_TOKEN'" -c "UPDATE config SET payload = 'locked' WHERE id = 1"
+  fenceproxy lock --etcd %s --ttl 10s %s -- sh -c \
+    'psql "host=%s port=%s user=postgres dbname=postgres" -v ON_ERROR_STOP=1 \
+       -c "SET fence.token = $FENCE_TOKEN" -c "UPDATE config SET payload = payload WHERE id = 1" \
+       -c "UPDATE config SET payload = '"'"'locked'"'"' WHERE id = 1"'
+
 
 `, host, port, res.TokenA, res.TokenA, res.TokenB, res.TokenB+1000, res.EtcdEndpoint, lockKey, host, port)
 	if opts.Exit {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -56,8 +57,8 @@ type Auditor struct {
 }
 
 type auditListener struct {
-	ready chan struct{} // closed once LISTEN is in force the first time
-	err   error         // first-connection error, set before ready is closed
+	ready chan struct{} // closed after the first connection attempt
+	up    atomic.Bool   // LISTEN is in force now
 }
 
 // maxAuditDatabases bounds the listeners: database names come from clients
@@ -98,7 +99,10 @@ func (a *Auditor) Ensure(database string) error {
 	a.mu.Unlock()
 	select {
 	case <-l.ready:
-		return l.err
+		if !l.up.Load() {
+			return errors.New("policy: audit listener not connected")
+		}
+		return nil
 	case <-time.After(a.opts.ConnectTimeout):
 		return errors.New("policy: audit listener not ready")
 	}
@@ -119,8 +123,8 @@ func (a *Auditor) listen(database string, l *auditListener) {
 	backoff := 100 * time.Millisecond
 	for a.ctx.Err() == nil {
 		conn, err := a.connect(database)
+		l.up.Store(err == nil)
 		if first {
-			l.err = err
 			close(l.ready)
 			first = false
 		}
@@ -146,6 +150,7 @@ func (a *Auditor) listen(database string, l *auditListener) {
 				break
 			}
 		}
+		l.up.Store(false)
 		_ = conn.Close(context.Background())
 	}
 }

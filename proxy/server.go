@@ -170,6 +170,12 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Hooks == nil {
 		opts.Hooks = nopHooks{}
 	}
+	if opts.ClientTLS != nil && len(opts.ClientTLS.NextProtos) == 0 {
+		// libpq 17+ with sslnegotiation=direct requires the "postgresql"
+		// ALPN protocol.
+		opts.ClientTLS = opts.ClientTLS.Clone()
+		opts.ClientTLS.NextProtos = []string{"postgresql"}
+	}
 	if opts.Policy == nil {
 		opts.Policy = forwardAll{}
 	}

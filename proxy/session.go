@@ -423,7 +423,9 @@ func (s *session) sendFatal(e *pgproto3.ErrorResponse) {
 // forwardCancel relays a CancelRequest to the upstream. BackendKeyData was
 // relayed unchanged, so the key is the upstream's own.
 func (s *session) forwardCancel(pkt []byte) {
-	c, err := s.srv.dialUpstreamRaw()
+	// Over TLS when the upstream connection uses it: the packet carries
+	// the backend's secret key.
+	c, err := s.srv.dialUpstream()
 	if err != nil {
 		s.logger().Warn("cancel request not forwarded", zap.Error(err))
 		return

@@ -81,8 +81,8 @@ func (m *msgReader) body(n int) ([]byte, error) {
 	if _, err := io.ReadFull(m.r, b); err != nil {
 		return nil, unexpected(err)
 	}
-	// Do not keep a huge buffer around for the rest of the session.
-	if n > 1<<20 {
+	// Do not keep a large buffer around for the rest of the session.
+	if n > 64<<10 {
 		m.scratch = nil
 	}
 	return b, nil

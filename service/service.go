@@ -193,7 +193,12 @@ func (in *Instance) Apply(cfg *config.Config) error {
 	}
 	in.mu.Lock()
 	old := in.cfg
-	in.cfg = cfg
+	// Keys that need a restart keep their running values, so that /readyz
+	// and new audit listeners keep using the upstream the relay uses.
+	running := *cfg
+	running.Listen, running.Upstream, running.TLS, running.Limits = old.Listen, old.Upstream, old.TLS, old.Limits
+	running.Log, running.Admin, running.Shutdown = old.Log, old.Admin, old.Shutdown
+	in.cfg = &running
 	in.mu.Unlock()
 	if changed := restartKeysChanged(old, cfg); len(changed) > 0 {
 		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
