@@ -41,12 +41,8 @@ func newRuleSet(rs *rules.Rules, notifies bool) *ruleSet {
 	if rs != nil {
 		for _, t := range rs.Tables() {
 			s.tables[t] = true
-			for i := 0; i < len(t); i++ {
-				if t[i] >= 0x80 {
-					s.nonASCII = true
-				}
-			}
 		}
+		s.nonASCII = rs.HasNonASCIINames()
 	}
 	return s
 }

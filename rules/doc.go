@@ -14,9 +14,10 @@
 // # Flow
 //
 // Decide first runs MayTouch, a cheap allocation-free scan for the protected
-// relation names (ASCII case-insensitive) and for "U&" (Unicode-escaped
-// identifiers can spell a name in disguise). If it finds nothing the
-// statement is forwarded unparsed. Otherwise the decision comes from a
+// relation names (ASCII case-insensitive), for "U&" (Unicode-escaped
+// identifiers can spell a name in disguise) and, in a statement containing
+// "alter", for the protected tables' schema names (ALTER SCHEMA ... RENAME).
+// If it finds nothing the statement is forwarded unparsed. Otherwise the decision comes from a
 // bounded LRU cache keyed by the statement text, or from a parse, a walk over
 // every node of the tree (writable CTEs, PREPARE, EXPLAIN, COPY (query) TO,
 // every statement of a multi-statement string) and a rewrite of each
@@ -239,10 +240,25 @@
 // fenced differently; and any statement that mentions a protected table but
 // does not parse.
 //
+// DDL that would silently take a table out of fenceproxy's hands is refused
+// too, the message saying to change the configuration first and run the DDL
+// without the proxy: renaming a protected table (ALTER TABLE, or ALTER
+// INDEX/VIEW/..., which PostgreSQL also lets rename a table), moving it
+// (ALTER ... SET SCHEMA), renaming a schema that holds one (ALTER SCHEMA
+// ... RENAME), and renaming (RENAME COLUMN, or ALTER TYPE ... RENAME
+// ATTRIBUTE), dropping (DROP COLUMN) or retyping (ALTER COLUMN ... TYPE,
+// which can also reset it with USING) its fence column, which holds the
+// watermarks. A schema or column name counts only for the tables that
+// configure it; an unqualified table name matches every protected table
+// with that relation name, however fenced.
+//
 // Forwarded unchanged: reads (including SELECT ... FOR UPDATE, SELECT INTO,
 // CREATE TABLE AS, COPY ... TO), EXECUTE of a prepared statement (its
-// PREPARE was rewritten), DDL (ALTER/DROP/CREATE INDEX/CREATE TRIGGER),
-// LOCK TABLE, and everything on other tables.
+// PREPARE was rewritten), other DDL (DROP TABLE, ALTER TABLE ... ADD
+// COLUMN, defaults and DROP NOT NULL on the fence column (a NULL fence value
+// is stale), renaming another table to a protected name or another column to
+// the fence column's, CREATE INDEX, CREATE TRIGGER, ...), LOCK TABLE, and
+// everything on other tables.
 //
 // # Table matching
 //
@@ -251,6 +267,12 @@
 // unqualified one matches every protected table with that relation name,
 // since the proxy cannot know the session's search_path (fail closed).
 // pg_temp.name is never a configured table.
+//
+// Statements are read as UTF-8, so a name with non-ASCII bytes can only be
+// recognised in UTF-8 text; Rules.HasNonASCIINames reports whether a
+// protected table, schema or fence column name has any, for the proxy to
+// refuse statements with non-ASCII bytes from clients using another
+// client_encoding.
 //
 // # Limits
 //

@@ -47,6 +47,11 @@ func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		tables := r.mentioned(sql)
+		if len(tables) == 0 && !r.unicodeEscape(sql) {
+			// MayTouch fired on a schema name after "alter" only: the
+			// statement names no protected table.
+			return nil, &Decision{Action: Forward}
+		}
 		d := refuse(displays(tables), fmt.Sprintf("fenceproxy: cannot parse a statement that mentions %s, so it cannot be fenced", describeTables(displays(tables))),
 			err.Error(), "")
 		// MayTouch may have fired on "U&" alone: then the statement may
@@ -291,6 +296,12 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 				}
 			}
 		}
+	case *pg.RenameStmt:
+		w.renameStmt(n)
+	case *pg.AlterObjectSchemaStmt:
+		w.alterObjectSchemaStmt(n)
+	case *pg.AlterTableStmt:
+		w.alterTableStmt(n)
 	case *pg.DoStmt:
 		for _, a := range n.Args {
 			if d := a.GetDefElem(); d != nil && d.Defname == "as" {

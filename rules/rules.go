@@ -65,6 +65,10 @@ type Rules struct {
 	// byFirst[c] lists the relation names (ASCII-lowered) whose first byte,
 	// lowered, is c: the needles MayTouch looks for.
 	byFirst [256][]string
+	// schemas lists the schema names (ASCII-lowered) of the protected
+	// tables: MayTouch looks for them in statements that contain "alter"
+	// (ALTER SCHEMA ... RENAME).
+	schemas []string
 	// cache is shared by the root and its derived sets; cacheSet tells
 	// their entries apart.
 	cache    *decisionCache
@@ -72,6 +76,7 @@ type Rules struct {
 	listed   []string    // Tables(), shared with the root
 	audited  []string    // AuditTables(), shared with the root
 	scopes   *scopeIndex // nil when no entry has a scope
+	nonASCII bool        // HasNonASCIINames, shared with the root
 }
 
 // newSet builds a rule set fencing tables.
@@ -120,36 +125,90 @@ func (r *Rules) buildNeedles() {
 		seen[n] = true
 		r.byFirst[n[0]] = append(r.byFirst[n[0]], n)
 	}
+	seenSchema := make(map[string]bool)
+	addSchema := func(n string) {
+		if n == "" || seenSchema[n] {
+			return
+		}
+		seenSchema[n] = true
+		r.schemas = append(r.schemas, n)
+	}
 	for _, t := range r.tables {
-		n := asciiLower(t.rel)
+		n, s := asciiLower(t.rel), asciiLower(t.schema)
 		add(n)
+		addSchema(s)
 		// A name with a double quote can only be written as a quoted
 		// identifier, where the quote is doubled.
 		if strings.Contains(n, `"`) {
 			add(strings.ReplaceAll(n, `"`, `""`))
 		}
+		if strings.Contains(s, `"`) {
+			addSchema(strings.ReplaceAll(s, `"`, `""`))
+		}
 	}
+}
+
+// HasNonASCIINames reports whether a table name, schema name or fence
+// column name that some entry of the configuration fences (mode enforce or
+// audit, for some session) contains a byte >= 0x80. MayTouch and the
+// parser read statements as UTF-8, so such a name can only be recognised
+// in UTF-8 text: the proxy should refuse statements with non-ASCII bytes
+// from clients using another encoding. A set returned by ForSession
+// returns the same as its root.
+func (r *Rules) HasNonASCIINames() bool { return r.nonASCII }
+
+func hasNonASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return true
+		}
+	}
+	return false
 }
 
 // MayTouch is the cheap conservative pre-check: it reports whether sql might
 // refer to a protected table. False means the statement certainly does not
 // (so Decide forwards it without parsing); true means it has to be parsed.
 // It looks, ignoring ASCII case, for each protected relation name as a
-// substring, and for U& (a Unicode-escaped identifier can spell a name in
-// disguise). It does not allocate.
+// substring, for U& (a Unicode-escaped identifier can spell a name in
+// disguise), and, in a statement that contains "alter", for the schema
+// names of the protected tables (ALTER SCHEMA ... RENAME). It does not
+// allocate.
 func (r *Rules) MayTouch(sql string) bool {
 	if len(r.tables) == 0 {
 		return false
 	}
+	alter := false
 	for i := 0; i < len(sql); i++ {
 		c := lowerASCII(sql[i])
 		if c == '&' && i > 0 && lowerASCII(sql[i-1]) == 'u' {
 			return true
 		}
+		if c == 'a' && !alter {
+			alter = hasPrefixFoldASCII(sql[i:], "alter")
+		}
 		for _, n := range r.byFirst[c] {
 			if hasPrefixFoldASCII(sql[i:], n) {
 				return true
 			}
+		}
+	}
+	if alter {
+		for _, s := range r.schemas {
+			if containsFoldASCII(sql, s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// containsFoldASCII reports whether s contains the ASCII-lowered needle n,
+// folding only ASCII letters of s.
+func containsFoldASCII(s, n string) bool {
+	for i := 0; i+len(n) <= len(s); i++ {
+		if hasPrefixFoldASCII(s[i:], n) {
+			return true
 		}
 	}
 	return false

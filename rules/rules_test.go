@@ -44,13 +44,22 @@ func TestMayTouch(t *testing.T) {
 		{`UPDATE app.quo"ted SET a = 1`, true},
 		{"UPDATE off SET a = 1", false},
 		{"SELECT 'ü' FROM t", false},
+		// Schema names count only after "alter" (ALTER SCHEMA ... RENAME).
+		{"ALTER SCHEMA public RENAME TO p2", true},
+		{`alter schema "APP" rename to a`, true},
+		{"ALTER SCHEMA other RENAME TO p2", false},
+		{"SELECT * FROM public.orders", false},
+		{"SELECT 'walter' FROM public.orders", true}, // conservative
 	}
 	for _, tt := range tests {
 		if got := r.MayTouch(tt.sql); got != tt.want {
 			t.Errorf("MayTouch(%q) = %v, want %v", tt.sql, got, tt.want)
 		}
 	}
-	allocs := testing.AllocsPerRun(100, func() { r.MayTouch("SELECT * FROM orders WHERE id = 1 AND status = 'open'") })
+	allocs := testing.AllocsPerRun(100, func() {
+		r.MayTouch("SELECT * FROM orders WHERE id = 1 AND status = 'open'")
+		r.MayTouch("ALTER TABLE public.orders ADD COLUMN x int")
+	})
 	if allocs != 0 {
 		t.Errorf("MayTouch allocates %v times", allocs)
 	}

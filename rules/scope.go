@@ -126,14 +126,15 @@ type scopeIndex struct {
 // newRoot builds the root rule set from the tables' entry groups.
 func newRoot(setting, tag string, groups []*group, cache *decisionCache) *Rules {
 	var listed, audited []string
-	hasScopes := false
+	hasScopes, nonASCII := false, false
 	for _, g := range groups {
 		fenced, audit := false, false
 		for _, e := range g.entries {
 			g.scoped = g.scoped || !e.scope.any()
-			if e.rule != nil {
+			if t := e.rule; t != nil {
 				fenced = true
-				audit = audit || e.rule.audit
+				audit = audit || t.audit
+				nonASCII = nonASCII || hasNonASCII(t.schema) || hasNonASCII(t.rel) || hasNonASCII(t.column)
 			}
 		}
 		hasScopes = hasScopes || g.scoped
@@ -151,7 +152,7 @@ func newRoot(setting, tag string, groups []*group, cache *decisionCache) *Rules 
 	// The root serves sessions that match no scoped entry: the first
 	// unscoped entry of each table applies.
 	r := newSet(setting, tag, pickRules(groups, func(e *entry) bool { return e.scope.any() }), cache, 0, x)
-	r.listed, r.audited = listed, audited
+	r.listed, r.audited, r.nonASCII = listed, audited, nonASCII
 	if x != nil {
 		x.root = r
 		x.rootKey = string(x.key(nil, func(e *entry) bool { return e.scope.any() }))
@@ -254,7 +255,7 @@ func (x *scopeIndex) derive(key []byte, match func(*entry) bool) *Rules {
 
 func (x *scopeIndex) newDerived(tables []*tableRule, cache *decisionCache, id uint32) *Rules {
 	s := newSet(x.root.tokenSetting, x.root.auditTag, tables, cache, id, x)
-	s.listed, s.audited = x.root.listed, x.root.audited
+	s.listed, s.audited, s.nonASCII = x.root.listed, x.root.audited, x.root.nonASCII
 	return s
 }
 
