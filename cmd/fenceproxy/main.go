@@ -46,6 +46,12 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first SIGINT/SIGTERM starts a graceful stop; restoring the
+		// default action lets a second one end the process at once.
+		<-ctx.Done()
+		stop()
+	}()
 	switch args[0] {
 	case "serve":
 		return serveMain(ctx, args[1:], stderr)

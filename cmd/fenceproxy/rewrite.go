@@ -19,9 +19,12 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	path := fs.String("c", "fenceproxy.yaml", "config file (only token_setting and tables are used)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: fenceproxy rewrite -c FILE [SQL | -]")
+		fmt.Fprintln(stderr, "usage: fenceproxy rewrite -c FILE [--database D --user U --application-name A] [SQL | -]")
 		fs.PrintDefaults()
 	}
+	database := fs.String("database", "", "session database, for scoped rules")
+	user := fs.String("user", "", "session user, for scoped rules")
+	app := fs.String("application-name", "", "session application_name, for scoped rules")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -47,10 +50,13 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fenceproxy rewrite: %v\n", err)
 		return 1
 	}
-	d := rs.Decide(sql)
+	d := rs.ForSession(*database, *user, *app).Decide(sql)
 	switch d.Action {
 	case rules.Forward:
 		fmt.Fprintln(stdout, "-- forwarded unchanged")
+		if d.AuditRefusal != nil {
+			fmt.Fprintf(stdout, "-- audit: enforce would refuse it: ERROR %s: %s\n", d.AuditRefusal.Code, d.AuditRefusal.Message)
+		}
 		fmt.Fprintln(stdout, strings.TrimSpace(sql))
 	case rules.Rewrite:
 		fmt.Fprintf(stdout, "-- rewritten (protected: %s)\n", strings.Join(d.Tables, ", "))

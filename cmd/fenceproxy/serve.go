@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/signal"
+	"syscall"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -20,6 +22,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	// SIGHUP reloads; until the reload handler is installed it must not
+	// end the process.
+	signal.Ignore(syscall.SIGHUP)
 	cfg, err := config.Load(*path)
 	if err != nil {
 		fmt.Fprintf(stderr, "fenceproxy: %v\n", err)
