@@ -2,9 +2,11 @@ package policy_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -113,4 +115,34 @@ func TestLexingCannotSmuggleWrites(t *testing.T) {
 			wantCode(t, simple(c, "TRUNCATE acct"), rules.CodeRefused)
 		}
 	})
+}
+
+// TestErrorPositionOfRewrittenStatement: a server error in a rewritten
+// statement carries no position (it would point into the proxy's SQL);
+// errors of statements forwarded as sent keep theirs.
+func TestErrorPositionOfRewrittenStatement(t *testing.T) {
+	rs, err := rules.Compile(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+		Policy: policy.New(rs, false, policy.Options{}),
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+	})}
+	db := e.newDB(t)
+	c := e.connect(t, db)
+	ctx := context.Background()
+	setToken(t, c, "5")
+	_, err = c.PgConn().Exec(ctx, "UPDATE acct SET nocol = 1 WHERE id = 1").ReadAll()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42703" {
+		t.Fatalf("rewritten statement: %v, want 42703", err)
+	}
+	if pe.Position != 0 {
+		t.Errorf("rewritten statement's error has position %d, want none", pe.Position)
+	}
+	_, err = c.PgConn().Exec(ctx, "SELECT nocol FROM src").ReadAll()
+	if !errors.As(err, &pe) || pe.Code != "42703" || pe.Position == 0 {
+		t.Errorf("forwarded statement: %v (position %d), want 42703 with its position", err, pe.Position)
+	}
 }

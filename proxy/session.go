@@ -74,6 +74,7 @@ type relayState struct {
 	inFlight  int  // Query/Sync/FunctionCall sent and not answered by ReadyForQuery
 	unsynced  bool // extended-protocol messages sent since the last Sync
 	txStatus  byte // from the last ReadyForQuery: 'I', 'T' or 'E'
+	rewrote   bool // a rewritten statement was sent and not yet answered
 	draining  bool
 	finishing bool // the session is being closed
 }
@@ -776,6 +777,9 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		return nil
 	case Rewrite:
 		out = d.SQL
+		s.mu.Lock()
+		s.state.rewrote = true
+		s.mu.Unlock()
 		if ce := s.log.Check(zap.DebugLevel, "statement rewritten"); ce != nil {
 			ce.Write(zap.String("sql", d.SQL), zap.Strings("tables", d.Tables))
 		}
@@ -1034,9 +1038,11 @@ func (s *session) readyForQuery(status byte) bool {
 	}
 	s.state.txStatus = status
 	if s.state.inFlight == 0 && !s.state.unsynced {
-		// Every refused statement sent so far has been answered; one
-		// pipelined behind this Sync would still be pending otherwise.
+		// Every refused or rewritten statement sent so far has been
+		// answered; one pipelined behind this Sync would still be pending
+		// otherwise.
 		clear(s.refusals)
+		s.state.rewrote = false
 	}
 	s.idleCond.Broadcast()
 	if s.state.draining && s.state.idle() && !s.state.finishing {
@@ -1050,8 +1056,15 @@ func (s *session) readyForQuery(status byte) bool {
 // upstream's report of a refusal, or when the policy translates it (the
 // error a rewritten statement raised for a stale or missing token).
 func (s *session) relayError(body []byte) error {
-	// Cheap filter: only errors that mention fenceproxy are looked at.
+	// Cheap filter: only errors that mention fenceproxy, or that may point
+	// into a rewritten statement, are looked at.
 	if !bytes.Contains(body, []byte("fenceproxy")) {
+		s.mu.Lock()
+		rewrote := s.state.rewrote
+		s.mu.Unlock()
+		if rewrote {
+			return s.relayErrorWithoutPosition(body)
+		}
 		return clientErr(writeRaw(s.cw, 'E', body))
 	}
 	var e pgproto3.ErrorResponse
@@ -1069,5 +1082,17 @@ func (s *session) relayError(body []byte) error {
 	// Positions and context refer to the rewritten SQL, not the client's.
 	e.Position, e.InternalPosition, e.InternalQuery, e.Where = 0, 0, "", ""
 	s.log.Info("write fenced", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
+	return clientErr(writeMsg(s.cw, &e))
+}
+
+// relayErrorWithoutPosition forwards a server error while a rewritten
+// statement is in flight: a position in it would point into the SQL the
+// proxy sent, not into the client's, so it is dropped.
+func (s *session) relayErrorWithoutPosition(body []byte) error {
+	var e pgproto3.ErrorResponse
+	if err := e.Decode(body); err != nil || (e.Position == 0 && e.InternalPosition == 0) {
+		return clientErr(writeRaw(s.cw, 'E', body))
+	}
+	e.Position, e.InternalPosition, e.InternalQuery = 0, 0, ""
 	return clientErr(writeMsg(s.cw, &e))
 }
