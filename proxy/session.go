@@ -70,13 +70,18 @@ type session struct {
 
 // relayState tracks what is needed to know whether a session is idle.
 type relayState struct {
-	relaying  bool // startup finished
-	inFlight  int  // Query/Sync/FunctionCall sent and not answered by ReadyForQuery
-	unsynced  bool // extended-protocol messages sent since the last Sync
-	txStatus  byte // from the last ReadyForQuery: 'I', 'T' or 'E'
-	rewrote   bool // a rewritten statement was sent and not yet answered
-	draining  bool
-	finishing bool // the session is being closed
+	relaying bool // startup finished
+	inFlight int  // Query/Sync/FunctionCall sent and not answered by ReadyForQuery
+	unsynced bool // extended-protocol messages sent since the last Sync
+	txStatus byte // from the last ReadyForQuery: 'I', 'T' or 'E'
+	rewrote  bool // a rewritten statement was sent and not yet answered
+	// copy-in bookkeeping: the server ignores Sync and Flush in copy-in
+	// mode, so they must not be counted as awaiting a ReadyForQuery.
+	copyIn            bool
+	lastWasQuery      bool // the last request was a simple Query (not Execute)
+	syncsSinceExecute int
+	draining          bool
+	finishing         bool // the session is being closed
 }
 
 func (st relayState) idle() bool {
@@ -726,16 +731,45 @@ func (s *session) track(typ byte) bool {
 	if s.state.finishing {
 		return false
 	}
+	// In copy-in mode the server ignores Sync and Flush (protocol docs,
+	// "COPY Operations"); CopyDone or CopyFail ends it.
+	if s.state.copyIn {
+		switch typ {
+		case 'S', 'H':
+			return true
+		case 'c', 'f':
+			s.state.copyIn = false
+		}
+	}
 	switch typ {
 	case 'Q', 'F':
 		s.state.inFlight++
+		s.state.lastWasQuery = true
 	case 'S':
 		s.state.inFlight++
 		s.state.unsynced = false
-	case 'P', 'B', 'E', 'D', 'C', 'H':
+		s.state.syncsSinceExecute++
+	case 'E':
+		s.state.unsynced = true
+		s.state.lastWasQuery = false
+		s.state.syncsSinceExecute = 0
+	case 'P', 'B', 'D', 'C':
 		s.state.unsynced = true
 	}
 	return true
+}
+
+// copyInStarted records a CopyInResponse or CopyBothResponse. When an
+// extended-protocol Execute started the copy, the Syncs the client sent
+// after it were ignored by the server and will get no ReadyForQuery.
+func (s *session) copyInStarted() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.state.lastWasQuery {
+		s.state.inFlight = max(0, s.state.inFlight-s.state.syncsSinceExecute)
+		s.state.syncsSinceExecute = 0
+	}
+	s.state.copyIn = true
 }
 
 // relaySQL takes the rules decision for a Query or Parse message and
@@ -976,6 +1010,14 @@ func (s *session) copyUpstreamToClient() error {
 			s.parameterStatus(body)
 			if err := writeRaw(s.cw, typ, body); err != nil {
 				return clientErr(err)
+			}
+		case typ == 'G' || typ == 'W':
+			s.copyInStarted()
+			if err := writeHeader(s.cw, typ, n); err != nil {
+				return clientErr(err)
+			}
+			if err := s.ur.copyBody(s.cw, n); err != nil {
+				return upstreamErr(err)
 			}
 		case typ == 'Z':
 			body, err := s.ur.body(n)
