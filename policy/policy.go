@@ -68,7 +68,10 @@ type Options struct {
 	Auditor *Auditor
 }
 
-var _ proxy.Policy = (*Policy)(nil)
+var (
+	_ proxy.Policy         = (*Policy)(nil)
+	_ proxy.MayTouchPolicy = (*Policy)(nil)
+)
 
 // New returns a Policy enforcing rs (nil: forward everything). notifies
 // says whether rs has tables in audit mode or with missing_token: allow,
@@ -127,6 +130,19 @@ func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) p
 	default:
 		return proxy.Decision{Tables: d.Tables}
 	}
+}
+
+// MayTouch implements proxy.MayTouchPolicy: whether sql may concern a
+// protected table for this session, so that its exact lexing matters.
+func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
+	set := p.current.Load()
+	if set.rules == nil {
+		return false
+	}
+	if set.nonASCII {
+		return true // a name MayTouch cannot find in non-UTF-8 text
+	}
+	return set.rules.ForSession(info.Database, info.User, info.ApplicationName).MayTouch(sql)
 }
 
 // TranslateError implements proxy.Policy.

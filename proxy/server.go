@@ -89,6 +89,15 @@ type Policy interface {
 	TranslateError(info *SessionInfo, e *pgproto3.ErrorResponse) bool
 }
 
+// MayTouchPolicy is an optional Policy extension: MayTouch reports, cheaply
+// and conservatively, whether Decide could do anything but forward sql
+// unchanged whatever the Lexing. The relay then does not wait for the
+// server's exact lexing settings before deciding on statements that cannot
+// matter.
+type MayTouchPolicy interface {
+	MayTouch(info *SessionInfo, sql string) bool
+}
+
 // Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
 // server last reported it for the session.
 type Lexing struct {

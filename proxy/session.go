@@ -80,8 +80,16 @@ type relayState struct {
 	copyIn            bool
 	lastWasQuery      bool // the last request was a simple Query (not Execute)
 	syncsSinceExecute int
-	draining          bool
-	finishing         bool // the session is being closed
+	// desync: a ReadyForQuery arrived that the bookkeeping did not
+	// expect, so inFlight cannot be trusted for lexing any more.
+	desync bool
+	// copyEndSent: CopyDone/CopyFail sent before the server's
+	// CopyInResponse (pipelined); the Syncs after it will be answered.
+	copyEndSent bool
+	// execsSinceIdle: Executes sent since the session was last seen idle.
+	execsSinceIdle int
+	draining       bool
+	finishing      bool // the session is being closed
 }
 
 func (st relayState) idle() bool {
@@ -598,6 +606,11 @@ func (s *session) relayAuth() error {
 			}
 			return nil
 		default: // ParameterStatus, BackendKeyData, NegotiateProtocolVersion, notices
+			if typ == 'S' {
+				// client_encoding, standard_conforming_strings from the
+				// startup packet, options, ALTER ROLE/DATABASE ... SET.
+				s.parameterStatus(body)
+			}
 			if typ == 'K' && len(body) >= 4 {
 				// The key is kept to cancel a running statement when the
 				// session is closed by force (never logged); the process ID
@@ -740,19 +753,26 @@ func (s *session) track(typ byte) bool {
 		case 'c', 'f':
 			s.state.copyIn = false
 		}
+	} else if typ == 'c' || typ == 'f' {
+		s.state.copyEndSent = true
 	}
 	switch typ {
 	case 'Q', 'F':
 		s.state.inFlight++
 		s.state.lastWasQuery = true
+		s.state.copyEndSent = false
 	case 'S':
 		s.state.inFlight++
 		s.state.unsynced = false
-		s.state.syncsSinceExecute++
+		if !s.state.copyEndSent {
+			s.state.syncsSinceExecute++
+		}
 	case 'E':
 		s.state.unsynced = true
 		s.state.lastWasQuery = false
 		s.state.syncsSinceExecute = 0
+		s.state.copyEndSent = false
+		s.state.execsSinceIdle++
 	case 'P', 'B', 'D', 'C':
 		s.state.unsynced = true
 	}
@@ -765,11 +785,32 @@ func (s *session) track(typ byte) bool {
 func (s *session) copyInStarted() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.state.lastWasQuery && (s.state.execsSinceIdle > 1 || s.state.copyEndSent) {
+		// Which Execute started this copy, and so which Syncs the server
+		// ignored, is unknown: never trust inFlight for lexing again.
+		s.state.desync = true
+	}
 	if !s.state.lastWasQuery {
 		s.state.inFlight = max(0, s.state.inFlight-s.state.syncsSinceExecute)
 		s.state.syncsSinceExecute = 0
 	}
-	s.state.copyIn = true
+	if s.state.copyEndSent {
+		// The client already ended this copy.
+		s.state.copyEndSent = false
+	} else {
+		s.state.copyIn = true
+	}
+	// inFlight may have dropped, and the server now waits for the
+	// client: wake lexingFor.
+	s.idleCond.Broadcast()
+}
+
+// copyInEnded records an ErrorResponse: a server in copy-in mode leaves it
+// on an error, and then answers the client's next Sync.
+func (s *session) copyInEnded() {
+	s.mu.Lock()
+	s.state.copyIn = false
+	s.mu.Unlock()
 }
 
 // relaySQL takes the rules decision for a Query or Parse message and
@@ -873,9 +914,18 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 			break
 		}
 	}
+	if sensitive {
+		// Only statements the policy may act on need the server's exact
+		// reading; the others are forwarded as sent anyway.
+		if m, ok := s.srv.opts.Policy.(MayTouchPolicy); ok && !m.MayTouch(&s.info, sql) {
+			sensitive = false
+		}
+	}
 	s.mu.Lock()
 	if !sensitive || (s.state.inFlight == 0 && !s.state.unsynced) {
 		lex := s.lex
+		// After the bookkeeping lost track once, fail closed for good.
+		lex.Uncertain = sensitive && s.state.desync
 		s.mu.Unlock()
 		return lex, nil
 	}
@@ -885,16 +935,30 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.state.inFlight > 0 && !s.state.finishing {
+	// Bounded: the bookkeeping can overcount (a Query discarded by a
+	// server skipping to Sync), and the server may be waiting for the
+	// client (copy-in); never block reading the client forever.
+	timedOut := false
+	t := time.AfterFunc(lexWaitTimeout, func() {
+		s.mu.Lock()
+		timedOut = true
+		s.mu.Unlock()
+		s.idleCond.Broadcast()
+	})
+	defer t.Stop()
+	for s.state.inFlight > 0 && !s.state.finishing && !s.state.copyIn && !timedOut {
 		s.idleCond.Wait()
 	}
 	if s.state.finishing {
 		return Lexing{}, errSessionDone
 	}
 	lex := s.lex
-	lex.Uncertain = s.state.unsynced
+	lex.Uncertain = s.state.unsynced || s.state.inFlight > 0 || s.state.copyIn || s.state.desync
 	return lex, nil
 }
+
+// lexWaitTimeout bounds how long lexingFor waits for earlier statements.
+var lexWaitTimeout = 5 * time.Second
 
 // logger returns the session's logger (replaced once the user is known).
 func (s *session) logger() *zap.Logger {
@@ -995,6 +1059,7 @@ func (s *session) copyUpstreamToClient() error {
 		}
 		switch {
 		case typ == 'E' && n <= maxServerMessage:
+			s.copyInEnded()
 			body, err := s.ur.body(n)
 			if err != nil {
 				return upstreamErr(err)
@@ -1077,7 +1142,11 @@ func (s *session) readyForQuery(status byte) bool {
 	defer s.mu.Unlock()
 	if s.state.inFlight > 0 {
 		s.state.inFlight--
+	} else {
+		s.state.desync = true
 	}
+	// The server is not in copy-in mode when it is ready for a query.
+	s.state.copyIn = false
 	s.state.txStatus = status
 	if s.state.inFlight == 0 && !s.state.unsynced {
 		// Every refused or rewritten statement sent so far has been
@@ -1085,6 +1154,7 @@ func (s *session) readyForQuery(status byte) bool {
 		// otherwise.
 		clear(s.refusals)
 		s.state.rewrote = false
+		s.state.execsSinceIdle = 0
 	}
 	s.idleCond.Broadcast()
 	if s.state.draining && s.state.idle() && !s.state.finishing {
