@@ -14,7 +14,7 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -64,8 +64,9 @@ type Upstream struct {
 
 // UpstreamTLS configures TLS to the upstream server.
 type UpstreamTLS struct {
-	// Mode is disable (default), require (encrypt, do not verify) or
-	// verify-full (verify the chain against CAFile and the host name).
+	// Mode is disable (default), require (encrypt, do not verify),
+	// verify-ca (verify the chain against CAFile) or verify-full (verify the
+	// chain and the host name), as libpq's sslmode.
 	Mode string `yaml:"mode"`
 	// CAFile is a PEM bundle of trusted CAs; required for verify-full.
 	CAFile string `yaml:"ca_file"`
@@ -199,12 +200,18 @@ func (c *Config) Validate() error {
 	}
 	switch c.Upstream.TLS.Mode {
 	case "disable", "require":
-	case "verify-full":
+		if c.Upstream.TLS.ServerName != "" {
+			bad("upstream.tls.server_name", "only used with upstream.tls.mode verify-full")
+		}
+	case "verify-ca", "verify-full":
 		if c.Upstream.TLS.CAFile == "" {
-			bad("upstream.tls.ca_file", "required when upstream.tls.mode is verify-full")
+			bad("upstream.tls.ca_file", "required when upstream.tls.mode is %s", c.Upstream.TLS.Mode)
+		}
+		if c.Upstream.TLS.Mode == "verify-ca" && c.Upstream.TLS.ServerName != "" {
+			bad("upstream.tls.server_name", "only used with upstream.tls.mode verify-full")
 		}
 	default:
-		bad("upstream.tls.mode", "must be one of disable, require, verify-full; got %q", c.Upstream.TLS.Mode)
+		bad("upstream.tls.mode", "must be one of disable, require, verify-ca, verify-full; got %q", c.Upstream.TLS.Mode)
 	}
 	if c.Upstream.TLS.CAFile != "" {
 		if err := checkReadable(c.Upstream.TLS.CAFile); err != nil {
@@ -308,8 +315,8 @@ func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
 			q.Set("sslmode", "disable")
 		case "require":
 			q.Set("sslmode", "require")
-		case "verify-full":
-			q.Set("sslmode", "verify-full")
+		case "verify-ca", "verify-full":
+			q.Set("sslmode", c.Upstream.TLS.Mode)
 			q.Set("sslrootcert", c.Upstream.TLS.CAFile)
 		}
 		u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort(host, port), Path: "/", RawQuery: q.Encode()}
@@ -343,8 +350,9 @@ func checkHostPort(s string) error {
 	if err != nil {
 		return fmt.Errorf("must be host:port, got %q", s)
 	}
-	if port == "" || strings.TrimLeft(port, "0123456789") != "" {
-		return fmt.Errorf("port must be numeric, got %q", s)
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port must be a number from 0 to 65535, got %q", s)
 	}
 	return nil
 }

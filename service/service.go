@@ -256,6 +256,27 @@ func (in *Instance) Shutdown() error {
 	return in.stopErr
 }
 
+// verifyChain checks that raw (leaf first) chains to a root in pool.
+func verifyChain(raw [][]byte, pool *x509.CertPool) error {
+	if len(raw) == 0 {
+		return errors.New("upstream sent no certificate")
+	}
+	certs := make([]*x509.Certificate, len(raw))
+	for i, b := range raw {
+		c, err := x509.ParseCertificate(b)
+		if err != nil {
+			return err
+		}
+		certs[i] = c
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter})
+	return err
+}
+
 // compileRules compiles the rules of cfg for an instance whose audit
 // events carry tag.
 func compileRules(cfg *config.Config, tag string) (*rules.Rules, error) {
@@ -293,7 +314,7 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 	case "require":
 		// Encrypt without verifying, like libpq's sslmode=require.
 		opts.UpstreamTLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // documented mode
-	case "verify-full":
+	case "verify-ca", "verify-full":
 		pem, err := os.ReadFile(cfg.Upstream.TLS.CAFile)
 		if err != nil {
 			return opts, fmt.Errorf("upstream.tls.ca_file: %w", err)
@@ -307,6 +328,14 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 			name, _, _ = net.SplitHostPort(cfg.Upstream.Address)
 		}
 		opts.UpstreamTLS = &tls.Config{RootCAs: pool, ServerName: name, MinVersion: tls.VersionTLS12}
+		if cfg.Upstream.TLS.Mode == "verify-ca" {
+			// Verify the chain only, like libpq's sslmode=verify-ca: Go's
+			// own check would also match the host name, so it is replaced.
+			opts.UpstreamTLS.InsecureSkipVerify = true //nolint:gosec // the chain is verified below
+			opts.UpstreamTLS.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+				return verifyChain(raw, pool)
+			}
+		}
 	}
 	return opts, nil
 }
