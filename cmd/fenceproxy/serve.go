@@ -36,7 +36,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer func() { _ = log.Sync() }()
-	if err := service.Run(ctx, *path, log, nil); err != nil {
+	if err := service.RunConfig(ctx, cfg, *path, log, nil); err != nil {
 		log.Error("fenceproxy stopped", zap.Error(err))
 		return 1
 	}
