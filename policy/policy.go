@@ -181,15 +181,7 @@ func (p *Policy) recordAuditRefusal(set *ruleSet, info *proxy.SessionInfo, e *ru
 // read differently, and only statements that may touch a protected table
 // matter.
 func lexingRefusal(set *ruleSet, rs *rules.Rules, lex proxy.Lexing, sql string) *rules.Error {
-	backslash, high := false, false
-	for i := 0; i < len(sql); i++ {
-		switch c := sql[i]; {
-		case c == '\\':
-			backslash = true
-		case c >= 0x80:
-			high = true
-		}
-	}
+	backslash, high := lex.Backslash, lex.NonASCII // scanned once by the relay
 	if !backslash && !high {
 		return nil
 	}

@@ -111,6 +111,10 @@ type Lexing struct {
 	// Uncertain is set when earlier extended-protocol messages, not yet
 	// synced, may change either setting before this statement is parsed.
 	Uncertain bool
+	// Backslash and NonASCII say whether the SQL text has a backslash or a
+	// byte >= 0x80: only those can be read differently by the settings
+	// above.
+	Backslash, NonASCII bool
 }
 
 // forwardAll is the Policy used when none is configured.
@@ -357,11 +361,4 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.serving.Wait() // no refuseAsync after this
 	s.refusing.Wait()
 	return errors.Join(errs...)
-}
-
-// Close closes listeners and all sessions at once.
-func (s *Server) Close() error {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return s.Shutdown(ctx)
 }

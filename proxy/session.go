@@ -907,13 +907,16 @@ func (s *session) decide(lex Lexing, sql string) (d Decision) {
 // answer. Extended-protocol messages not yet followed by a Sync cannot be
 // waited for; then Lexing.Uncertain is set and the policy decides.
 func (s *session) lexingFor(sql string) (Lexing, error) {
-	sensitive := false
-	for i := 0; i < len(sql); i++ {
-		if c := sql[i]; c == '\\' || c >= 0x80 {
-			sensitive = true
-			break
+	var text Lexing
+	for i := 0; i < len(sql) && !(text.Backslash && text.NonASCII); i++ {
+		switch c := sql[i]; {
+		case c == '\\':
+			text.Backslash = true
+		case c >= 0x80:
+			text.NonASCII = true
 		}
 	}
+	sensitive := text.Backslash || text.NonASCII
 	if sensitive {
 		// Only statements the policy may act on need the server's exact
 		// reading; the others are forwarded as sent anyway.
@@ -924,6 +927,7 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 	s.mu.Lock()
 	if !sensitive || (s.state.inFlight == 0 && !s.state.unsynced) {
 		lex := s.lex
+		lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
 		// After the bookkeeping lost track once, fail closed for good.
 		lex.Uncertain = sensitive && s.state.desync
 		s.mu.Unlock()
@@ -953,6 +957,7 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 		return Lexing{}, errSessionDone
 	}
 	lex := s.lex
+	lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
 	lex.Uncertain = s.state.unsynced || s.state.inFlight > 0 || s.state.copyIn || s.state.desync
 	return lex, nil
 }

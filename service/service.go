@@ -2,8 +2,8 @@
 // the relay, the rule policy, the admin listener with metrics, hot reload of
 // the rules (SIGHUP and config file changes) and graceful shutdown.
 //
-// cmd/fenceproxy and the demo call Run; tests call Start to get the bound
-// addresses and a handle for reloading.
+// cmd/fenceproxy calls RunConfig; the demo and tests call Start to get the
+// bound addresses and a handle for reloading.
 package service
 
 import (
@@ -147,9 +147,6 @@ func (in *Instance) AdminAddr() string {
 	return in.adminL.Addr().String()
 }
 
-// Metrics returns the instance's metrics.
-func (in *Instance) Metrics() *metrics.Metrics { return in.metrics }
-
 // Server returns the relay.
 func (in *Instance) Server() *proxy.Server { return in.srv }
 
@@ -192,15 +189,18 @@ func (in *Instance) Apply(cfg *config.Config) error {
 		return err
 	}
 	in.mu.Lock()
-	old := in.cfg
 	// Keys that need a restart keep their running values, so that /readyz
 	// and new audit listeners keep using the upstream the relay uses.
 	running := *cfg
-	running.Listen, running.Upstream, running.TLS, running.Limits = old.Listen, old.Upstream, old.TLS, old.Limits
-	running.Log, running.Admin, running.Shutdown = old.Log, old.Admin, old.Shutdown
+	var changed []string
+	for _, k := range restartOnly {
+		if k.keep(&running, in.cfg) {
+			changed = append(changed, k.key)
+		}
+	}
 	in.cfg = &running
 	in.mu.Unlock()
-	if changed := restartKeysChanged(old, cfg); len(changed) > 0 {
+	if len(changed) > 0 {
 		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
 	}
 	in.policy.Swap(rs, cfg.Notifies())
@@ -209,21 +209,26 @@ func (in *Instance) Apply(cfg *config.Config) error {
 	return nil
 }
 
-func restartKeysChanged(a, b *config.Config) []string {
-	var out []string
-	check := func(key string, x, y any) {
-		if !reflect.DeepEqual(x, y) {
-			out = append(out, key)
-		}
-	}
-	check("listen", a.Listen, b.Listen)
-	check("upstream", a.Upstream, b.Upstream)
-	check("tls", a.TLS, b.TLS)
-	check("limits", a.Limits, b.Limits)
-	check("log", a.Log, b.Log)
-	check("admin", a.Admin, b.Admin)
-	check("shutdown", a.Shutdown, b.Shutdown)
-	return out
+// restartOnly lists the config sections read only at start. keep puts the
+// running value back into a reloaded config and reports whether the file
+// asked for a change.
+var restartOnly = []struct {
+	key  string
+	keep func(reloaded, running *config.Config) bool
+}{
+	{"listen", func(r, o *config.Config) bool { return keep(&r.Listen, o.Listen) }},
+	{"upstream", func(r, o *config.Config) bool { return keep(&r.Upstream, o.Upstream) }},
+	{"tls", func(r, o *config.Config) bool { return keep(&r.TLS, o.TLS) }},
+	{"limits", func(r, o *config.Config) bool { return keep(&r.Limits, o.Limits) }},
+	{"log", func(r, o *config.Config) bool { return keep(&r.Log, o.Log) }},
+	{"admin", func(r, o *config.Config) bool { return keep(&r.Admin, o.Admin) }},
+	{"shutdown", func(r, o *config.Config) bool { return keep(&r.Shutdown, o.Shutdown) }},
+}
+
+func keep[T any](dst *T, running T) bool {
+	changed := !reflect.DeepEqual(*dst, running)
+	*dst = running
+	return changed
 }
 
 // Wait blocks until the relay stops by itself (a listener failure).

@@ -340,3 +340,29 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestReloadKeepsRestartOnlyKeys: a reload applies the new rules but keeps
+// the running upstream (and the other start-only sections), says so in the
+// log, and /readyz keeps probing the upstream the relay uses.
+func TestReloadKeepsRestartOnlyKeys(t *testing.T) {
+	createTable(t, "public.restart_a")
+	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	writeConfig(t, path, cluster.Addr())
+	in, logs := startInstance(t, path)
+	writeConfig(t, path, "127.0.0.1:1", "public.restart_a") // nothing listens on port 1
+	if err := in.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	warn := logs.FilterMessage("config keys changed that take effect only after a restart").All()
+	if len(warn) != 1 || fmt.Sprint(warn[0].ContextMap()["keys"]) != "[upstream]" {
+		t.Fatalf("restart warning = %v, want one naming [upstream]", warn)
+	}
+	get(t, "http://"+in.AdminAddr()+"/readyz", http.StatusOK)
+	if err := cluster.Exec(context.Background(), "UPDATE restart_a SET last_fence = 100 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := connect(t, in.Addr(), "5").Exec(context.Background(), "UPDATE restart_a SET v = 'x' WHERE id = 1")
+	if sqlstate(err) != rules.CodeStaleToken {
+		t.Fatalf("new rules not applied after reload: %v", err)
+	}
+}

@@ -63,15 +63,6 @@ func (in *Instance) WatchReloads(ctx context.Context) {
 	}
 }
 
-// Run loads cfgPath and runs it like RunConfig.
-func Run(ctx context.Context, cfgPath string, log *zap.Logger, ready func(*Instance)) error {
-	cfg, err := config.Load(cfgPath)
-	if err != nil {
-		return err
-	}
-	return RunConfig(ctx, cfg, cfgPath, log, ready)
-}
-
 // RunConfig starts an instance from cfg (loaded from cfgPath), reloads it
 // on SIGHUP and file changes, and drains it when ctx is done. ready, when
 // non-nil, is called once it listens.
