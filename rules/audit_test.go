@@ -103,7 +103,7 @@ func TestAuditRefusalIsRecordedNotEnforced(t *testing.T) {
 		t.Fatalf("got %+v %+v", d, d.AuditRefusal)
 	}
 	d = r.Decide("DELETE FROM accounts WHERE CURRENT OF c; UPDATE config SET a = 1")
-	if d.Action != rules.Rewrite || d.AuditRefusal == nil || !strings.HasPrefix(d.SQL, "DELETE FROM accounts WHERE CURRENT OF c; UPDATE config SET a = 1, last_fence = CASE") {
+	if d.Action != rules.Rewrite || d.AuditRefusal == nil || !strings.HasPrefix(d.SQL, "DELETE FROM accounts WHERE CURRENT OF c; UPDATE config SET a = 1, \"last_fence\" = (CASE") {
 		t.Fatalf("got %+v", d)
 	}
 	for _, sql := range []string{"TRUNCATE accounts, config", "DELETE FROM config WHERE CURRENT OF c", "UPDATE accounts, config SET"} {

@@ -202,6 +202,24 @@ func (f *fencer) stamp(record bool) *pg.Node {
 	return caseExpr([]*pg.Node{f.valid(), f.tok()}, invalid)
 }
 
+// rowStamp returns the stamp of a row of a multi-row VALUES list (first:
+// the first row) and its fragment kind. The first row's is stamp(true).
+// With missing_token: reject the later rows' is the bare TOK: VALUES rows
+// are computed in order, so the first row's stamp has already failed the
+// statement if the token is invalid, and the token cannot change within
+// the statement (statements that call set_config are refused). This keeps
+// a large INSERT's text within a small constant of the client's. Otherwise
+// it is stamp(false).
+func (f *fencer) rowStamp(first bool) (string, *pg.Node) {
+	switch {
+	case first:
+		return "stamp", f.stamp(true)
+	case !f.lenient():
+		return "stamp-tok", f.tok()
+	}
+	return "stamp-quiet", f.stamp(false)
+}
+
 // errorSetValue returns the new fence value for an updated row in
 // on_stale: error mode:
 //
@@ -402,8 +420,11 @@ func fn(name string, args ...*pg.Node) *pg.Node {
 	return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode("pg_catalog"), pg.MakeStrNode(name)}, args, -1)
 }
 
+// op applies a pg_catalog operator: qualified (OPERATOR(pg_catalog.<=)),
+// so that a same-named operator earlier on the session's search_path cannot
+// stand in for it.
 func op(name string, l, r *pg.Node) *pg.Node {
-	return pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP, []*pg.Node{pg.MakeStrNode(name)}, l, r, -1)
+	return pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP, []*pg.Node{pg.MakeStrNode("pg_catalog"), pg.MakeStrNode(name)}, l, r, -1)
 }
 
 // cast builds arg::pg_catalog.typ (typ is the internal name: int8, bool,

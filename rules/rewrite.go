@@ -19,7 +19,10 @@ func (r *Rules) decide(sql string) Decision {
 	if final != nil {
 		return *final
 	}
-	out, err := render(sql, res.tree, res.rewritten)
+	out, err := res.sp.apply()
+	if err == nil {
+		err = verify(out, res.tree)
+	}
 	if err != nil {
 		d := refuse(res.tables, fmt.Sprintf("fenceproxy: cannot rewrite this statement on %s", describeTables(res.tables)), err.Error(), "")
 		if allAudit(res.written) {
@@ -34,7 +37,7 @@ func (r *Rules) decide(sql string) Decision {
 // place.
 type rewritten struct {
 	tree      *pg.ParseResult
-	rewritten []bool // per statement: whether it was changed
+	sp        *splicer // the edits of the client's text
 	tables    []string
 	written   []*tableRule
 	audit     *Error // see Decision.AuditRefusal
@@ -70,8 +73,15 @@ func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
 		}
 	}
 	changed := make([]bool, len(tree.Stmts))
-	if w.err == nil {
-		w.apply(changed)
+	var sp *splicer
+	if w.err == nil && len(w.pending) > 0 {
+		var err error
+		if sp, err = newSplicer(sql); err != nil {
+			d := refuse(sortedUnique(w.tables), fmt.Sprintf("fenceproxy: cannot scan a statement that writes %s", describeTables(sortedUnique(w.tables))), err.Error(), "")
+			return nil, &d
+		}
+		sp.version = tree.Version
+		w.apply(tree, sp, changed)
 	}
 	if w.err != nil {
 		return nil, &Decision{Action: Refuse, Err: w.err, Tables: sortedUnique(w.errTables)}
@@ -83,7 +93,7 @@ func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
 		}
 		return nil, &d
 	}
-	return &rewritten{tree: tree, rewritten: changed, tables: sortedUnique(w.tables), written: w.written, audit: w.audit}, nil
+	return &rewritten{tree: tree, sp: sp, tables: sortedUnique(w.tables), written: w.written, audit: w.audit}, nil
 }
 
 // allAudit reports whether tables is not empty and all of them are in
@@ -103,52 +113,6 @@ func displays(tables []*tableRule) []string {
 		out[i] = t.display
 	}
 	return sortedUnique(out)
-}
-
-// render produces the text to send: a single statement is deparsed; in a
-// multi-statement string only the rewritten statements are deparsed and the
-// others keep their original text, cut at the statement boundaries the
-// parser reports, so statements the proxy has no business with (SET,
-// comments and all) reach the server exactly as the client wrote them.
-// Every deparsed statement is checked by deparseChecked.
-func render(sql string, tree *pg.ParseResult, rewritten []bool) (string, error) {
-	var b strings.Builder
-	for i, raw := range tree.Stmts {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		if rewritten[i] {
-			one, err := deparseChecked(tree.Version, raw)
-			if err != nil {
-				return "", err
-			}
-			b.WriteString(one)
-			continue
-		}
-		start, end := int(raw.StmtLocation), int(raw.StmtLocation+raw.StmtLen)
-		if raw.StmtLen == 0 && i == len(tree.Stmts)-1 {
-			end = len(sql) // the last statement runs to the end of the input
-		}
-		if start < 0 || start >= end || end > len(sql) {
-			return "", fmt.Errorf("statement %d has bounds %d..%d outside the input", i+1, start, end)
-		}
-		// Trimmed at the start only: a line comment at the end of the
-		// statement keeps the newline that ends it, so the separator
-		// cannot be swallowed.
-		b.WriteString(strings.TrimLeft(sql[start:end], " \t\r\n\f"))
-	}
-	out := b.String()
-	if len(tree.Stmts) > 1 {
-		// The spliced string must still split into the same statements.
-		back, err := pg.Parse(out)
-		if err != nil {
-			return "", fmt.Errorf("the rewritten string does not parse: %v", err)
-		}
-		if len(back.Stmts) != len(tree.Stmts) {
-			return "", fmt.Errorf("the rewritten string has %d statements, not %d", len(back.Stmts), len(tree.Stmts))
-		}
-	}
-	return out, nil
 }
 
 func refuse(tables []string, msg, detail, hint string) Decision {
@@ -191,7 +155,7 @@ type pendingWrite struct {
 	stmt  int
 	t     *tableRule
 	node  proto.Message
-	apply func() *Error
+	apply func(sp *splicer) *Error
 }
 
 // refuse records a refusal concerning tables (none when the statement may
@@ -219,23 +183,41 @@ func (w *walker) refuse(tables []*tableRule, msg, detail, hint string) bool {
 	return true
 }
 
-// apply runs the queued rewrites and marks the statements they changed.
-// A rewrite of an audit-mode table that is refused leaves its statement as
-// the client sent it: the node is restored from a copy, since the rewrite
-// may have failed half-way.
-func (w *walker) apply(changed []bool) {
+// apply runs the queued rewrites, recording their text edits in sp, and
+// marks the statements they changed. A rewrite of an audit-mode table that
+// is refused leaves its statement as the client sent it: the node is
+// restored from a copy, since the rewrite may have failed half-way, and
+// its edits are dropped.
+func (w *walker) apply(tree *pg.ParseResult, sp *splicer, changed []bool) {
+	setsToken := map[int]bool{}
+	for i, raw := range tree.Stmts {
+		setsToken[i] = callsSetConfig(raw)
+	}
 	for _, p := range w.pending {
 		var saved proto.Message
 		if p.t.audit {
 			saved = proto.Clone(p.node)
 		}
-		err := p.apply()
+		mark := len(sp.edits)
+		var err *Error
+		if setsToken[p.stmt] {
+			err = refused(p.t, "fenceproxy: a statement that writes protected table %s must not call set_config",
+				"The fencing token is read by the statement itself; changing settings inside the same statement could make its checks disagree.",
+				"Set the token in a statement of its own, before the write.")
+		} else {
+			err = p.apply(sp)
+		}
+		if err == nil && sp.err != nil {
+			err = refused(p.t, "fenceproxy: cannot insert the fence into the text of this statement on protected table %s", sp.err.Error(),
+				"Simplify the statement, or report it as a fenceproxy bug.")
+		}
 		switch {
 		case err == nil:
 			changed[p.stmt] = true
 		case p.t.audit:
 			proto.Reset(p.node)
 			proto.Merge(p.node, saved)
+			sp.edits, sp.err = sp.edits[:mark], nil
 			if w.audit == nil {
 				w.audit = err
 			}
@@ -246,6 +228,18 @@ func (w *walker) apply(changed []bool) {
 			return
 		}
 	}
+}
+
+// callsSetConfig reports whether a statement calls a function named
+// set_config (in any schema).
+func callsSetConfig(raw *pg.RawStmt) bool {
+	return hasNode(raw.Stmt, func(m protoreflect.ProtoMessage) bool {
+		fc, ok := m.(*pg.FuncCall)
+		if !ok || len(fc.Funcname) == 0 {
+			return false
+		}
+		return fc.Funcname[len(fc.Funcname)-1].GetString_().GetSval() == "set_config"
+	})
 }
 
 func (w *walker) walk(m protoreflect.Message) {
@@ -427,24 +421,24 @@ func (w *walker) post(m protoreflect.ProtoMessage) {
 	switch n := m.(type) {
 	case *pg.UpdateStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, n, func() *Error { return w.r.rewriteUpdate(n, t) })
+			w.queue(t, n, func(sp *splicer) *Error { return w.r.rewriteUpdate(n, t, sp) })
 		}
 	case *pg.DeleteStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, n, func() *Error { return w.r.rewriteDelete(n, t) })
+			w.queue(t, n, func(sp *splicer) *Error { return w.r.rewriteDelete(n, t, sp) })
 		}
 	case *pg.InsertStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, n, func() *Error { return w.r.rewriteInsert(n, t) })
+			w.queue(t, n, func(sp *splicer) *Error { return w.r.rewriteInsert(n, t, sp) })
 		}
 	case *pg.MergeStmt:
 		if t := w.match(n.Relation); t != nil {
-			w.queue(t, n, func() *Error { return w.r.rewriteMerge(n, t) })
+			w.queue(t, n, func(sp *splicer) *Error { return w.r.rewriteMerge(n, t, sp) })
 		}
 	}
 }
 
-func (w *walker) queue(t *tableRule, node proto.Message, apply func() *Error) {
+func (w *walker) queue(t *tableRule, node proto.Message, apply func(sp *splicer) *Error) {
 	w.tables = append(w.tables, t.display)
 	w.written = append(w.written, t)
 	w.pending = append(w.pending, pendingWrite{stmt: w.stmt, t: t, node: node, apply: apply})
@@ -514,505 +508,3 @@ func refused(t *tableRule, msg, detail, hint string) *Error {
 
 func isCurrentOf(n *pg.Node) bool { return n.GetCurrentOfExpr() != nil }
 
-// rewriteUpdate fences an UPDATE of a protected table.
-//
-// on_stale: error (the SET-list form): the fence column is assigned
-//
-//	CASE WHEN FRESH THEN TOK ELSE RAISE(stale) END
-//
-// The SET list is computed only for rows that passed the client's WHERE, so
-// other rows never raise whatever order the quals run in, and under
-// concurrency EvalPlanQual recomputes it on the newest row version. The
-// pseudo-constant token guard is AND-ed to the WHERE clause, so an invalid
-// token fails the statement (or, with missing_token: allow, is recorded)
-// even if no row matches.
-//
-// on_stale: skip: WHERE ... AND F CMP TOK? and SET F = TOK.
-//
-// audit: like on_stale: error, with a recording guard, and a stale row
-// recorded and left with its watermark instead of raising.
-func (r *Rules) rewriteUpdate(u *pg.UpdateStmt, t *tableRule) *Error {
-	f := r.fencer(t, u.Relation)
-	tl, err := dropFenceAssignments(u.TargetList, t)
-	if err != nil {
-		return err
-	}
-	currentOf := isCurrentOf(u.WhereClause)
-	switch {
-	case t.audit && currentOf:
-		// No other condition can be AND-ed to WHERE CURRENT OF: the SET
-		// value records an invalid token itself.
-		tl = append(tl, setTarget(t.column, f.auditSetValue(true)))
-	case t.audit:
-		u.WhereClause = and(u.WhereClause, f.tokenGuard())
-		tl = append(tl, setTarget(t.column, f.auditSetValue(false)))
-	case t.skip && currentOf:
-		return refused(t, "fenceproxy: UPDATE ... WHERE CURRENT OF on protected table %s with on_stale: skip is not supported",
-			"WHERE CURRENT OF cannot be combined with the fence condition that skips stale rows.",
-			"Update the row by its key instead of through the cursor.")
-	case t.skip:
-		u.WhereClause = and(u.WhereClause, f.tokenGuard(), f.skipCond())
-		tl = append(tl, setTarget(t.column, f.skipSetValue(false)))
-	case currentOf:
-		// No other condition can be AND-ed to WHERE CURRENT OF: the SET
-		// value checks the token itself.
-		tl = append(tl, setTarget(t.column, f.errorSetValue(true)))
-	default:
-		u.WhereClause = and(u.WhereClause, f.tokenGuard())
-		tl = append(tl, setTarget(t.column, f.errorSetValue(false)))
-	}
-	u.TargetList = tl
-	return nil
-}
-
-// dropFenceAssignments removes the client's assignments to the fence column
-// (the proxy owns it). A multi-column assignment (a, F) = (x, y) from a row
-// constructor is split into single assignments first; one from a sub-SELECT
-// cannot be split and is refused.
-func dropFenceAssignments(tl []*pg.Node, t *tableRule) ([]*pg.Node, *Error) {
-	out := make([]*pg.Node, 0, len(tl)+1)
-	for i := 0; i < len(tl); i++ {
-		rt := tl[i].GetResTarget()
-		if rt == nil {
-			return nil, refused(t, "fenceproxy: cannot rewrite an unexpected SET list on protected table %s", "", "")
-		}
-		ma := rt.Val.GetMultiAssignRef()
-		if ma == nil {
-			if rt.Name != t.column {
-				out = append(out, tl[i])
-			}
-			continue
-		}
-		n := int(ma.Ncolumns)
-		if ma.Colno != 1 || n < 1 || i+n > len(tl) {
-			return nil, refused(t, "fenceproxy: cannot rewrite an unexpected multi-column SET on protected table %s", "", "")
-		}
-		group := tl[i : i+n]
-		i += n - 1
-		hasFence := false
-		for _, g := range group {
-			if g.GetResTarget().GetName() == t.column {
-				hasFence = true
-			}
-		}
-		if !hasFence {
-			out = append(out, group...)
-			continue
-		}
-		row := ma.Source.GetRowExpr()
-		if row == nil || len(row.Args) != n {
-			return nil, refused(t, "fenceproxy: the fence column of protected table %s cannot be assigned in a multi-column SET from a sub-SELECT",
-				"fenceproxy sets the fence column itself and cannot take it out of a sub-SELECT.",
-				"Leave the fence column out of the SET list.")
-		}
-		for j, g := range group {
-			grt := g.GetResTarget()
-			if grt.GetName() == t.column {
-				continue
-			}
-			out = append(out, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: &pg.ResTarget{
-				Name: grt.Name, Indirection: grt.Indirection, Val: row.Args[j], Location: grt.Location,
-			}}})
-		}
-	}
-	return out, nil
-}
-
-// rewriteDelete fences a DELETE from a protected table.
-//
-// on_stale: skip: WHERE (W) AND guard AND F CMP TOK?.
-//
-// on_stale: error: a DELETE has no SET list, and AND-ed quals run in any
-// order, so the stale error is raised only for rows that match the
-// client's condition W, which is repeated inside the check:
-//
-//	WHERE (W) AND guard AND CASE WHEN FRESH THEN true WHEN (W) THEN RAISE(stale) ELSE false END
-//
-// W stays a separate conjunct so the planner can still use it for index
-// scans and joins. When W calls a function that is not known to be free of
-// side effects and stable, repeating it could change the outcome, so the
-// single-evaluation form is used instead (correct, but opaque to the
-// planner):
-//
-//	WHERE guard AND CASE WHEN (W) THEN <fresh or raise> ELSE false END
-//
-// guard is tokenGuard: it raises FP002, or records the invalid token.
-// audit: the same forms with freshOrNotify, which records a stale row and
-// never filters one out.
-func (r *Rules) rewriteDelete(d *pg.DeleteStmt, t *tableRule) *Error {
-	f := r.fencer(t, d.Relation)
-	if isCurrentOf(d.WhereClause) {
-		return refused(t, "fenceproxy: DELETE ... WHERE CURRENT OF on protected table %s is not supported",
-			"WHERE CURRENT OF cannot be combined with the fence check.",
-			"Delete the row by its key instead of through the cursor.")
-	}
-	check := f.freshOrRaise
-	if t.audit {
-		check = f.freshOrNotify
-	}
-	guard := f.tokenGuard()
-	w := d.WhereClause
-	switch {
-	case t.skip:
-		d.WhereClause = and(w, guard, f.skipCond())
-	case w == nil:
-		d.WhereClause = and(guard, check(nil))
-	case repeatable(w):
-		d.WhereClause = and(w, guard, check(cloneNode(w)))
-	default:
-		d.WhereClause = and(guard, caseExpr([]*pg.Node{w, check(nil)}, aBool(false)))
-	}
-	return nil
-}
-
-// rewriteInsert stamps new rows with the token and fences the DO UPDATE
-// branch of ON CONFLICT like an UPDATE (audit: records a stale row and
-// keeps its watermark).
-func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule) *Error {
-	f := r.fencer(t, ins.Relation)
-	switch {
-	case ins.SelectStmt == nil:
-		// DEFAULT VALUES
-		ins.Cols = []*pg.Node{pg.MakeResTargetNodeWithName(t.column, -1)}
-		ins.SelectStmt = &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
-			ValuesLists: []*pg.Node{pg.MakeListNode([]*pg.Node{f.stamp(true)})},
-			LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
-			Op:          pg.SetOperation_SETOP_NONE,
-		}}}
-	case len(ins.Cols) == 0:
-		return refused(t, "fenceproxy: INSERT into protected table %s must list its columns explicitly",
-			"fenceproxy adds the fence column to the column list and cannot look up the table's columns.",
-			"Write INSERT INTO table (col1, col2, ...) VALUES (...).")
-	default:
-		sel := ins.SelectStmt.GetSelectStmt()
-		if sel == nil {
-			return refused(t, "fenceproxy: cannot rewrite an unexpected INSERT into protected table %s", "", "")
-		}
-		var idx []int
-		for i, c := range ins.Cols {
-			if c.GetResTarget().GetName() == t.column {
-				idx = append(idx, i)
-			}
-		}
-		if len(idx) == 0 {
-			if err := addStampColumn(sel, len(ins.Cols), f, t); err != nil {
-				return err
-			}
-			ins.Cols = append(ins.Cols, pg.MakeResTargetNodeWithName(t.column, -1))
-		} else if err := replaceStampColumn(sel, len(ins.Cols), idx, f, t); err != nil {
-			return err
-		}
-	}
-
-	oc := ins.OnConflictClause
-	if oc == nil || oc.Action != pg.OnConflictAction_ONCONFLICT_UPDATE {
-		return nil
-	}
-	tl, err := dropFenceAssignments(oc.TargetList, t)
-	if err != nil {
-		return err
-	}
-	// The proposed row's stamp has already checked (or recorded) the
-	// token: it is computed for every proposed row, conflicting or not.
-	switch {
-	case t.audit:
-		tl = append(tl, setTarget(t.column, f.auditSetValue(false)))
-	case t.skip:
-		// A false DO UPDATE condition leaves the existing row alone and
-		// inserts nothing: the skip outcome.
-		oc.WhereClause = and(oc.WhereClause, f.skipCond())
-		tl = append(tl, setTarget(t.column, f.skipSetValue(false)))
-	default:
-		tl = append(tl, setTarget(t.column, f.errorSetValue(false)))
-	}
-	oc.TargetList = tl
-	return nil
-}
-
-// addStampColumn appends the stamp to every row a query produces: to each
-// VALUES row, to the target list of a SELECT, and to each branch of a set
-// operation (the stamp is the same for every row, so UNION, INTERSECT and
-// EXCEPT still combine the same rows). In a VALUES list only the first
-// row's stamp records an invalid token (see fencer.stamp): whatever reads
-// the rows, it reads the first one if it reads any.
-//
-// ncols is the number of columns the client listed. A row or SELECT list of
-// another length is refused: PostgreSQL would reject the statement anyway,
-// and the stamp must line up with the fence column.
-func addStampColumn(sel *pg.SelectStmt, ncols int, f *fencer, t *tableRule) *Error {
-	if sel == nil {
-		return refused(t, "fenceproxy: cannot rewrite an unexpected INSERT into protected table %s", "", "")
-	}
-	if sel.Op != pg.SetOperation_SETOP_NONE && sel.Op != pg.SetOperation_SET_OPERATION_UNDEFINED {
-		if err := addStampColumn(sel.Larg, ncols, f, t); err != nil {
-			return err
-		}
-		return addStampColumn(sel.Rarg, ncols, f, t)
-	}
-	if len(sel.ValuesLists) > 0 {
-		for i, row := range sel.ValuesLists {
-			l := row.GetList()
-			if l == nil || len(l.Items) != ncols {
-				return wrongLength(t)
-			}
-			l.Items = append(l.Items, f.stamp(i == 0))
-		}
-		return nil
-	}
-	if !hasStar(sel.TargetList) && len(sel.TargetList) != ncols {
-		return wrongLength(t)
-	}
-	sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(f.stamp(true), -1))
-	return nil
-}
-
-func wrongLength(t *tableRule) *Error {
-	return refused(t, "fenceproxy: INSERT into protected table %s has a different number of values than columns", "", "")
-}
-
-// hasStar reports whether a SELECT list contains "*" (or "x.*"), which
-// expands to a number of columns only the server knows.
-func hasStar(tl []*pg.Node) bool {
-	for _, n := range tl {
-		if hasNode(n, isStar) {
-			return true
-		}
-	}
-	return false
-}
-
-// replaceStampColumn overrides the client's values for the fence column,
-// which the client listed at positions idx.
-func replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f *fencer, t *tableRule) *Error {
-	if len(sel.ValuesLists) > 0 && (sel.Op == pg.SetOperation_SETOP_NONE || sel.Op == pg.SetOperation_SET_OPERATION_UNDEFINED) {
-		for r, row := range sel.ValuesLists {
-			l := row.GetList()
-			if l == nil || len(l.Items) != ncols {
-				return wrongLength(t)
-			}
-			for _, i := range idx {
-				l.Items[i] = f.stamp(r == 0)
-			}
-		}
-		return nil
-	}
-	cannot := refused(t, "fenceproxy: INSERT ... SELECT into protected table %s cannot override the fence column in this query",
-		"fenceproxy sets the fence column itself; it can replace the column's value only in VALUES or in a plain SELECT list of simple expressions.",
-		"Leave the fence column out of the column list.")
-	if sel.Op != pg.SetOperation_SETOP_NONE || len(sel.DistinctClause) > 0 || len(sel.GroupClause) > 0 || sel.HavingClause != nil ||
-		len(sel.SortClause) > 0 || len(sel.WindowClause) > 0 || len(sel.ValuesLists) > 0 {
-		return cannot
-	}
-	// "*" hides how many columns come before the fence column.
-	if hasStar(sel.TargetList) || len(sel.TargetList) != ncols {
-		return cannot
-	}
-	for _, i := range idx {
-		if i >= len(sel.TargetList) {
-			return cannot
-		}
-		rt := sel.TargetList[i].GetResTarget()
-		// A function call there may be an aggregate or return a set:
-		// replacing it would change the rows produced.
-		if rt == nil || hasNode(rt.Val, isCallOrSubLink) {
-			return cannot
-		}
-		rt.Val = f.stamp(true)
-	}
-	return nil
-}
-
-func isStar(m protoreflect.ProtoMessage) bool {
-	_, ok := m.(*pg.A_Star)
-	return ok
-}
-
-func isCallOrSubLink(m protoreflect.ProtoMessage) bool {
-	switch m.(type) {
-	case *pg.FuncCall, *pg.SubLink:
-		return true
-	}
-	return false
-}
-
-// hasNode reports whether any message under n satisfies pred.
-func hasNode(n *pg.Node, pred func(protoreflect.ProtoMessage) bool) bool {
-	if n == nil {
-		return false
-	}
-	found := false
-	var visit func(m protoreflect.Message)
-	visit = func(m protoreflect.Message) {
-		if found || !m.IsValid() {
-			return
-		}
-		if pred(m.Interface()) {
-			found = true
-			return
-		}
-		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-			if fd.Message() == nil || fd.IsMap() {
-				return true
-			}
-			if fd.IsList() {
-				l := v.List()
-				for i := 0; i < l.Len(); i++ {
-					visit(l.Get(i).Message())
-				}
-			} else {
-				visit(v.Message())
-			}
-			return !found
-		})
-	}
-	visit(n.ProtoReflect())
-	return found
-}
-
-// rewriteMerge fences a MERGE into a protected table.
-//
-// on_stale: error: every UPDATE action assigns the fence column with a
-// self-contained check (MERGE has no WHERE clause to carry the guard):
-//
-//	CASE WHEN NOT V THEN RAISE(token) WHEN FRESH THEN TOK ELSE RAISE(stale) END
-//
-// and every DELETE action is preceded by a clause with the same match kind
-// and condition that catches stale rows and raises:
-//
-//	WHEN MATCHED AND (cond) AND CASE WHEN V THEN FRESH IS NOT TRUE ELSE true END
-//	  THEN UPDATE SET F = CASE WHEN V THEN RAISE(stale) ELSE RAISE(token) END
-//
-// on_stale: skip: a first clause per match kind on target rows makes stale
-// rows do nothing, so no later action (fenced or not) can touch them:
-//
-//	WHEN MATCHED AND CASE WHEN V THEN FRESH IS NOT TRUE ELSE RAISE(token) END THEN DO NOTHING
-//
-// and UPDATE actions set F = TOK. INSERT actions are stamped in both modes.
-//
-// With missing_token: allow, a DELETE action's condition also records an
-// invalid token: CASE WHEN (cond) THEN CASE WHEN V THEN true ELSE
-// NOTIFY(missing_token, true) END ELSE false END.
-//
-// audit: UPDATE actions assign auditSetValue(true); a DELETE action's
-// condition becomes CASE WHEN (cond) THEN <auditCheck> ELSE false END, which
-// records a stale row or an invalid token and never changes which action
-// runs (cond is evaluated once, and nothing is recorded for a row the
-// action does not take).
-func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule) *Error {
-	f := r.fencer(t, m.Relation)
-	var out []*pg.Node
-	needGuard := map[pg.MergeMatchKind]bool{}
-	for _, n := range m.MergeWhenClauses {
-		c := n.GetMergeWhenClause()
-		if c == nil {
-			return refused(t, "fenceproxy: cannot rewrite an unexpected MERGE into protected table %s", "", "")
-		}
-		switch c.CommandType {
-		case pg.CmdType_CMD_UPDATE:
-			tl, err := dropFenceAssignments(c.TargetList, t)
-			if err != nil {
-				return err
-			}
-			switch {
-			case t.audit:
-				tl = append(tl, setTarget(t.column, f.auditSetValue(true)))
-			case t.skip:
-				needGuard[c.MatchKind] = true
-				tl = append(tl, setTarget(t.column, f.skipSetValue(true)))
-			default:
-				tl = append(tl, setTarget(t.column, f.errorSetValue(true)))
-			}
-			c.TargetList = tl
-		case pg.CmdType_CMD_DELETE:
-			if t.audit {
-				c.Condition = onlyIf(c.Condition, f.auditCheck())
-				break
-			}
-			if t.skip {
-				needGuard[c.MatchKind] = true
-			} else {
-				invalid, raise := aBool(true), caseExpr([]*pg.Node{f.valid(), f.raiseStale("int8")}, f.raiseToken("int8"))
-				if t.allow {
-					invalid, raise = aBool(false), f.raiseStale("int8")
-				}
-				out = append(out, &pg.Node{Node: &pg.Node_MergeWhenClause{MergeWhenClause: &pg.MergeWhenClause{
-					MatchKind:   c.MatchKind,
-					CommandType: pg.CmdType_CMD_UPDATE,
-					Override:    pg.OverridingKind_OVERRIDING_NOT_SET,
-					Condition:   and(cloneNode(c.Condition), f.notFresh(invalid)),
-					TargetList:  []*pg.Node{setTarget(t.column, raise)},
-				}}})
-			}
-			if t.allow {
-				// Record the invalid token of a row the action deletes.
-				c.Condition = onlyIf(c.Condition, f.tokenGuard())
-			}
-		case pg.CmdType_CMD_INSERT:
-			if err := stampMergeInsert(c, f, t); err != nil {
-				return err
-			}
-		case pg.CmdType_CMD_NOTHING:
-		default:
-			return refused(t, "fenceproxy: cannot rewrite an unexpected MERGE action on protected table %s", "", "")
-		}
-		out = append(out, n)
-	}
-	if t.skip {
-		invalid := f.raiseToken("bool")
-		if t.allow {
-			invalid = aBool(false)
-		}
-		var guards []*pg.Node
-		for _, k := range []pg.MergeMatchKind{pg.MergeMatchKind_MERGE_WHEN_MATCHED, pg.MergeMatchKind_MERGE_WHEN_NOT_MATCHED_BY_SOURCE} {
-			if needGuard[k] {
-				guards = append(guards, &pg.Node{Node: &pg.Node_MergeWhenClause{MergeWhenClause: &pg.MergeWhenClause{
-					MatchKind:   k,
-					CommandType: pg.CmdType_CMD_NOTHING,
-					Override:    pg.OverridingKind_OVERRIDING_NOT_SET,
-					Condition:   f.notFresh(cloneNode(invalid)),
-				}}})
-			}
-		}
-		out = append(guards, out...)
-	}
-	m.MergeWhenClauses = out
-	return nil
-}
-
-// onlyIf returns check when cond is nil, and otherwise
-// CASE WHEN (cond) THEN check ELSE false END: true when both are, with check
-// evaluated only when cond is true.
-func onlyIf(cond, check *pg.Node) *pg.Node {
-	if cond == nil {
-		return check
-	}
-	return caseExpr([]*pg.Node{cond, check}, aBool(false))
-}
-
-func stampMergeInsert(c *pg.MergeWhenClause, f *fencer, t *tableRule) *Error {
-	switch {
-	case len(c.TargetList) == 0 && len(c.Values) == 0:
-		// INSERT DEFAULT VALUES
-		c.TargetList = []*pg.Node{pg.MakeResTargetNodeWithName(t.column, -1)}
-		c.Values = []*pg.Node{f.stamp(true)}
-		return nil
-	case len(c.TargetList) == 0:
-		return refused(t, "fenceproxy: MERGE ... INSERT into protected table %s must list its columns explicitly",
-			"fenceproxy adds the fence column to the column list and cannot look up the table's columns.",
-			"Write WHEN NOT MATCHED THEN INSERT (col1, col2, ...) VALUES (...).")
-	case len(c.TargetList) != len(c.Values):
-		return refused(t, "fenceproxy: MERGE ... INSERT into protected table %s has a different number of columns and values", "", "")
-	}
-	found := false
-	for i, col := range c.TargetList {
-		if col.GetResTarget().GetName() == t.column {
-			c.Values[i] = f.stamp(true)
-			found = true
-		}
-	}
-	if !found {
-		c.TargetList = append(c.TargetList, pg.MakeResTargetNodeWithName(t.column, -1))
-		c.Values = append(c.Values, f.stamp(true))
-	}
-	return nil
-}

@@ -1,47 +1,9 @@
 package rules
 
 import (
-	"bytes"
-	"fmt"
-
-	pg "github.com/pganalyze/pg_query_go/v6"
-	"github.com/pganalyze/pg_query_go/v6/parser"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
-
-// deparseChecked prints one rewritten statement and proves the print
-// faithful: the text is parsed again and must give back the tree that was
-// built, source positions aside. The server then runs exactly the fenced
-// statement, whatever quirks the deparser has with unusual input (a
-// precedence slip in a client expression could otherwise detach an added
-// condition); a statement that fails the check is refused.
-//
-// The comparison works on the protobuf encodings (the one handed to the
-// deparser and the one the parser returns), so the reparsed tree is never
-// decoded into Go structs.
-func deparseChecked(version int32, raw *pg.RawStmt) (string, error) {
-	built, err := proto.Marshal(&pg.ParseResult{Version: version, Stmts: []*pg.RawStmt{raw}})
-	if err != nil {
-		return "", err
-	}
-	text, err := parser.DeparseFromProtobuf(built)
-	if err != nil {
-		return "", err
-	}
-	back, err := parser.ParseToProtobuf(text)
-	if err != nil {
-		return "", fmt.Errorf("the rewritten statement does not parse: %v", err)
-	}
-	md := (&pg.ParseResult{}).ProtoReflect().Descriptor()
-	a, okA := canonical(nil, built, md)
-	b, okB := canonical(nil, back, md)
-	if !okA || !okB || !bytes.Equal(a, b) {
-		return "", fmt.Errorf("the rewritten statement does not print faithfully")
-	}
-	return text, nil
-}
 
 // canonical appends to dst a canonical form of the protobuf message src
 // (of type md) that ignores source positions: location fields are dropped,
