@@ -36,11 +36,11 @@ func (r *Rules) decide(sql string) Decision {
 // rewritten is a parse tree whose protected writes have been rewritten in
 // place.
 type rewritten struct {
-	tree      *pg.ParseResult
-	sp        *splicer // the edits of the client's text
-	tables    []string
-	written   []*tableRule
-	audit     *Error // see Decision.AuditRefusal
+	tree    *pg.ParseResult
+	sp      *splicer // the edits of the client's text
+	tables  []string
+	written []*tableRule
+	audit   *Error // see Decision.AuditRefusal
 }
 
 // rewrite parses sql and rewrites its protected writes. It returns a final
@@ -507,4 +507,3 @@ func refused(t *tableRule, msg, detail, hint string) *Error {
 }
 
 func isCurrentOf(n *pg.Node) bool { return n.GetCurrentOfExpr() != nil }
-
