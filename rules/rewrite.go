@@ -190,8 +190,12 @@ func (w *walker) refuse(tables []*tableRule, msg, detail, hint string) bool {
 // its edits are dropped.
 func (w *walker) apply(tree *pg.ParseResult, sp *splicer, changed []bool) {
 	setsToken := map[int]bool{}
-	for i, raw := range tree.Stmts {
-		setsToken[i] = callsSetConfig(raw)
+	// Only text that spells set_config, or may spell it in disguise, can
+	// call it.
+	if containsFoldASCII(sp.sql, "set_config") || w.r.unicodeEscape(sp.sql) {
+		for i, raw := range tree.Stmts {
+			setsToken[i] = callsSetConfig(raw)
+		}
 	}
 	for _, p := range w.pending {
 		var saved proto.Message
