@@ -15,7 +15,7 @@ import (
 
 // The rewriter never re-prints the client's statement. It sends the
 // client's own bytes with the fence fragments inserted at token boundaries
-// (see docs/rewrite.md, "Splicing"):
+// (docs/rewrite.md, "Splicing", explains why):
 //
 //   - every byte the client sent reaches the server unchanged, so string
 //     literals, comments and identifiers are read by the server under the
