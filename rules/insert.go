@@ -206,14 +206,41 @@ func (s *splicer) addStampColumn(sel *pg.SelectStmt, ncols int, f *fencer, t *ta
 	if len(sel.TargetList) == 0 {
 		return wrongLength(t)
 	}
+	key, stamp := f.rowStamp(true)
+	if table := s.tableCommand(sel); table >= 0 {
+		// TABLE x is SELECT * FROM x, spelled without a list to append to.
+		sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(stamp, -1))
+		s.replace(s.toks[table].start, s.toks[table].end, "SELECT *, "+s.exprText(f.key(key), stamp)+" FROM")
+		return nil
+	}
 	end := s.selectListEnd(sel.TargetList[len(sel.TargetList)-1])
 	if s.err != nil {
 		return nil
 	}
-	key, stamp := f.rowStamp(true)
 	sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(stamp, -1))
 	s.insert(s.endOf(end), ", "+s.exprText(f.key(key), stamp))
 	return nil
+}
+
+// tableCommand returns the token of the TABLE keyword when sel was written
+// as TABLE x (a star with no source position, selecting from one
+// relation), or -1.
+func (s *splicer) tableCommand(sel *pg.SelectStmt) int {
+	if len(sel.TargetList) != 1 || len(sel.FromClause) != 1 || sel.FromClause[0].GetRangeVar() == nil {
+		return -1
+	}
+	rt := sel.TargetList[0].GetResTarget()
+	cr := rt.GetVal().GetColumnRef()
+	if cr == nil || len(cr.Fields) != 1 || cr.Fields[0].GetAStar() == nil || cr.Location >= 0 || rt.Location >= 0 {
+		return -1
+	}
+	i := s.tokAt(int(sel.FromClause[0].GetRangeVar().Location))
+	for i--; i >= 0 && s.toks[i].tok == pg.Token_ONLY; i-- {
+	}
+	if i < 0 || s.toks[i].tok != pg.Token_TABLE {
+		return -1
+	}
+	return i
 }
 
 func wrongLength(t *tableRule) *Error {
