@@ -25,8 +25,8 @@ import (
 //     protected table refuses the body.
 //   - LANGUAGE sql (including BEGIN ATOMIC and RETURN bodies): the same on
 //     its parsed statements.
-//   - Other languages: the body is refused when it contains a protected
-//     table's name at all (ignoring ASCII case) or "U&".
+//   - Other languages: the body is refused when a word in it spells a
+//     protected table's name (ignoring ASCII case), or it contains "U&".
 //
 // Names are matched as PostgreSQL reads identifiers: unquoted folded to
 // lower case, quoted exact, truncated to 63 bytes; a Unicode-escaped
@@ -137,9 +137,10 @@ func (c *codeCheck) stmt(m protoreflect.ProtoMessage, depth int) {
 		}
 	default:
 		// Other languages (C, internal, plpython, ...): the proxy cannot
-		// read their code; any mention of a protected name refuses it.
+		// read their code; any word that spells a protected name, in any
+		// ASCII case, refuses it.
 		for _, b := range bodies {
-			c.substring(b)
+			c.words(b)
 		}
 	}
 }
@@ -151,6 +152,46 @@ func (c *codeCheck) substring(s string) {
 	if c.r.unicodeEscape(s) {
 		c.unknown()
 	}
+}
+
+// words records every protected table whose name appears in s as a word
+// (a maximal run of identifier characters), ignoring ASCII case; a name
+// with other characters counts as a substring. U& counts as any table.
+func (c *codeCheck) words(s string) {
+	ls := asciiLower(s)
+	for _, t := range c.r.tables {
+		n := asciiLower(t.rel)
+		if !identWord(n) {
+			if strings.Contains(ls, n) {
+				c.found = append(c.found, t)
+			}
+			continue
+		}
+		for i := 0; ; {
+			j := strings.Index(ls[i:], n)
+			if j < 0 {
+				break
+			}
+			j += i
+			if (j == 0 || !isIdentCont(ls[j-1])) && (j+len(n) == len(ls) || !isIdentCont(ls[j+len(n)])) {
+				c.found = append(c.found, t)
+				break
+			}
+			i = j + 1
+		}
+	}
+	if c.r.unicodeEscape(s) {
+		c.unknown()
+	}
+}
+
+func identWord(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !isIdentCont(s[i]) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // plpgsql compiles the PL/pgSQL body of stmt with pg_query and checks every

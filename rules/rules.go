@@ -171,8 +171,9 @@ func hasNonASCII(s string) bool {
 // (so Decide forwards it without parsing); true means it has to be parsed.
 // It looks, ignoring ASCII case, for each protected relation name as a
 // substring, for U& (a Unicode-escaped identifier can spell a name in
-// disguise), and, in a statement that contains "alter", for the schema
-// names of the protected tables (ALTER SCHEMA ... RENAME), and for stored
+// disguise), and, in a statement that contains "alter" or "drop", for the
+// schema names of the protected tables (ALTER SCHEMA ... RENAME, DROP
+// SCHEMA), and for stored
 // code whose strings may spell a name in disguise (mayHideName). It does
 // not allocate.
 func (r *Rules) MayTouch(sql string) bool {
@@ -187,6 +188,9 @@ func (r *Rules) MayTouch(sql string) bool {
 		}
 		if c == 'a' && !alter {
 			alter = hasPrefixFoldASCII(sql[i:], "alter")
+		}
+		if c == 'd' && !alter {
+			alter = hasPrefixFoldASCII(sql[i:], "drop")
 		}
 		for _, n := range r.byFirst[c] {
 			if hasPrefixFoldASCII(sql[i:], n) {
