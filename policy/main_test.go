@@ -145,6 +145,7 @@ func TestFencing(t *testing.T) {
 		{"Errors", testErrors},
 		{"Protocols", testProtocols},
 		{"Edges", testEdges},
+		{"DDL", testDDL},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -234,30 +234,29 @@
 // CURRENT OF; UPDATE ... WHERE CURRENT OF with on_stale: skip; a fence column
 // assigned in a multi-column SET from a sub-SELECT; a fence column listed in
 // an INSERT ... SELECT that is not a plain SELECT list of simple
-// expressions; a DO block or function/procedure body whose text mentions a
-// protected table name; a rule whose actions write a protected table; an
+// expressions; a DO block or function/procedure whose code refers to a
+// protected table (judged on the parsed body by identifier tokens, string
+// constants read as SQL for dynamic SQL; see body.go); a rule whose actions write a protected table; an
 // unqualified name matching protected tables in several schemas that are
 // fenced differently; and any statement that mentions a protected table but
 // does not parse.
 //
-// DDL that would silently take a table out of fenceproxy's hands is refused
-// too, the message saying to change the configuration first and run the DDL
-// without the proxy: renaming a protected table (ALTER TABLE, or ALTER
-// INDEX/VIEW/..., which PostgreSQL also lets rename a table), moving it
-// (ALTER ... SET SCHEMA), renaming a schema that holds one (ALTER SCHEMA
-// ... RENAME), and renaming (RENAME COLUMN, or ALTER TYPE ... RENAME
-// ATTRIBUTE), dropping (DROP COLUMN) or retyping (ALTER COLUMN ... TYPE,
-// which can also reset it with USING) its fence column, which holds the
-// watermarks. A schema or column name counts only for the tables that
-// configure it; an unqualified table name matches every protected table
-// with that relation name, however fenced.
+// DDL on a protected table is default-deny (see ddl.go): allowed are only
+// CREATE INDEX, REINDEX, COMMENT, GRANT/REVOKE, ANALYZE, VACUUM, CLUSTER and
+// ALTER TABLE ... ADD COLUMN with no default or a constant one. Everything
+// else naming a protected table is refused, including DROP TABLE, triggers,
+// rules and policies on it, and inheritance or partitioning with it on
+// either side. Renaming a protected table (ALTER TABLE, or ALTER
+// INDEX/VIEW/..., which PostgreSQL also lets rename a table), moving it,
+// renaming its schema or its fence column get a message saying to change
+// the configuration first. A schema or column name counts only for the
+// tables that configure it; an unqualified table name matches every
+// protected table with that relation name, however fenced.
 //
 // Forwarded unchanged: reads (including SELECT ... FOR UPDATE, SELECT INTO,
 // CREATE TABLE AS, COPY ... TO), EXECUTE of a prepared statement (its
-// PREPARE was rewritten), other DDL (DROP TABLE, ALTER TABLE ... ADD
-// COLUMN, defaults and DROP NOT NULL on the fence column (a NULL fence value
-// is stale), renaming another table to a protected name or another column to
-// the fence column's, CREATE INDEX, CREATE TRIGGER, ...), LOCK TABLE, and
+// PREPARE was rewritten), the allowed DDL, creating a table under a
+// protected name or renaming another table to one, LOCK TABLE, and
 // everything on other tables.
 //
 // # Table matching

@@ -301,25 +301,19 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 	case *pg.AlterTableStmt:
 		w.alterTableStmt(n)
 	case *pg.DoStmt:
-		for _, a := range n.Args {
-			if d := a.GetDefElem(); d != nil && d.Defname == "as" {
-				w.refuseBody("DO block", d.Arg)
-			}
-		}
+		w.storedCode("DO block", n)
 		return false
 	case *pg.CreateFunctionStmt:
 		kind := "function"
 		if n.IsProcedure {
 			kind = "procedure"
 		}
-		for _, o := range n.Options {
-			if d := o.GetDefElem(); d != nil && d.Defname == "as" {
-				w.refuseBody(kind+" body", d.Arg)
-			}
-		}
-		w.refuseBody(kind+" body", n.SqlBody)
+		w.storedCode(kind+" body", n)
 		return false
 	case *pg.RuleStmt:
+		if ts := w.matchAll(n.Relation); len(ts) > 0 && w.denyDDL(ts, "CREATE RULE") {
+			return false
+		}
 		// A rule's actions run whenever the rule fires, inside statements
 		// that do not name the protected table: a hidden write path.
 		for _, a := range n.Actions {
@@ -342,34 +336,10 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 			}
 		}
 		return false
+	default:
+		return w.ddl(m)
 	}
 	return true
-}
-
-// refuseBody refuses stored code (a DO block, a function body) whose text
-// mentions a protected table: its statements run inside the server where the
-// proxy cannot fence them.
-func (w *walker) refuseBody(what string, body *pg.Node) {
-	if body == nil || w.err != nil {
-		return
-	}
-	var found []*tableRule
-	escaped := false
-	visitStrings(body.ProtoReflect(), func(s string) {
-		found = append(found, w.r.mentioned(s)...)
-		escaped = escaped || w.r.unicodeEscape(s)
-	})
-	if len(found) == 0 && !escaped {
-		return
-	}
-	names := displays(found)
-	if escaped {
-		// A Unicode escape can name any table: fail closed.
-		found = append(found, nil)
-	}
-	w.refuseNames(found, names, fmt.Sprintf("fenceproxy: %s mentions %s; statements inside it cannot be fenced", what, describeTables(names)),
-		"fenceproxy rewrites the SQL it sees; it cannot rewrite statements run inside stored or anonymous code.",
-		"Send the writes as plain statements through the proxy.")
 }
 
 // refuseNames is refuse for a list that may hold nil, "some table that

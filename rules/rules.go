@@ -171,9 +171,11 @@ func hasNonASCII(s string) bool {
 // (so Decide forwards it without parsing); true means it has to be parsed.
 // It looks, ignoring ASCII case, for each protected relation name as a
 // substring, for U& (a Unicode-escaped identifier can spell a name in
-// disguise), and, in a statement that contains "alter", for the schema
-// names of the protected tables (ALTER SCHEMA ... RENAME). It does not
-// allocate.
+// disguise), and, in a statement that contains "alter" or "drop", for the
+// schema names of the protected tables (ALTER SCHEMA ... RENAME, DROP
+// SCHEMA), and for stored
+// code whose strings may spell a name in disguise (mayHideName). It does
+// not allocate.
 func (r *Rules) MayTouch(sql string) bool {
 	if len(r.tables) == 0 {
 		return false
@@ -187,6 +189,9 @@ func (r *Rules) MayTouch(sql string) bool {
 		if c == 'a' && !alter {
 			alter = hasPrefixFoldASCII(sql[i:], "alter")
 		}
+		if c == 'd' && !alter {
+			alter = hasPrefixFoldASCII(sql[i:], "drop")
+		}
 		for _, n := range r.byFirst[c] {
 			if hasPrefixFoldASCII(sql[i:], n) {
 				return true
@@ -198,6 +203,59 @@ func (r *Rules) MayTouch(sql string) bool {
 			if containsFoldASCII(sql, s) {
 				return true
 			}
+		}
+	}
+	return mayHideName(sql)
+}
+
+// mayHideName reports whether sql may be stored code (a DO block, a
+// function or procedure) whose body spells a name the byte scan cannot
+// see: it has a backslash (an escape string, E'con\x66ig') or a string
+// continuation ('con' newline 'fig'), and "do", "function" or "procedure"
+// as a word.
+func mayHideName(sql string) bool {
+	hides := false
+	for i := 0; i < len(sql) && !hides; i++ {
+		switch sql[i] {
+		case '\\':
+			hides = true
+		case '\'':
+			hides = continuesString(sql[i+1:])
+		}
+	}
+	return hides && (containsWordFoldASCII(sql, "do") || containsWordFoldASCII(sql, "function") || containsWordFoldASCII(sql, "procedure"))
+}
+
+// continuesString reports whether s starts with whitespace holding a
+// newline (and possibly -- comments), then a quote: a string continuation
+// if the quote before s closed a string.
+func continuesString(s string) bool {
+	newline := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\n' || c == '\r':
+			newline = true
+		case c == ' ' || c == '\t' || c == '\f' || c == '\v':
+		case c == '-' && i+1 < len(s) && s[i+1] == '-':
+			for i < len(s) && s[i] != '\n' && s[i] != '\r' {
+				i++
+			}
+			i--
+		case c == '\'':
+			return newline
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// containsWordFoldASCII reports whether s contains the ASCII-lowered word
+// n, not preceded or followed by an identifier character.
+func containsWordFoldASCII(s, n string) bool {
+	for i := 0; i+len(n) <= len(s); i++ {
+		if hasPrefixFoldASCII(s[i:], n) && (i == 0 || !isIdentCont(s[i-1])) && (i+len(n) == len(s) || !isIdentCont(s[i+len(n)])) {
+			return true
 		}
 	}
 	return false
