@@ -210,6 +210,17 @@ func (f *fencer) stamp(record bool) *pg.Node {
 // the statement (statements that call set_config are refused). This keeps
 // a large INSERT's text within a small constant of the client's. Otherwise
 // it is stamp(false).
+// rowStampKey is the fragment kind of rowStamp(first).
+func (f *fencer) rowStampKey(first bool) string {
+	switch {
+	case first:
+		return "stamp"
+	case !f.lenient():
+		return "stamp-tok"
+	}
+	return "stamp-quiet"
+}
+
 func (f *fencer) rowStamp(first bool) (string, *pg.Node) {
 	switch {
 	case first:

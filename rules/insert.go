@@ -29,7 +29,7 @@ func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule, sp *splicer) *Er
 			sp.fail("DEFAULT VALUES not found")
 			return nil
 		}
-		sp.replace(sp.toks[d].start, sp.toks[d+1].end, "("+quoteCol(t.column)+") VALUES ("+sp.exprText(key, stamp)+")")
+		sp.replace(sp.toks[d].start, sp.toks[d+1].end, cat(lit("("+quoteCol(t.column)+") VALUES ("), sp.exprText(f.key(key), stamp), lit(")")))
 	case len(ins.Cols) == 0:
 		return refused(t, "fenceproxy: INSERT into protected table %s must list its columns explicitly",
 			"fenceproxy adds the fence column to the column list and cannot look up the table's columns.",
@@ -57,7 +57,7 @@ func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule, sp *splicer) *Er
 			if close < 0 {
 				return nil
 			}
-			sp.insert(sp.endOf(close), ", "+quoteCol(t.column))
+			sp.insert(sp.endOf(close), lit(", "+quoteCol(t.column)))
 			ins.Cols = append(ins.Cols, pg.MakeResTargetNodeWithName(t.column, -1))
 		} else if err := sp.replaceStampColumn(sel, len(ins.Cols), idx, f, t); err != nil {
 			return err
@@ -71,18 +71,18 @@ func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule, sp *splicer) *Er
 	// The proposed row's stamp has already checked (or recorded) the
 	// token: it is computed for every proposed row, conflicting or not.
 	var key string
-	var val *pg.Node
+	var val func() *pg.Node
 	var conds []*pg.Node
 	switch {
 	case t.audit:
-		key, val = "audit-set", f.auditSetValue(false)
+		key, val = "audit-set", func() *pg.Node { return f.auditSetValue(false) }
 	case t.skip:
 		// A false DO UPDATE condition leaves the existing row alone and
 		// inserts nothing: the skip outcome.
 		conds = []*pg.Node{f.skipCond()}
-		key, val = "skip-set", f.skipSetValue(false)
+		key, val = "skip-set", func() *pg.Node { return f.skipSetValue(false) }
 	default:
-		key, val = "error-set", f.errorSetValue(false)
+		key, val = "error-set", func() *pg.Node { return f.errorSetValue(false) }
 	}
 	on := sp.tokAt(int(oc.Location))
 	if on < 0 {
@@ -194,9 +194,11 @@ func (s *splicer) addStampColumn(sel *pg.SelectStmt, ncols int, f *fencer, t *ta
 		}
 		for i, row := range sel.ValuesLists {
 			l := row.GetList()
-			key, stamp := f.rowStamp(i == 0)
+			first := i == 0
+			key := f.rowStampKey(first)
+			stamp, text := s.leaf(f.key(key), func() *pg.Node { _, n := f.rowStamp(first); return n })
 			l.Items = append(l.Items, stamp)
-			s.insert(s.endOf(rows[i].close), ", "+s.exprText(f.key(key), stamp))
+			s.insert(s.endOf(rows[i].close), cat(lit(", "), text))
 		}
 		return nil
 	}
@@ -209,16 +211,18 @@ func (s *splicer) addStampColumn(sel *pg.SelectStmt, ncols int, f *fencer, t *ta
 	key, stamp := f.rowStamp(true)
 	if table := s.tableCommand(sel); table >= 0 {
 		// TABLE x is SELECT * FROM x, spelled without a list to append to.
+		text := s.exprText(f.key(key), stamp)
 		sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(stamp, -1))
-		s.replace(s.toks[table].start, s.toks[table].end, "SELECT *, "+s.exprText(f.key(key), stamp)+" FROM")
+		s.replace(s.toks[table].start, s.toks[table].end, cat(lit("SELECT *, "), text, lit(" FROM")))
 		return nil
 	}
 	end := s.selectListEnd(sel.TargetList[len(sel.TargetList)-1])
 	if s.err != nil {
 		return nil
 	}
+	text := s.exprText(f.key(key), stamp)
 	sel.TargetList = append(sel.TargetList, pg.MakeResTargetNodeWithVal(stamp, -1))
-	s.insert(s.endOf(end), ", "+s.exprText(f.key(key), stamp))
+	s.insert(s.endOf(end), cat(lit(", "), text))
 	return nil
 }
 
@@ -260,13 +264,18 @@ func hasStar(tl []*pg.Node) bool {
 
 // keepValue returns the fence value for a slot where the client gave its
 // own value: the client's expression stays, in a branch never taken, so
-// its parameters keep their place and type (DEFAULT is replaced).
-func (s *splicer) keepValue(key string, val, client *pg.Node, text string) (*pg.Node, string) {
+// its parameters keep their place and type (DEFAULT is replaced):
+//
+//	CASE WHEN false THEN (client's value) ELSE val END
+//
+// mkVal builds val (fragment key) afresh for each call.
+func (s *splicer) keepValue(key string, mkVal func() *pg.Node, client *pg.Node, text string) (*pg.Node, txt) {
 	if client.GetSetToDefault() != nil {
+		val := mkVal()
 		return val, s.exprText(key, val)
 	}
 	return s.withHoles(key+"|keep", func(h []*pg.Node) *pg.Node {
-		return caseExpr([]*pg.Node{aBool(false), h[0]}, val)
+		return caseExpr([]*pg.Node{aBool(false), h[0]}, mkVal())
 	}, []*pg.Node{client}, []string{text})
 }
 
@@ -285,14 +294,16 @@ func (s *splicer) replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f
 		}
 		for r, row := range sel.ValuesLists {
 			l := row.GetList()
-			key, stamp := f.rowStamp(r == 0)
+			first := r == 0
+			key, _ := f.rowStamp(first)
+			mk := func() *pg.Node { _, n := f.rowStamp(first); return n }
 			if len(rows[r].items) != ncols {
 				s.fail("VALUES row has %d items in the text", len(rows[r].items))
 				return nil
 			}
 			for _, i := range idx {
 				it := rows[r].items[i]
-				node, text := s.keepValue(f.key(key), stamp, l.Items[i], s.text(it[0], it[1]))
+				node, text := s.keepValue(f.key(key), mk, l.Items[i], s.text(it[0], it[1]))
 				l.Items[i] = node
 				s.replace(s.toks[it[0]].start, s.endOf(it[1]), text)
 			}
@@ -310,7 +321,8 @@ func (s *splicer) replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f
 	if hasStar(sel.TargetList) || len(sel.TargetList) != ncols {
 		return cannot
 	}
-	key, stamp := f.rowStamp(true)
+	key, _ := f.rowStamp(true)
+	mk := func() *pg.Node { _, n := f.rowStamp(true); return n }
 	for _, i := range idx {
 		if i >= len(sel.TargetList) {
 			return cannot
@@ -328,7 +340,7 @@ func (s *splicer) replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f
 		b := s.level(a, s.is(pg.Token_AS, pg.Token_ASCII_44, pg.Token_FROM, pg.Token_INTO, pg.Token_WHERE, pg.Token_GROUP_P,
 			pg.Token_HAVING, pg.Token_WINDOW, pg.Token_ORDER, pg.Token_LIMIT, pg.Token_OFFSET, pg.Token_FETCH, pg.Token_FOR,
 			pg.Token_UNION, pg.Token_INTERSECT, pg.Token_EXCEPT, pg.Token_ON, pg.Token_RETURNING))
-		node, text := s.keepValue(f.key(key), stamp, rt.Val, s.text(a, b))
+		node, text := s.keepValue(f.key(key), mk, rt.Val, s.text(a, b))
 		rt.Val = node
 		s.replace(s.toks[a].start, s.endOf(b), text)
 	}

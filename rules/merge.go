@@ -50,15 +50,15 @@ func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule, sp *splicer) *Error 
 		switch c.CommandType {
 		case pg.CmdType_CMD_UPDATE:
 			var key string
-			var val *pg.Node
+			var val func() *pg.Node
 			switch {
 			case t.audit:
-				key, val = "audit-set-v", f.auditSetValue(true)
+				key, val = "audit-set-v", func() *pg.Node { return f.auditSetValue(true) }
 			case t.skip:
 				needGuard[c.MatchKind] = true
-				key, val = "skip-set-v", f.skipSetValue(true)
+				key, val = "skip-set-v", func() *pg.Node { return f.skipSetValue(true) }
 			default:
-				key, val = "error-set-v", f.errorSetValue(true)
+				key, val = "error-set-v", func() *pg.Node { return f.errorSetValue(true) }
 			}
 			set := mc.then + 2
 			if set >= len(sp.toks) || sp.toks[mc.then+1].tok != pg.Token_UPDATE {
@@ -91,10 +91,11 @@ func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule, sp *splicer) *Error 
 				nfText := sp.exprText(f.key("not-fresh|"+rkey), nf)
 				condText := nfText
 				if c.Condition != nil {
-					condText = "(" + sp.text(mc.and+1, mc.then) + ") AND " + nfText
+					condText = cat(lit("("+sp.text(mc.and+1, mc.then)+") AND "), nfText)
 				}
-				sp.insert(sp.toks[mc.when].start, "WHEN "+sp.text(mc.when+1, mc.head)+" AND "+condText+
-					" THEN UPDATE SET "+quoteCol(t.column)+" = "+sp.exprText(f.key(rkey), raise)+" ")
+				raiseText := sp.exprText(f.key(rkey), raise)
+				sp.insert(sp.toks[mc.when].start, cat(lit("WHEN "+sp.text(mc.when+1, mc.head)+" AND "), condText,
+					lit(" THEN UPDATE SET "+quoteCol(t.column)+" = "), raiseText, lit(" ")))
 				out = append(out, &pg.Node{Node: &pg.Node_MergeWhenClause{MergeWhenClause: &pg.MergeWhenClause{
 					MatchKind:   c.MatchKind,
 					CommandType: pg.CmdType_CMD_UPDATE,
@@ -124,10 +125,11 @@ func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule, sp *splicer) *Error 
 			invalid, ikey = aBool(false), "false"
 		}
 		var guards []*pg.Node
-		text := ""
+		var text txt
 		for _, k := range []pg.MergeMatchKind{pg.MergeMatchKind_MERGE_WHEN_MATCHED, pg.MergeMatchKind_MERGE_WHEN_NOT_MATCHED_BY_SOURCE} {
 			if needGuard[k] {
 				cond := f.notFresh(cloneNode(invalid))
+				condText := sp.exprText(f.key("not-fresh|"+ikey), cond)
 				guards = append(guards, &pg.Node{Node: &pg.Node_MergeWhenClause{MergeWhenClause: &pg.MergeWhenClause{
 					MatchKind:   k,
 					CommandType: pg.CmdType_CMD_NOTHING,
@@ -138,10 +140,10 @@ func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule, sp *splicer) *Error 
 				if k == pg.MergeMatchKind_MERGE_WHEN_NOT_MATCHED_BY_SOURCE {
 					kind = "NOT MATCHED BY SOURCE"
 				}
-				text += "WHEN " + kind + " AND " + sp.exprText(f.key("not-fresh|"+ikey), cond) + " THEN DO NOTHING "
+				text = cat(text, lit("WHEN "+kind+" AND "), condText, lit(" THEN DO NOTHING "))
 			}
 		}
-		if text != "" {
+		if text.real != "" {
 			sp.insert(sp.toks[clauses[0].when].start, text)
 		}
 		out = append(guards, out...)
@@ -190,8 +192,9 @@ func (s *splicer) mergeClauses(m *pg.MergeStmt) []mergeClause {
 // in the text.
 func (s *splicer) onlyIf(c *pg.MergeWhenClause, mc mergeClause, key string, check *pg.Node) {
 	if c.Condition == nil {
+		text := s.exprText(key, check)
 		c.Condition = check
-		s.insert(s.endOf(mc.then), " AND "+s.exprText(key, check))
+		s.insert(s.endOf(mc.then), cat(lit(" AND "), text))
 		return
 	}
 	node, text := s.withHoles(key+"|if", func(h []*pg.Node) *pg.Node { return onlyIf(h[0], check) },
@@ -213,6 +216,7 @@ func onlyIf(cond, check *pg.Node) *pg.Node {
 func (s *splicer) stampMergeInsert(c *pg.MergeWhenClause, mc mergeClause, f *fencer, t *tableRule) *Error {
 	key, stamp := f.rowStamp(true)
 	key = f.key(key)
+	mk := func() *pg.Node { _, n := f.rowStamp(true); return n }
 	ins := mc.then + 1
 	if ins >= len(s.toks) || s.toks[ins].tok != pg.Token_INSERT {
 		s.fail("MERGE INSERT not found")
@@ -221,6 +225,7 @@ func (s *splicer) stampMergeInsert(c *pg.MergeWhenClause, mc mergeClause, f *fen
 	switch {
 	case len(c.TargetList) == 0 && len(c.Values) == 0:
 		// INSERT DEFAULT VALUES
+		text := s.exprText(key, stamp)
 		c.TargetList = []*pg.Node{pg.MakeResTargetNodeWithName(t.column, -1)}
 		c.Values = []*pg.Node{stamp}
 		d := s.level(ins+1, s.is(pg.Token_DEFAULT))
@@ -228,7 +233,7 @@ func (s *splicer) stampMergeInsert(c *pg.MergeWhenClause, mc mergeClause, f *fen
 			s.fail("DEFAULT VALUES not found")
 			return nil
 		}
-		s.replace(s.toks[d].start, s.toks[d+1].end, "("+quoteCol(t.column)+") VALUES ("+s.exprText(key, stamp)+")")
+		s.replace(s.toks[d].start, s.toks[d+1].end, cat(lit("("+quoteCol(t.column)+") VALUES ("), text, lit(")")))
 		return nil
 	case len(c.TargetList) == 0:
 		return refused(t, "fenceproxy: MERGE ... INSERT into protected table %s must list its columns explicitly",
@@ -257,17 +262,18 @@ func (s *splicer) stampMergeInsert(c *pg.MergeWhenClause, mc mergeClause, f *fen
 	found := false
 	for i, col := range c.TargetList {
 		if col.GetResTarget().GetName() == t.column {
-			node, text := s.keepValue(key, stamp, c.Values[i], s.text(vals[i][0], vals[i][1]))
+			node, text := s.keepValue(key, mk, c.Values[i], s.text(vals[i][0], vals[i][1]))
 			c.Values[i] = node
 			s.replace(s.toks[vals[i][0]].start, s.endOf(vals[i][1]), text)
 			found = true
 		}
 	}
 	if !found {
+		text := s.exprText(key, stamp)
 		c.TargetList = append(c.TargetList, pg.MakeResTargetNodeWithName(t.column, -1))
 		c.Values = append(c.Values, stamp)
-		s.insert(s.endOf(colsClose), ", "+quoteCol(t.column))
-		s.insert(s.endOf(valsClose), ", "+s.exprText(key, stamp))
+		s.insert(s.endOf(colsClose), lit(", "+quoteCol(t.column)))
+		s.insert(s.endOf(valsClose), cat(lit(", "), text))
 	}
 	return nil
 }

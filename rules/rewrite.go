@@ -19,9 +19,9 @@ func (r *Rules) decide(sql string) Decision {
 	if final != nil {
 		return *final
 	}
-	out, err := res.sp.apply()
+	out, check, err := res.sp.apply()
 	if err == nil {
-		err = verify(out, res.tree)
+		err = verify(check, res.tree)
 	}
 	if err != nil {
 		d := refuse(res.tables, fmt.Sprintf("fenceproxy: cannot rewrite this statement on %s", describeTables(res.tables)), err.Error(), "")

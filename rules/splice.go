@@ -2,6 +2,7 @@ package rules
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"github.com/pganalyze/pg_query_go/v6/parser"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -28,6 +30,16 @@ import (
 //     rewriter built (source positions aside); otherwise the statement is
 //     refused. So a misplaced fragment can never reach the server.
 //
+// The check is done in two parts, so that it costs about one more parse of
+// the client's statement however many fragments it gets: each distinct
+// fragment is parsed once on its own, as "SELECT (fragment)", and must give
+// the node it was printed from; and the statement is parsed with every
+// fragment replaced by a short placeholder, "(fN)", and
+// must give the rewritten tree with the same placeholders in the fragments'
+// places. A parenthesised expression stands wherever a parenthesised name
+// does, and both start and end with a token that cannot join its
+// neighbours, so the two checks together prove the real text's tree.
+//
 // Positions come from PostgreSQL's own scanner (pg.Scan) and the parse
 // tree's locations; nesting is followed with ( ) [ ] and CASE ... END.
 
@@ -38,7 +50,7 @@ type splicer struct {
 	edits []edit
 	// frags caches rendered fragments by key: an N-row INSERT renders its
 	// stamp once, not N times.
-	frags   map[string][]string
+	frags   map[string]*fragInfo
 	version int32 // of the parse tree, which the deparser checks
 	err     error
 }
@@ -50,23 +62,98 @@ type scanTok struct {
 
 type edit struct {
 	start, end int // bytes of the client's text replaced (start == end: insertion)
-	text       string
+	text       txt
 	seq        int
 }
 
+// txt is text to insert, in two versions: the real one, sent to the
+// server, and the one checked against the tree, with placeholders for the
+// fragments (see verify).
+type txt struct{ real, check string }
+
+// lit is text that is the same in both versions.
+func lit(s string) txt { return txt{s, s} }
+
+// cat joins texts.
+func cat(parts ...txt) txt {
+	var out txt
+	for _, p := range parts {
+		out.real += p.real
+		out.check += p.check
+	}
+	return out
+}
+
+// fragInfo is a rendered fragment: its text split at the holes, and the
+// number of its placeholder.
+type fragInfo struct {
+	pieces []string
+	id     int
+}
+
 func newSplicer(sql string) (*splicer, error) {
-	res, err := pg.Scan(sql)
+	toks, err := scan(sql)
 	if err != nil {
 		return nil, err
 	}
-	toks := make([]scanTok, 0, len(res.Tokens))
-	for _, t := range res.Tokens {
-		if t.Token == pg.Token_SQL_COMMENT || t.Token == pg.Token_C_COMMENT {
+	return &splicer{sql: sql, toks: toks, frags: map[string]*fragInfo{}}, nil
+}
+
+// scan returns the tokens of sql, comments left out. It decodes the
+// scanner's protobuf output directly into a compact slice: a large
+// statement has tens of thousands of tokens, and a message per token would
+// cost more than the scan itself.
+func scan(sql string) ([]scanTok, error) {
+	b, err := parser.ScanToProtobuf(sql)
+	if err != nil {
+		return nil, err
+	}
+	toks := make([]scanTok, 0, len(sql)/4)
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, errors.New("malformed scanner output")
+		}
+		b = b[n:]
+		if num != 2 || typ != protowire.BytesType { // ScanResult.tokens
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return nil, errors.New("malformed scanner output")
+			}
+			b = b[n:]
 			continue
 		}
-		toks = append(toks, scanTok{start: int(t.Start), end: int(t.End), tok: t.Token})
+		m, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, errors.New("malformed scanner output")
+		}
+		b = b[n:]
+		var t scanTok
+		for len(m) > 0 {
+			num, typ, n := protowire.ConsumeTag(m)
+			if n < 0 || typ != protowire.VarintType {
+				return nil, errors.New("malformed scanner token")
+			}
+			m = m[n:]
+			v, n := protowire.ConsumeVarint(m)
+			if n < 0 {
+				return nil, errors.New("malformed scanner token")
+			}
+			m = m[n:]
+			switch num {
+			case 1:
+				t.start = int(v)
+			case 2:
+				t.end = int(v)
+			case 4:
+				t.tok = pg.Token(v)
+			}
+		}
+		if t.tok == pg.Token_SQL_COMMENT || t.tok == pg.Token_C_COMMENT {
+			continue
+		}
+		toks = append(toks, t)
 	}
-	return &splicer{sql: sql, toks: toks, frags: map[string][]string{}}, nil
+	return toks, nil
 }
 
 // fail records the first reason the statement cannot be spliced.
@@ -76,9 +163,9 @@ func (s *splicer) fail(format string, args ...any) {
 	}
 }
 
-func (s *splicer) insert(pos int, text string) { s.replace(pos, pos, text) }
+func (s *splicer) insert(pos int, text txt) { s.replace(pos, pos, text) }
 
-func (s *splicer) replace(start, end int, text string) {
+func (s *splicer) replace(start, end int, text txt) {
 	if start < 0 || end < start || end > len(s.sql) {
 		s.fail("edit %d..%d outside the statement", start, end)
 		return
@@ -86,10 +173,11 @@ func (s *splicer) replace(start, end int, text string) {
 	s.edits = append(s.edits, edit{start: start, end: end, text: text, seq: len(s.edits)})
 }
 
-// apply returns the client's text with the edits made.
-func (s *splicer) apply() (string, error) {
+// apply returns the client's text with the edits made, and the same with
+// placeholders for the fragments (see verify).
+func (s *splicer) apply() (out, check string, err error) {
 	if s.err != nil {
-		return "", s.err
+		return "", "", s.err
 	}
 	sort.SliceStable(s.edits, func(i, j int) bool {
 		a, b := s.edits[i], s.edits[j]
@@ -98,23 +186,28 @@ func (s *splicer) apply() (string, error) {
 		}
 		return a.seq < b.seq
 	})
-	n := len(s.sql)
+	n, m := len(s.sql), len(s.sql)
 	for _, e := range s.edits {
-		n += len(e.text) - (e.end - e.start)
+		n += len(e.text.real) - (e.end - e.start)
+		m += len(e.text.check) - (e.end - e.start)
 	}
-	var b strings.Builder
+	var b, c strings.Builder
 	b.Grow(n)
+	c.Grow(m)
 	pos := 0
 	for _, e := range s.edits {
 		if e.start < pos {
-			return "", fmt.Errorf("overlapping edits at byte %d", e.start)
+			return "", "", fmt.Errorf("overlapping edits at byte %d", e.start)
 		}
 		b.WriteString(s.sql[pos:e.start])
-		b.WriteString(e.text)
+		b.WriteString(e.text.real)
+		c.WriteString(s.sql[pos:e.start])
+		c.WriteString(e.text.check)
 		pos = e.end
 	}
 	b.WriteString(s.sql[pos:])
-	return b.String(), nil
+	c.WriteString(s.sql[pos:])
+	return b.String(), c.String(), nil
 }
 
 // text returns the client's text of tokens i..j-1.
@@ -289,38 +382,47 @@ func holeName(i int) string { return "fenceproxy_hole_" + strconv.Itoa(i) }
 
 func hole(i int) *pg.Node { return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(holeName(i))}, -1) }
 
-// fragment returns the text of the expression build makes, split at its
-// holes (build is given hole(i) for the i-th): len(pieces) = holes+1. The
-// text is cached under key.
-func (s *splicer) fragment(key string, holes int, build func(h []*pg.Node) *pg.Node) []string {
-	if p, ok := s.frags[key]; ok {
-		return p
+// placeholderName names the placeholder of fragment id in the checked text.
+func placeholderName(id int) string { return "f" + strconv.Itoa(id) }
+
+// fragment returns the expression build makes, rendered (build is given
+// hole(i) for the i-th hole), and checked on its own: "SELECT (text)" must
+// parse into exactly that expression. It is cached under key, so the same
+// key must always build the same expression.
+func (s *splicer) fragment(key string, holes int, build func(h []*pg.Node) *pg.Node) *fragInfo {
+	if f, ok := s.frags[key]; ok {
+		return f
 	}
+	f := &fragInfo{pieces: make([]string, holes+1), id: len(s.frags)}
+	s.frags[key] = f
 	hs := make([]*pg.Node, holes)
 	for i := range hs {
 		hs[i] = hole(i)
 	}
-	text, err := deparseExpr(s.version, build(hs))
+	node := build(hs)
+	text, err := deparseExpr(s.version, node)
+	if err == nil {
+		err = checkFragment(s.version, node, text)
+	}
 	if err != nil {
 		s.fail("%v", err)
-		return make([]string, holes+1)
+		return f
 	}
-	pieces := make([]string, 0, holes+1)
 	for i := 0; i < holes; i++ {
 		k := strings.Index(text, holeName(i))
 		if k < 0 {
 			s.fail("fragment lost a hole")
-			return make([]string, holes+1)
+			return f
 		}
-		pieces = append(pieces, text[:k])
+		f.pieces[i] = text[:k]
 		text = text[k+len(holeName(i)):]
 	}
-	pieces = append(pieces, text)
-	s.frags[key] = pieces
-	return pieces
+	f.pieces[holes] = text
+	return f
 }
 
-// fill joins fragment pieces with the client's texts, each parenthesised.
+// fill joins fragment pieces with the client's texts, each parenthesised,
+// and parenthesises the whole.
 func fill(pieces []string, texts ...string) string {
 	var b strings.Builder
 	b.WriteString("(")
@@ -336,15 +438,28 @@ func fill(pieces []string, texts ...string) string {
 	return b.String()
 }
 
-// deparseExpr prints one expression with the deparser, as the target of a
-// SELECT.
-func deparseExpr(version int32, n *pg.Node) (string, error) {
-	stmt := &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
+// selectOf wraps an expression in a SELECT statement.
+func selectOf(n *pg.Node) *pg.ParseResult {
+	return &pg.ParseResult{Stmts: []*pg.RawStmt{{Stmt: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
 		TargetList:  []*pg.Node{pg.MakeResTargetNodeWithVal(n, -1)},
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
 		Op:          pg.SetOperation_SETOP_NONE,
-	}}}
-	text, err := pg.Deparse(&pg.ParseResult{Version: version, Stmts: []*pg.RawStmt{{Stmt: stmt}}})
+	}}}}}}
+}
+
+// checkFragment proves that text, parenthesised, is exactly node.
+func checkFragment(version int32, node *pg.Node, text string) error {
+	tree := selectOf(node)
+	tree.Version = version
+	return verify("SELECT ("+text+")", tree)
+}
+
+// deparseExpr prints one expression with the deparser, as the target of a
+// SELECT.
+func deparseExpr(version int32, n *pg.Node) (string, error) {
+	tree := selectOf(n)
+	tree.Version = version
+	text, err := pg.Deparse(tree)
 	if err != nil {
 		return "", err
 	}
@@ -355,8 +470,8 @@ func deparseExpr(version int32, n *pg.Node) (string, error) {
 	return text[len(prefix):], nil
 }
 
-// verify parses out, the spliced text, and checks that it holds exactly
-// the statements of tree (as rewritten), source positions aside.
+// verify parses out and checks that it holds exactly the statements of
+// tree, source positions aside.
 func verify(out string, tree *pg.ParseResult) error {
 	back, err := parser.ParseToProtobuf(out)
 	if err != nil {
@@ -367,8 +482,8 @@ func verify(out string, tree *pg.ParseResult) error {
 		return err
 	}
 	md := tree.ProtoReflect().Descriptor()
-	a, okA := canonical(nil, built, md)
-	b, okB := canonical(nil, back, md)
+	a, okA := canonical(make([]byte, 0, len(built)), built, md)
+	b, okB := canonical(make([]byte, 0, len(back)), back, md)
 	if !okA || !okB || !bytes.Equal(a, b) {
 		return fmt.Errorf("the fence could not be inserted into the statement's text faithfully")
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
 )
 
 // This file finds, in the client's text, the places where the fence
@@ -15,17 +16,46 @@ import (
 // words are keywords.
 func quoteCol(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-// exprText returns node with its fragment text, parenthesised. The text is
-// cached under key, so the same key must always build the same expression.
-func (s *splicer) exprText(key string, node *pg.Node) string {
-	return fill(s.fragment(key, 0, func([]*pg.Node) *pg.Node { return node }))
+// exprText returns the text of node, a fragment, parenthesised, and turns
+// node itself into the fragment's placeholder (see verify), so the tree the
+// rewriter builds around it is what the checked text must parse into. The
+// text is cached under key, so the same key must always build the same
+// expression.
+func (s *splicer) exprText(key string, node *pg.Node) txt {
+	f := s.fragment(key, 0, func([]*pg.Node) *pg.Node { return proto.Clone(node).(*pg.Node) })
+	name := placeholderName(f.id)
+	node.Node = &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{pg.MakeStrNode(name)}, Location: -1}}
+	return txt{real: fill(f.pieces), check: "(" + name + ")"}
 }
 
-// withHoles returns build(clients) for the tree and its text with the
-// client's texts in the holes.
-func (s *splicer) withHoles(key string, build func(h []*pg.Node) *pg.Node, clients []*pg.Node, texts []string) (*pg.Node, string) {
-	pieces := s.fragment(key, len(clients), build)
-	return build(clients), fill(pieces, texts...)
+// leaf is exprText for a fragment built by build only when its text is not
+// cached yet: it returns the placeholder node for the tree.
+func (s *splicer) leaf(key string, build func() *pg.Node) (*pg.Node, txt) {
+	if f, ok := s.frags[key]; ok {
+		name := placeholderName(f.id)
+		return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(name)}, -1), txt{real: fill(f.pieces), check: "(" + name + ")"}
+	}
+	n := build()
+	return n, s.exprText(key, n)
+}
+
+// withHoles returns the placeholder node of the fragment build makes with
+// the client's expressions clients in its holes, and its text with the
+// client's texts there. The placeholder is a call of the placeholder's name
+// with the client's expressions as arguments.
+func (s *splicer) withHoles(key string, build func(h []*pg.Node) *pg.Node, clients []*pg.Node, texts []string) (*pg.Node, txt) {
+	f := s.fragment(key, len(clients), build)
+	name := placeholderName(f.id)
+	var b strings.Builder
+	b.WriteString("(" + name + "(")
+	for i, t := range texts {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(" + t + ")")
+	}
+	b.WriteString("))")
+	return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode(name)}, clients, -1), txt{real: fill(f.pieces, texts...), check: b.String()}
 }
 
 // relTok returns the token of a statement's target relation.
@@ -74,15 +104,9 @@ func (s *splicer) setList(set int, stop ...pg.Token) ([][2]int, int) {
 // (an assignment of DEFAULT is replaced). Without such an assignment,
 // "F = val" is appended. A multi-column assignment from a sub-SELECT that
 // includes the fence column is refused: its value cannot be set apart.
-func (s *splicer) assignFence(tl []*pg.Node, items [][2]int, t *tableRule, valKey string, val *pg.Node) ([]*pg.Node, *Error) {
-	valText := s.exprText(valKey, val)
-	keep := func(client *pg.Node, text string) (*pg.Node, string) {
-		if client.GetSetToDefault() != nil {
-			return val, valText
-		}
-		return s.withHoles(valKey+"|keep", func(h []*pg.Node) *pg.Node {
-			return caseExpr([]*pg.Node{aBool(false), h[0]}, val)
-		}, []*pg.Node{client}, []string{text})
+func (s *splicer) assignFence(tl []*pg.Node, items [][2]int, t *tableRule, valKey string, mkVal func() *pg.Node) ([]*pg.Node, *Error) {
+	keep := func(client *pg.Node, text string) (*pg.Node, txt) {
+		return s.keepValue(valKey, mkVal, client, text)
 	}
 	found := false
 	item := 0
@@ -152,9 +176,11 @@ func (s *splicer) assignFence(tl []*pg.Node, items [][2]int, t *tableRule, valKe
 		s.fail("SET list has %d items in the text, %d in the tree", len(items), item)
 	}
 	if !found {
+		val := mkVal()
+		text := s.exprText(valKey, val)
 		tl = append(tl, setTarget(t.column, val))
 		if len(items) > 0 {
-			s.insert(s.endOf(items[len(items)-1][1]), ", "+quoteCol(t.column)+" = "+valText)
+			s.insert(s.endOf(items[len(items)-1][1]), cat(lit(", "+quoteCol(t.column)+" = "), text))
 		}
 	}
 	return tl, nil
@@ -180,17 +206,20 @@ func (s *splicer) findWhere(i int, end ...pg.Token) whereClause {
 
 // addConds ANDs conds (with their texts) to the condition w holds, as
 // "(W) AND c1 AND c2", or adds "WHERE c1 AND c2".
-func (s *splicer) addConds(w whereClause, texts ...string) {
+func (s *splicer) addConds(w whereClause, texts ...txt) {
 	if len(texts) == 0 {
 		return
 	}
-	tail := strings.Join(texts, " AND ")
+	tail := texts[0]
+	for _, t := range texts[1:] {
+		tail = cat(tail, lit(" AND "), t)
+	}
 	if w.from < w.to {
-		s.insert(s.toks[w.from].start, "(")
-		s.insert(s.endOf(w.to), ") AND "+tail)
+		s.insert(s.toks[w.from].start, lit("("))
+		s.insert(s.endOf(w.to), cat(lit(") AND "), tail))
 		return
 	}
-	s.insert(w.at, " WHERE "+tail)
+	s.insert(w.at, cat(lit(" WHERE "), tail))
 }
 
 // key builds a fragment cache key for fencer f.

@@ -24,31 +24,31 @@ import (
 func (r *Rules) rewriteUpdate(u *pg.UpdateStmt, t *tableRule, sp *splicer) *Error {
 	f := r.fencer(t, u.Relation)
 	currentOf := isCurrentOf(u.WhereClause)
-	var val *pg.Node
+	var val func() *pg.Node
 	var key string
 	var conds []*pg.Node
 	switch {
 	case t.audit && currentOf:
 		// No other condition can be AND-ed to WHERE CURRENT OF: the SET
 		// value records an invalid token itself.
-		key, val = "audit-set-v", f.auditSetValue(true)
+		key, val = "audit-set-v", func() *pg.Node { return f.auditSetValue(true) }
 	case t.audit:
 		conds = []*pg.Node{f.tokenGuard()}
-		key, val = "audit-set", f.auditSetValue(false)
+		key, val = "audit-set", func() *pg.Node { return f.auditSetValue(false) }
 	case t.skip && currentOf:
 		return refused(t, "fenceproxy: UPDATE ... WHERE CURRENT OF on protected table %s with on_stale: skip is not supported",
 			"WHERE CURRENT OF cannot be combined with the fence condition that skips stale rows.",
 			"Update the row by its key instead of through the cursor.")
 	case t.skip:
 		conds = []*pg.Node{f.tokenGuard(), f.skipCond()}
-		key, val = "skip-set", f.skipSetValue(false)
+		key, val = "skip-set", func() *pg.Node { return f.skipSetValue(false) }
 	case currentOf:
 		// No other condition can be AND-ed to WHERE CURRENT OF: the SET
 		// value checks the token itself.
-		key, val = "error-set-v", f.errorSetValue(true)
+		key, val = "error-set-v", func() *pg.Node { return f.errorSetValue(true) }
 	default:
 		conds = []*pg.Node{f.tokenGuard()}
-		key, val = "error-set", f.errorSetValue(false)
+		key, val = "error-set", func() *pg.Node { return f.errorSetValue(false) }
 	}
 	rel := sp.relTok(u.Relation)
 	if sp.err != nil {
@@ -74,8 +74,8 @@ func (r *Rules) rewriteUpdate(u *pg.UpdateStmt, t *tableRule, sp *splicer) *Erro
 
 // condTexts renders WHERE conjuncts built by f; their kinds are told apart
 // by position, which is fixed for each statement form.
-func (f *fencer) condTexts(sp *splicer, conds []*pg.Node) []string {
-	out := make([]string, len(conds))
+func (f *fencer) condTexts(sp *splicer, conds []*pg.Node) []txt {
+	out := make([]txt, len(conds))
 	for i, c := range conds {
 		out[i] = sp.exprText(f.key("cond"+string(rune('0'+i))), c)
 	}
@@ -125,12 +125,14 @@ func (r *Rules) rewriteDelete(d *pg.DeleteStmt, t *tableRule, sp *splicer) *Erro
 	switch {
 	case t.skip:
 		skip := f.skipCond()
+		skipText := sp.exprText(f.key("skip"), skip)
 		d.WhereClause = and(w, guard, skip)
-		sp.addConds(wc, guardText, sp.exprText(f.key("skip"), skip))
+		sp.addConds(wc, guardText, skipText)
 	case w == nil:
 		c := check(nil)
+		text := sp.exprText(f.key(kind), c)
 		d.WhereClause = and(guard, c)
-		sp.addConds(wc, guardText, sp.exprText(f.key(kind), c))
+		sp.addConds(wc, guardText, text)
 	case repeatable(w):
 		c, text := sp.withHoles(f.key(kind+"-w"), func(h []*pg.Node) *pg.Node { return check(h[0]) },
 			[]*pg.Node{cloneNode(w)}, []string{sp.text(wc.from, wc.to)})
@@ -142,7 +144,7 @@ func (r *Rules) rewriteDelete(d *pg.DeleteStmt, t *tableRule, sp *splicer) *Erro
 		}, []*pg.Node{w}, []string{sp.text(wc.from, wc.to)})
 		d.WhereClause = and(guard, c)
 		if wc.from < wc.to {
-			sp.replace(sp.toks[wc.from].start, sp.endOf(wc.to), guardText+" AND "+text)
+			sp.replace(sp.toks[wc.from].start, sp.endOf(wc.to), cat(guardText, lit(" AND "), text))
 		}
 	}
 	return nil
