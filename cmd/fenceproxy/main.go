@@ -6,7 +6,6 @@
 //	fenceproxy serve -c FILE       run the proxy
 //	fenceproxy rewrite -c FILE SQL show what the proxy would send for SQL
 //	fenceproxy lock KEY -- CMD     run CMD holding an etcd lock (FENCE_TOKEN)
-//	fenceproxy demo                throwaway PostgreSQL + etcd + proxy demo
 package main
 
 import (
@@ -25,8 +24,6 @@ commands:
   rewrite -c FILE [SQL | -]  print what the proxy would send for SQL, or why it refuses
   lock    [flags] KEY -- COMMAND [ARGS]
                              run COMMAND holding an etcd lock; FENCE_TOKEN holds the token
-  demo                       start a throwaway PostgreSQL, etcd and proxy and play the
-                             stale-lock-holder timeline
   version                    print the version
 
 Run 'fenceproxy <command> -h' for the flags of a command.
@@ -60,7 +57,10 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "lock":
 		return lockMain(ctx, args[1:], stdout, stderr)
 	case "demo":
-		return demoMain(ctx, args[1:], stdout, stderr)
+		// The demo links an embedded etcd server and throwaway-cluster code
+		// that the production binary leaves out.
+		fmt.Fprintln(stderr, "fenceproxy: the demo is its own command: go run ./cmd/fenceproxy-demo")
+		return 2
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "fenceproxy", version)
 		return 0

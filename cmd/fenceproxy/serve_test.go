@@ -185,9 +185,9 @@ func TestRewriteCommand(t *testing.T) {
 		code     int
 		contains []string
 	}{
-		{"UPDATE config SET payload = 'x' WHERE id = 1", 0, []string{"-- rewritten", "last_fence = CASE WHEN config.last_fence <=", "current_setting('fence.token', true)"}},
-		{"DELETE FROM config WHERE id = 1", 0, []string{"-- rewritten", "DELETE FROM config WHERE id = 1 AND"}},
-		{"INSERT INTO config (id, payload) VALUES (2, 'y')", 0, []string{"-- rewritten", "(id, payload, last_fence)"}},
+		{"UPDATE config SET payload = 'x' WHERE id = 1", 0, []string{"-- rewritten", "UPDATE config SET payload = 'x', \"last_fence\" = (CASE WHEN config.last_fence OPERATOR(pg_catalog.<=)", "current_setting('fence.token', true)"}},
+		{"DELETE FROM config WHERE id = 1", 0, []string{"-- rewritten", "DELETE FROM config WHERE (id = 1) AND"}},
+		{"INSERT INTO config (id, payload) VALUES (2, 'y')", 0, []string{"-- rewritten", "INSERT INTO config (id, payload, \"last_fence\") VALUES (2, 'y', (CASE"}},
 		{"SELECT * FROM config", 0, []string{"-- forwarded unchanged"}},
 		{"TRUNCATE config", 3, []string{"-- refused: ERROR FP003"}},
 		{"COPY config FROM STDIN", 3, []string{"-- refused: ERROR FP003"}},

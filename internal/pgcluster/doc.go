@@ -1,5 +1,5 @@
 // Package pgcluster starts throwaway PostgreSQL clusters from the local server
-// binaries, for tests and for the `fenceproxy demo` command.
+// binaries, for tests and for the fenceproxy-demo command.
 //
 // Start runs initdb into a fresh temporary directory, writes pg_hba.conf and
 // the server settings, starts the postmaster on a free 127.0.0.1 port and

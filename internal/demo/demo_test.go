@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceproxy/fenceproxy/demo"
+	"github.com/fenceproxy/fenceproxy/internal/demo"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
