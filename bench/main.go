@@ -8,7 +8,7 @@
 //     PgBouncer in session mode;
 //   - fenced writes: one config row per client, UPDATE through the proxy
 //     (rewritten, token from PGOPTIONS) versus the hand-written conditional
-//     UPDATE of DESIGN §1 sent directly.
+//     UPDATE of docs/design.md sent directly.
 //
 // bench/run.sh installs PgBouncer if it is missing and runs this.
 package main

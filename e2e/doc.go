@@ -1,4 +1,4 @@
-// Package e2e holds fenceproxy's end-to-end tests (DESIGN §7): real worker
+// Package e2e holds fenceproxy's end-to-end tests (docs/design.md): real worker
 // processes take locks from a real etcd and read and write a real PostgreSQL
 // through a real fenceproxy, while the test stops them with SIGSTOP for
 // longer than their leases and resumes them with SIGCONT, the way a
@@ -6,12 +6,12 @@
 //
 // The package has no API; everything is in its _test.go files:
 //
-//   - TestStaleHolderTimeline plays the timeline of DESIGN §1 with two
+//   - TestStaleHolderTimeline plays the timeline of docs/design.md with two
 //     processes, A and B, for a table with on_stale: error (A's late write
 //     gets SQLSTATE FP001) and one with on_stale: skip (it changes nothing
 //     and reports 0 rows). B's data survives and the row carries B's token.
 //   - TestStampOrdersStaleWrite lands A's stale write between B's read and
-//     B's write: with the stamp of DESIGN §1 A is refused; without it the
+//     B's write: with the stamp of docs/design.md A is refused; without it the
 //     write is accepted and then silently overwritten (logged, not asserted).
 //   - TestTorture runs eight or more workers doing lock → stamp → read →
 //     write on a few counter rows while random workers are paused past

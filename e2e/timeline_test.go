@@ -20,7 +20,7 @@ const leaseTTL = 2 * time.Second
 // runSeq makes the lock keys of repeated runs (-count=N) distinct.
 var runSeq atomic.Int64
 
-// TestStaleHolderTimeline is the timeline of DESIGN §1 with real processes:
+// TestStaleHolderTimeline is the timeline of docs/design.md with real processes:
 // A takes the lock (no keep-alive), stamps the row through fenceproxy, reads
 // it and is then stopped with SIGSTOP until etcd has deleted its expired
 // lock key. B takes the lock with a larger token, stamps, reads and writes.
@@ -104,7 +104,7 @@ func TestStaleHolderTimeline(t *testing.T) {
 }
 
 // TestStampOrdersStaleWrite lands A's stale write in the gap between B's
-// read and B's write. With the stamp (DESIGN §1), B's stamp has already
+// read and B's write. With the stamp (docs/design.md), B's stamp has already
 // raised the row's watermark to B's token before B read, so A's write is
 // refused and B reads and keeps a consistent row. Without the stamp, the row
 // still carries no newer token when A writes, so the write is accepted,

@@ -40,7 +40,7 @@ const (
 	terminateEvery = 2 * time.Second
 )
 
-// TestTorture runs the stamped read-modify-write protocol of DESIGN §1 in
+// TestTorture runs the stamped read-modify-write protocol of docs/design.md in
 // many worker processes against a few counter rows through fenceproxy,
 // pausing random workers past their leases, and checks the outcome with
 // check (see checker_test.go): no acknowledged write lost, no stale write

@@ -269,7 +269,7 @@ func ident(qualified string) string {
 //	unlock OP               the lock was released (or found lost)
 //
 // The worker deliberately does not look at Lease.Done before writing:
-// checking the lock before the write leaves a gap anyway (DESIGN §1), and
+// checking the lock before the write leaves a gap anyway (docs/design.md), and
 // the test wants stale holders to really try their writes.
 
 // opTimeout bounds one operation's SQL as a safety net; the session's
@@ -356,7 +356,7 @@ func (w *tortureWorker) closeConn() {
 }
 
 // readModifyWrite is one operation under the lock with token, following the
-// stamped protocol of DESIGN §1. It does not take the stop context: once
+// stamped protocol of docs/design.md. It does not take the stop context: once
 // the lock is held, the operation runs to its end.
 func (w *tortureWorker) readModifyWrite(op string, key int, token int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)

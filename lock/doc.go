@@ -2,7 +2,7 @@
 //
 // Acquire and TryAcquire grant an etcd lease and, in one transaction, put the
 // lock key with that lease only if the key does not exist. The revision of
-// that transaction is the fencing token (DESIGN.md §5). A waiting Acquire
+// that transaction is the fencing token (docs/design.md, "Fencing tokens"). A waiting Acquire
 // watches the key for its deletion (release or lease expiry) and then tries
 // again; it never polls.
 //

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// testEdges probes the corners of DESIGN §4.2 through the proxy: spellings
+// testEdges probes the corners of docs/rewrite.md through the proxy: spellings
 // of the fence column and of the table name, refusals the doc promises,
 // conditional branches that do not write, a token set inside a
 // multi-statement string, and plans the server may cache.

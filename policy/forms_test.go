@@ -338,7 +338,7 @@ func runUpdateForm(t *testing.T, c, d *pgx.Conn, f form, m formMode) {
 }
 
 // runDeleteForm stamps every row with m.first (a fenced no-op UPDATE, the
-// stamp of DESIGN §1), then deletes with the stale token (refused) and with
+// stamp of docs/design.md), then deletes with the stale token (refused) and with
 // the next token (accepted).
 func runDeleteForm(t *testing.T, c, d *pgx.Conn, f form, m formMode) {
 	ctx := ctxT(t)

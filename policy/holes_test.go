@@ -7,7 +7,7 @@ import (
 )
 
 // TestOperatorSearchPath: everything the rewrite adds is schema-qualified,
-// operators included (DESIGN §4.7). A session whose search_path puts a
+// operators included (docs/design.md, "Safety invariants"). A session whose search_path puts a
 // schema with look-alike operators before pg_catalog must still be fenced:
 // a stale write fails (or, with on_stale: skip, touches nothing), an
 // invalid token is still FP002, and no watermark moves.

@@ -28,7 +28,7 @@ import (
 
 // These tests run real clients (pgx, lib/pq) through an in-process proxy
 // enforcing a real policy.Policy against real PostgreSQL, and check the
-// outcome in the database itself: DESIGN §4.1–4.3 end to end.
+// outcome in the database itself: docs/design.md, "The proxy" end to end.
 //
 // One cluster serves the whole package. There is one rule configuration
 // (testRules), so one proxy: TestFencing starts it and runs every group of

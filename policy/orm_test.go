@@ -36,7 +36,7 @@ func startEnv(t *testing.T) *env {
 // values as parameters of the extended protocol: the statement text has a
 // parameter where the fence column's value goes. The rewrite must keep
 // every parameter the client sent, with the type it would have had
-// (DESIGN §4.7), while the stored fence value is the token, never the
+// (docs/design.md, "Safety invariants"), while the stored fence value is the token, never the
 // client's.
 
 // ormClient runs a statement with parameters the way one driver does.

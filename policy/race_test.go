@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// testRace is the seed's race (DESIGN §1) with real row locks: two
+// testRace is the seed's race (docs/design.md) with real row locks: two
 // sessions, tokens 41 and 42, write the same row. Whoever takes the row lock
 // first, the write with 41 must never land after the one with 42.
 func testRace(t *testing.T, e *env) {

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// testTokens covers the ways a client sets fence.token (DESIGN §4.1) and
+// testTokens covers the ways a client sets fence.token (docs/design.md, "The proxy") and
 // what happens without a valid one: the token is read on the server at
 // execution time, so PostgreSQL's own SET / SET LOCAL / RESET / rollback
 // semantics apply.

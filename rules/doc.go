@@ -4,7 +4,7 @@
 // I/O and is safe for concurrent use.
 //
 // Every write to a protected table is rewritten into the atomic
-// high-watermark form of DESIGN §4.2: the statement itself checks the row's
+// high-watermark form of docs/rewrite.md: the statement itself checks the row's
 // fence column against the session's fencing token and stamps the token, in
 // the same step as the write. The token is read on the server, at execution
 // time, with current_setting('<token setting>', true); the client's token

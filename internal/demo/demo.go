@@ -1,4 +1,4 @@
-// Package demo plays the stale-lock-holder timeline of DESIGN §1 against a
+// Package demo plays the stale-lock-holder timeline of docs/design.md against a
 // throwaway PostgreSQL, an embedded etcd and a real fenceproxy, narrating
 // each step, and then keeps the stack up for the user to try by hand.
 package demo
