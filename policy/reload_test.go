@@ -1,13 +1,14 @@
 package policy_test
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
 	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -317,4 +318,152 @@ func TestReloadUnprotectedStatementsUnaffected(t *testing.T) {
 	}
 }
 
-var _ = context.Background
+// TestReloadRefusedBindInBand: a named statement that the rules in force
+// refuse fails at its Bind with the refusal, in-band: the rest of the
+// pipeline is skipped up to Sync and the session goes on.
+func TestReloadRefusedBindInBand(t *testing.T) {
+	r := startReload(t, "unlisted")
+	c := connectDSN(t, r.proxy.DSN("postgres", "", r.db))
+	ctx := ctxT(t)
+	pc := c.PgConn()
+	// DELETE ... WHERE CURRENT OF cannot be fenced: refused under enforce.
+	if _, err := pc.Prepare(ctx, "del_cur", "DELETE FROM doc WHERE CURRENT OF cur", nil); err != nil {
+		t.Fatal(err)
+	}
+	r.reload(t, "enforce")
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "DECLARE cur CURSOR FOR SELECT * FROM doc WHERE id = 1 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "FETCH cur"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pc.ExecPrepared(ctx, "del_cur", nil, nil, nil).Close()
+	wantCode(t, err, rules.CodeRefused)
+	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	r.wantDoc(t, 1, "a", 0)
+	// The session still works.
+	var n int
+	if err := c.QueryRow(ctx, "SELECT count(*) FROM doc WHERE id = $1", 1).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("after the refusal: %d, %v", n, err)
+	}
+}
+
+// TestReloadStalePortal: a portal bound before the reload whose statement
+// the rules in force decide differently does not run: its Execute fails
+// in-band. A portal on an unprotected table runs.
+func TestReloadStalePortal(t *testing.T) {
+	r := startReload(t, "off")
+	c := connectDSN(t, r.proxy.DSN("postgres", "", r.db))
+	ctx := ctxT(t)
+	setToken(t, c, "41")
+	if _, err := r.direct.Exec(ctx, "UPDATE doc SET last_fence = 50 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	fe := c.PgConn().Frontend()
+	roundTrip := func(msgs ...pgproto3.FrontendMessage) []pgproto3.BackendMessage {
+		t.Helper()
+		for _, m := range msgs {
+			fe.Send(m)
+		}
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got []pgproto3.BackendMessage
+		for {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := m.(type) {
+			case *pgproto3.ErrorResponse:
+				e := *m
+				got = append(got, &e)
+			case *pgproto3.ReadyForQuery:
+				return got
+			default:
+				got = append(got, m)
+			}
+		}
+	}
+	roundTrip(
+		&pgproto3.Parse{Name: "", Query: updDoc},
+		&pgproto3.Bind{DestinationPortal: "p_doc", Parameters: [][]byte{[]byte("stale"), []byte("1")}},
+		&pgproto3.Parse{Name: "", Query: "UPDATE note SET payload = $1 WHERE id = $2"},
+		&pgproto3.Bind{DestinationPortal: "p_note", Parameters: [][]byte{[]byte("portal"), []byte("1")}},
+	)
+	r.reload(t, "enforce")
+	got := roundTrip(&pgproto3.Execute{Portal: "p_note"}, &pgproto3.Execute{Portal: "p_doc"})
+	if len(got) != 2 {
+		t.Fatalf("got %d responses %#v, want CommandComplete and ErrorResponse", len(got), got)
+	}
+	if _, ok := got[0].(*pgproto3.CommandComplete); !ok {
+		t.Fatalf("Execute of the portal on note: got %#v, want CommandComplete", got[0])
+	}
+	if e, ok := got[1].(*pgproto3.ErrorResponse); !ok || e.Code != rules.CodeRefused {
+		t.Fatalf("Execute of the stale portal: got %#v, want FP003", got[1])
+	}
+	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	r.wantDoc(t, 1, "a", 50)
+}
+
+// TestReloadPipelinedReprepare: a statement re-prepared transparently in
+// the middle of a pipeline keeps the responses aligned, also when an
+// earlier message of the pipeline fails (the injected messages are then
+// skipped by the server).
+func TestReloadPipelinedReprepare(t *testing.T) {
+	r := startReload(t, "off")
+	c := connectDSN(t, r.proxy.DSN("postgres", "", r.db))
+	ctx := ctxT(t)
+	setToken(t, c, "41")
+	pc := c.PgConn()
+	if _, err := pc.Prepare(ctx, "upd_doc", updDoc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.direct.Exec(ctx, "UPDATE doc SET last_fence = 50 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	r.reload(t, "enforce")
+
+	// An error before the stale statement: the server skips the injected
+	// Close and Parse along with the client's Bind and Execute.
+	b := &pgconn.Batch{}
+	b.ExecParams("SELECT 1/0", nil, nil, nil, nil)
+	b.ExecPrepared("upd_doc", [][]byte{[]byte("stale"), []byte("1")}, nil, nil)
+	_, err := pc.ExecBatch(ctx, b).ReadAll()
+	wantCode(t, err, "22012")
+	r.wantDoc(t, 1, "a", 50)
+
+	// Then in a pipeline after other statements: fenced.
+	b = &pgconn.Batch{}
+	b.ExecParams("SELECT 1", nil, nil, nil, nil)
+	b.ExecPrepared("upd_doc", [][]byte{[]byte("stale"), []byte("1")}, nil, nil)
+	b.ExecParams("SELECT 2", nil, nil, nil, nil)
+	res, err := pc.ExecBatch(ctx, b).ReadAll()
+	wantCode(t, err, rules.CodeStaleToken)
+	if len(res) < 1 || res[0].Err != nil {
+		t.Fatalf("first statement of the pipeline: %#v", res)
+	}
+	r.wantDoc(t, 1, "a", 50)
+
+	setToken(t, c, "60")
+	b = &pgconn.Batch{}
+	b.ExecParams("SELECT 1", nil, nil, nil, nil)
+	b.ExecPrepared("upd_doc", [][]byte{[]byte("fresh"), []byte("1")}, nil, nil)
+	b.ExecPrepared("upd_doc", [][]byte{[]byte("fresh2"), []byte("2")}, nil, nil)
+	if _, err := pc.ExecBatch(ctx, b).ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	r.wantDoc(t, 1, "fresh", 60)
+	r.wantDoc(t, 2, "fresh2", 60)
+}
