@@ -111,9 +111,16 @@ func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
 	}
 	out := make([]proxy.PreparedOp, len(ops))
 	for i, op := range ops {
-		out[i] = proxy.PreparedOp{Kind: proxy.PreparedOpKind(op.Kind), Name: op.Name, Stmt: op.Stmt, Text: op.Text}
+		out[i] = proxy.PreparedOp{Kind: preparedOpKinds[op.Kind], Name: op.Name, Stmt: op.Stmt, Text: op.Text}
 	}
 	return out, nil
+}
+
+var preparedOpKinds = map[rules.PreparedOpKind]proxy.PreparedOpKind{
+	rules.OpPrepare:       proxy.OpPrepare,
+	rules.OpExecute:       proxy.OpExecute,
+	rules.OpDeallocate:    proxy.OpDeallocate,
+	rules.OpDeallocateAll: proxy.OpDeallocateAll,
 }
 
 // KnownTable reports whether t is a table of the rules in force (for

@@ -720,8 +720,15 @@ func (s *session) relayExecute(body []byte) error {
 		}
 		defs := s.sqlOpDefs(def.ops, gen)
 		s.mu.Lock()
-		s.registerSQLOps(def.ops, defs, false)
+		overflow := s.ps.wouldOverflow('E', "", def.ops)
+		if !overflow {
+			s.registerSQLOps(def.ops, defs, false)
+		}
 		s.mu.Unlock()
+		if overflow {
+			return s.sendRefusedInstead(refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+				"Deallocate prepared statements you no longer need."))
+		}
 	}
 	return s.forwardTracked('E', body)
 }
@@ -951,6 +958,11 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if d.Action != Refuse && s.ps.wouldOverflow(typ, p.Name, ops) {
+		*d = Decision{Action: Refuse, Refusal: refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+			"Deallocate prepared statements you no longer need.")}
+		ops, defs = nil, nil
+	}
 	switch {
 	case typ == 'Q':
 		s.registerSQLOps(ops, defs, true)
@@ -981,4 +993,23 @@ func sameOps(pol PreparedPolicy, ops []PreparedOp, out string) bool {
 		}
 	}
 	return true
+}
+
+// wouldOverflow reports whether a Parse of name (typ 'P') or the PREPAREs
+// among ops would track more names than the limit. Callers hold s.mu.
+func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) bool {
+	n := len(ps.stmts)
+	if typ == 'P' && name != "" {
+		if _, ok := ps.stmts[serverKey(name)]; !ok {
+			n++
+		}
+	}
+	for _, op := range ops {
+		if op.Kind == OpPrepare {
+			if _, ok := ps.stmts[serverKey(op.Name)]; !ok {
+				n++
+			}
+		}
+	}
+	return n > maxTrackedStatements
 }
