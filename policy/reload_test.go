@@ -306,8 +306,14 @@ func TestReloadUnprotectedStatementsUnaffected(t *testing.T) {
 	r := startReload(t, "off")
 	c := connectDSN(t, r.proxy.DSN("postgres", "", r.db))
 	ctx := ctxT(t)
+	if _, err := c.Exec(ctx, "PREPARE note_upd(text) AS UPDATE note SET payload = $1 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
 	for i, mode := range []string{"off", "enforce", "audit", "unlisted", "enforce"} {
 		r.reload(t, mode)
+		if _, err := c.Exec(ctx, "EXECUTE note_upd('x')"); err != nil {
+			t.Fatalf("EXECUTE after reload to %s: %v", mode, err)
+		}
 		if _, err := c.Exec(ctx, "UPDATE note SET payload = $1 WHERE id = $2", strconv.Itoa(i), 1); err != nil {
 			t.Fatalf("after reload to %s: %v", mode, err)
 		}
