@@ -6,6 +6,7 @@
 package policy
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -19,6 +20,7 @@ import (
 // Policy implements proxy.Policy. The zero value is not usable; use New.
 type Policy struct {
 	current atomic.Pointer[ruleSet]
+	swapMu  sync.Mutex // orders Swaps, so generations in force only grow
 	log     *zap.Logger
 	metrics *metrics.Metrics
 	auditor *Auditor
@@ -26,6 +28,7 @@ type Policy struct {
 
 // ruleSet is a rule set with the lookups the policy needs.
 type ruleSet struct {
+	gen    uint64 // see Generation
 	rules  *rules.Rules
 	tables map[string]bool // display names of protected tables
 	// notifies: some rewritten statements report through AuditChannel
@@ -71,6 +74,7 @@ type Options struct {
 var (
 	_ proxy.Policy         = (*Policy)(nil)
 	_ proxy.MayTouchPolicy = (*Policy)(nil)
+	_ proxy.PreparedPolicy = (*Policy)(nil)
 )
 
 // New returns a Policy enforcing rs (nil: forward everything). notifies
@@ -85,8 +89,39 @@ func New(rs *rules.Rules, notifies bool, opts Options) *Policy {
 	return p
 }
 
-// Swap installs a new rule set; statements decided after it returns use it.
-func (p *Policy) Swap(rs *rules.Rules, notifies bool) { p.current.Store(newRuleSet(rs, notifies)) }
+// Swap installs a new rule set; statements decided after it returns use it,
+// and statements prepared before it are decided again before they next run
+// (see Generation).
+func (p *Policy) Swap(rs *rules.Rules, notifies bool) {
+	set := newRuleSet(rs, notifies)
+	p.swapMu.Lock()
+	defer p.swapMu.Unlock()
+	set.gen = p.current.Load().gen + 1
+	p.current.Store(set)
+}
+
+// Generation implements proxy.PreparedPolicy: it counts the Swaps.
+func (p *Policy) Generation() uint64 { return p.current.Load().gen }
+
+// PreparedOps implements proxy.PreparedPolicy.
+func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
+	ops, err := rules.PreparedOps(sql)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]proxy.PreparedOp, len(ops))
+	for i, op := range ops {
+		out[i] = proxy.PreparedOp{Kind: preparedOpKinds[op.Kind], Name: op.Name, Stmt: op.Stmt, Text: op.Text}
+	}
+	return out, nil
+}
+
+var preparedOpKinds = map[rules.PreparedOpKind]proxy.PreparedOpKind{
+	rules.OpPrepare:       proxy.OpPrepare,
+	rules.OpExecute:       proxy.OpExecute,
+	rules.OpDeallocate:    proxy.OpDeallocate,
+	rules.OpDeallocateAll: proxy.OpDeallocateAll,
+}
 
 // KnownTable reports whether t is a table of the rules in force (for
 // metric labels).

@@ -15,6 +15,11 @@
 // Errors the server raises on behalf of a rewritten statement (stale or
 // missing fencing tokens) are translated the same way, by rules.TranslateError.
 //
+// When the Policy's rules can change (PreparedPolicy), the relay also reads
+// the names in Bind, Describe, Execute and Close, and keeps for each prepared
+// statement and portal the rules generation it was decided under, so that
+// none runs under rules that a reload replaced (see prepared.go).
+//
 // Messages are framed by msgReader, which never trusts a length field beyond
 // the configured limit. Decoding and encoding of the messages that are looked
 // at uses the pgproto3 package of pgx; everything else is copied without

@@ -98,6 +98,48 @@ type MayTouchPolicy interface {
 	MayTouch(info *SessionInfo, sql string) bool
 }
 
+// PreparedPolicy is an optional Policy extension for a policy whose rules
+// can change while sessions run (a reload). A statement prepared under
+// older rules must not run under them: the relay remembers, per prepared
+// statement and portal, the generation of the rules it was decided under,
+// and decides again when the generation has changed since.
+type PreparedPolicy interface {
+	// Generation identifies the rules in force. It changes at every
+	// reload and never goes back; a Decide that starts after Generation
+	// returned g decides under rules of generation g or later.
+	Generation() uint64
+	// PreparedOps lists the statements of sql that define, run or remove
+	// SQL-level prepared statements (PREPARE, EXECUTE, DEALLOCATE, DISCARD
+	// ALL). An error means sql does not parse.
+	PreparedOps(sql string) ([]PreparedOp, error)
+}
+
+// PreparedOpKind is what a statement does to the session's prepared
+// statements.
+type PreparedOpKind uint8
+
+const (
+	// OpPrepare defines Name (PREPARE name AS ...).
+	OpPrepare PreparedOpKind = iota + 1
+	// OpExecute runs Name (EXECUTE, EXPLAIN EXECUTE, CREATE TABLE AS
+	// EXECUTE).
+	OpExecute
+	// OpDeallocate removes Name.
+	OpDeallocate
+	// OpDeallocateAll removes every prepared statement (DEALLOCATE ALL,
+	// DISCARD ALL).
+	OpDeallocateAll
+)
+
+// PreparedOp is one statement that defines, runs or removes a prepared
+// statement.
+type PreparedOp struct {
+	Kind PreparedOpKind
+	Name string // as the server stores it (unquoted names folded)
+	Stmt int    // index of the statement in the text
+	Text string // for OpPrepare: the PREPARE statement's own text
+}
+
 // Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
 // server last reported it for the session.
 type Lexing struct {

@@ -66,6 +66,9 @@ type session struct {
 	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
 	// by mu.
 	lex Lexing
+	// ps tracks prepared statements and portals across rules reloads, when
+	// the policy's rules can change (PreparedPolicy); guarded by mu.
+	ps *preparedState
 }
 
 // relayState tracks what is needed to know whether a session is idle.
@@ -107,6 +110,9 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 		refusals: make(map[uint64]*pgproto3.ErrorResponse),
 	}
 	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
+	if pp, ok := srv.opts.Policy.(PreparedPolicy); ok {
+		s.ps = newPreparedState(pp, s.nonce)
+	}
 	s.idleCond = sync.NewCond(&s.mu)
 	// PostgreSQL's defaults; the server reports the session's values in
 	// ParameterStatus during startup.
@@ -712,6 +718,30 @@ func (s *session) copyClientToUpstream() error {
 			if err := s.relaySQL(typ, body); err != nil {
 				return err
 			}
+		case 'B', 'D', 'E', 'C':
+			if s.ps == nil {
+				if err := s.forwardUnread(typ, n); err != nil {
+					return err
+				}
+				continue
+			}
+			body, err := s.cr.body(n)
+			if err != nil {
+				return clientErr(err)
+			}
+			switch typ {
+			case 'B':
+				err = s.relayBind(body)
+			case 'D':
+				err = s.relayDescribe(body)
+			case 'E':
+				err = s.relayExecute(body)
+			case 'C':
+				err = s.relayClose(body)
+			}
+			if err != nil {
+				return err
+			}
 		case 'X':
 			// The server closes its end on Terminate: from here on an
 			// upstream EOF is the normal end of the session, not a failure.
@@ -723,17 +753,25 @@ func (s *session) copyClientToUpstream() error {
 			}
 			return errSessionDone
 		default:
-			if !s.track(typ) {
-				return errSessionDone
-			}
-			if err := writeHeader(s.uw, typ, n); err != nil {
-				return upstreamErr(err)
-			}
-			if err := s.cr.copyBody(s.uw, n); err != nil {
-				return clientErr(err)
+			if err := s.forwardUnread(typ, n); err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// forwardUnread forwards a client message without decoding its body.
+func (s *session) forwardUnread(typ byte, n int) error {
+	if !s.track(typ) {
+		return errSessionDone
+	}
+	if err := writeHeader(s.uw, typ, n); err != nil {
+		return upstreamErr(err)
+	}
+	if err := s.cr.copyBody(s.uw, n); err != nil {
+		return clientErr(err)
+	}
+	return nil
 }
 
 // track updates the idle bookkeeping for a client message about to be
@@ -776,6 +814,9 @@ func (s *session) track(typ byte) bool {
 	case 'P', 'B', 'D', 'C':
 		s.state.unsynced = true
 	}
+	if s.ps != nil {
+		s.ps.countSent(typ)
+	}
 	return true
 }
 
@@ -789,9 +830,21 @@ func (s *session) copyInStarted() {
 		// Which Execute started this copy, and so which Syncs the server
 		// ignored, is unknown: never trust inFlight for lexing again.
 		s.state.desync = true
+		s.losePreparedTrack()
 	}
 	if !s.state.lastWasQuery {
 		s.state.inFlight = max(0, s.state.inFlight-s.state.syncsSinceExecute)
+		if s.ps != nil && s.state.syncsSinceExecute > 0 {
+			// Those Syncs end no segment: positions recorded after them
+			// are wrong.
+			s.ps.sentSeg -= uint64(s.state.syncsSinceExecute)
+			for _, h := range s.ps.fifo {
+				if h.seg > s.ps.recvSeg {
+					s.losePreparedTrack()
+					break
+				}
+			}
+		}
 		s.state.syncsSinceExecute = 0
 	}
 	if s.state.copyEndSent {
@@ -833,12 +886,23 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		}
 		sql = p.Query
 	}
+	var gen uint64
+	if s.ps != nil {
+		// Before deciding: a reload during the decision then shows as a
+		// change of generation later.
+		gen = s.ps.pol.Generation()
+	}
 	lex, err := s.lexingFor(sql)
 	if err != nil {
 		return err
 	}
 	d := s.decide(lex, sql)
 	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
+	if s.ps != nil {
+		if err := s.trackPrepared(typ, &p, sql, gen, &d); err != nil {
+			return err
+		}
+	}
 	if !s.track(typ) {
 		return errSessionDone
 	}
@@ -1062,6 +1126,13 @@ func (s *session) copyUpstreamToClient() error {
 			s.cwMu.Lock()
 			locked = true
 		}
+		if s.ps != nil && (typ == 'E' || isCompletion(typ)) && s.preparedResponse(typ, 0) {
+			// The response to a message the proxy injected.
+			if err := s.ur.skip(n); err != nil {
+				return upstreamErr(err)
+			}
+			continue
+		}
 		switch {
 		case typ == 'E' && n <= maxServerMessage:
 			s.copyInEnded()
@@ -1096,6 +1167,9 @@ func (s *session) copyUpstreamToClient() error {
 			}
 			if err := writeRaw(s.cw, typ, body); err != nil {
 				return clientErr(err)
+			}
+			if s.ps != nil && len(body) == 1 {
+				s.preparedResponse(typ, body[0])
 			}
 			if len(body) == 1 && s.readyForQuery(body[0]) {
 				err := s.cw.Flush()
@@ -1149,6 +1223,7 @@ func (s *session) readyForQuery(status byte) bool {
 		s.state.inFlight--
 	} else {
 		s.state.desync = true
+		s.losePreparedTrack()
 	}
 	// The server is not in copy-in mode when it is ready for a query.
 	s.state.copyIn = false

@@ -111,6 +111,14 @@ func (m *msgReader) copyBody(w *bufio.Writer, n int) error {
 	return nil
 }
 
+// skip discards a body of n bytes.
+func (m *msgReader) skip(n int) error {
+	if _, err := m.r.Discard(n); err != nil {
+		return unexpected(err)
+	}
+	return nil
+}
+
 // buffered reports whether more input is already buffered, i.e. whether the
 // next header call will not block.
 func (m *msgReader) buffered() bool { return m.r.Buffered() > 0 }
