@@ -186,8 +186,8 @@ var encRounds = func() []encSettings {
 	return s
 }()
 
-// testEncoding runs every template in every mode under every setting in
-// client encoding enc.
+// testEncoding runs the templates in client encoding enc, in a database
+// of its own, under the settings and in the modes that can matter to each.
 func testEncoding(t *testing.T, e *env, rs *rules.Rules, enc string) {
 	db := e.newDB(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
