@@ -15,11 +15,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/rules"
-	"github.com/fenceproxy/fenceproxy/service"
+	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
 // The tests share one PostgreSQL cluster, one single-member etcd and one

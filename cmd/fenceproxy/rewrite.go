@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 

@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/fenceproxy/fenceproxy/config"
-	"github.com/fenceproxy/fenceproxy/service"
+	"github.com/fenceproxy/fenceproxy/internal/config"
+	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
 func serveMain(ctx context.Context, args []string, stderr io.Writer) int {

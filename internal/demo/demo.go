@@ -17,12 +17,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/lock"
 	"github.com/fenceproxy/fenceproxy/rules"
-	"github.com/fenceproxy/fenceproxy/service"
+	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
 // Options configure Run.

@@ -22,11 +22,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/rules"
-	"github.com/fenceproxy/fenceproxy/service"
+	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
 var cluster *pgcluster.Cluster

@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceproxy/fenceproxy/config"
+	"github.com/fenceproxy/fenceproxy/internal/config"
 )
 
 func TestExampleFileLoads(t *testing.T) {
-	cfg, err := config.Load("../config.example.yaml")
+	cfg, err := config.Load("../../config.example.yaml")
 	if err != nil {
 		t.Fatalf("config.example.yaml: %v", err)
 	}
