@@ -20,9 +20,9 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+	"github.com/fenceproxy/fenceproxy/internal/service"
 	"github.com/fenceproxy/fenceproxy/lock"
 	"github.com/fenceproxy/fenceproxy/rules"
-	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
 // Options configure Run.

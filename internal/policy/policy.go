@@ -23,7 +23,7 @@ type Policy struct {
 	swapMu  sync.Mutex // orders Swaps, so generations in force only grow
 	log     *zap.Logger
 	metrics *metrics.Metrics
-	auditor *Auditor
+	auditor Auditor
 }
 
 // ruleSet is a rule set with the lookups the policy needs.
@@ -31,7 +31,7 @@ type ruleSet struct {
 	gen    uint64 // see Generation
 	rules  *rules.Rules
 	tables map[string]bool // display names of protected tables
-	// notifies: some rewritten statements report through AuditChannel
+	// notifies: some rewritten statements report through rules.AuditChannel
 	// (mode: audit, or missing_token: allow), so a listener must run.
 	notifies bool
 	// nonASCII: a protected name has bytes >= 0x80, which MayTouch can only
@@ -60,6 +60,12 @@ func (s *ruleSet) tableLabel(t string) string {
 	return "unknown"
 }
 
+// Auditor is what the policy needs of the audit listener (package audit):
+// a listener in a database before a statement that reports there runs.
+type Auditor interface {
+	Ensure(database string) error
+}
+
 // Options configure a Policy.
 type Options struct {
 	// Logger receives a line for every fenced write. Default: none.
@@ -67,8 +73,8 @@ type Options struct {
 	// Metrics, when set, counts stale rejections and missing tokens.
 	Metrics *metrics.Metrics
 	// Auditor, when set, listens for the events of rewritten statements
-	// (see AuditChannel) in each database where they run.
-	Auditor *Auditor
+	// (see rules.AuditChannel) in each database where they run.
+	Auditor Auditor
 }
 
 var (
@@ -79,7 +85,7 @@ var (
 
 // New returns a Policy enforcing rs (nil: forward everything). notifies
 // says whether rs has tables in audit mode or with missing_token: allow,
-// whose statements report through AuditChannel.
+// whose statements report through rules.AuditChannel.
 func New(rs *rules.Rules, notifies bool, opts Options) *Policy {
 	p := &Policy{log: opts.Logger, metrics: opts.Metrics, auditor: opts.Auditor}
 	if p.log == nil {

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/internal/admin"
+	"github.com/fenceproxy/fenceproxy/internal/audit"
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
@@ -37,7 +38,7 @@ type Instance struct {
 	path     string
 	srv      *proxy.Server
 	policy   *policy.Policy
-	auditor  *policy.Auditor
+	auditor  *audit.Listener
 	auditTag string
 	metrics  *metrics.Metrics
 
@@ -69,7 +70,7 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 	m := metrics.New()
 	in := &Instance{log: log, path: path, metrics: m, cfg: cfg, auditTag: tag}
 	var pol *policy.Policy
-	aud := policy.NewAuditor(policy.AuditOptions{
+	aud := audit.New(audit.Options{
 		Tag: tag,
 		ConnConfig: func(db string) (*pgconn.Config, error) {
 			in.mu.Lock()

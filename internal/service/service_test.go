@@ -25,8 +25,8 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
-	"github.com/fenceproxy/fenceproxy/rules"
 	"github.com/fenceproxy/fenceproxy/internal/service"
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 var cluster *pgcluster.Cluster

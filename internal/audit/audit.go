@@ -1,4 +1,8 @@
-package policy
+// Package audit keeps the LISTEN connections on which rewritten statements
+// report (rules.AuditChannel) and turns their notifications into log lines
+// and metrics. It is the proxy's only I/O on behalf of the rules apart from
+// the relay itself; the decisions live in package policy.
+package audit
 
 import (
 	"context"
@@ -16,15 +20,8 @@ import (
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
-// AuditChannel is the NOTIFY channel rewritten statements report on: in
-// audit mode, every write that enforce mode would have rejected; in enforce
-// mode, every write let through without a token (missing_token: allow).
-// PostgreSQL delivers a notification only when its transaction commits.
-// The payload is a rules.AuditEvent.
-const AuditChannel = rules.AuditChannel
-
-// AuditOptions configure an Auditor.
-type AuditOptions struct {
+// Options configure a Listener.
+type Options struct {
 	// Tag is this instance's rules.Config.AuditTag: events carrying another
 	// tag were produced through another proxy instance and are ignored, so
 	// that instances sharing a database do not count each other's events.
@@ -43,20 +40,23 @@ type AuditOptions struct {
 	ConnectTimeout time.Duration
 }
 
-// Auditor keeps one LISTEN connection per database in which audited
-// statements run, and turns notifications into log lines and metrics.
-type Auditor struct {
-	opts   AuditOptions
+// Listener keeps one LISTEN connection on rules.AuditChannel per database
+// in which audited statements run (in audit mode, every write enforce mode
+// would have rejected; in enforce mode, every write let through without a
+// token), and turns notifications into log lines and metrics. PostgreSQL
+// delivers a notification only when its transaction commits.
+type Listener struct {
+	opts   Options
 	log    *zap.Logger
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
 	mu        sync.Mutex
-	listeners map[string]*auditListener
+	listeners map[string]*dbListener
 }
 
-type auditListener struct {
+type dbListener struct {
 	ready chan struct{} // closed after the first connection attempt
 	up    atomic.Bool   // LISTEN is in force now
 }
@@ -65,8 +65,8 @@ type auditListener struct {
 // (after they authenticated), so the map must not grow without limit.
 const maxAuditDatabases = 256
 
-// NewAuditor returns an Auditor; Close stops its listeners.
-func NewAuditor(opts AuditOptions) *Auditor {
+// New returns a Listener; Close stops its connections.
+func New(opts Options) *Listener {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 5 * time.Second
 	}
@@ -75,7 +75,7 @@ func NewAuditor(opts AuditOptions) *Auditor {
 		log = zap.NewNop()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Auditor{opts: opts, log: log, ctx: ctx, cancel: cancel, listeners: make(map[string]*auditListener)}
+	return &Listener{opts: opts, log: log, ctx: ctx, cancel: cancel, listeners: make(map[string]*dbListener)}
 }
 
 // Ensure makes sure a listener runs in database and waits (up to the
@@ -83,7 +83,7 @@ func NewAuditor(opts AuditOptions) *Auditor {
 // to run cannot commit before the listener hears about it. Audit never
 // blocks writes: on failure the error is logged and returned, and the
 // caller forwards the statement anyway.
-func (a *Auditor) Ensure(database string) error {
+func (a *Listener) Ensure(database string) error {
 	a.mu.Lock()
 	l, ok := a.listeners[database]
 	if !ok {
@@ -91,7 +91,7 @@ func (a *Auditor) Ensure(database string) error {
 			a.mu.Unlock()
 			return errors.New("policy: too many audited databases")
 		}
-		l = &auditListener{ready: make(chan struct{})}
+		l = &dbListener{ready: make(chan struct{})}
 		a.listeners[database] = l
 		a.wg.Add(1)
 		go a.listen(database, l)
@@ -109,14 +109,14 @@ func (a *Auditor) Ensure(database string) error {
 }
 
 // Close stops every listener.
-func (a *Auditor) Close() {
+func (a *Listener) Close() {
 	a.cancel()
 	a.wg.Wait()
 }
 
 // listen keeps a LISTEN connection to database until the Auditor closes,
 // reconnecting with backoff.
-func (a *Auditor) listen(database string, l *auditListener) {
+func (a *Listener) listen(database string, l *dbListener) {
 	defer a.wg.Done()
 	log := a.log.With(zap.String("database", database))
 	first := true
@@ -155,13 +155,13 @@ func (a *Auditor) listen(database string, l *auditListener) {
 	}
 }
 
-func (a *Auditor) connect(database string) (*pgconn.PgConn, error) {
+func (a *Listener) connect(database string) (*pgconn.PgConn, error) {
 	cfg, err := a.opts.ConnConfig(database)
 	if err != nil {
 		return nil, err
 	}
 	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
-		if n.Channel == AuditChannel {
+		if n.Channel == rules.AuditChannel {
 			a.handle(n.PID, n.Payload)
 		}
 	}
@@ -171,7 +171,7 @@ func (a *Auditor) connect(database string) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+AuditChannel).ReadAll(); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+rules.AuditChannel).ReadAll(); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, fmt.Errorf("LISTEN: %w", err)
 	}
@@ -179,7 +179,7 @@ func (a *Auditor) connect(database string) (*pgconn.PgConn, error) {
 }
 
 // handle records one notification.
-func (a *Auditor) handle(pid uint32, payload string) {
+func (a *Listener) handle(pid uint32, payload string) {
 	ev, err := rules.ParseAuditEvent(payload)
 	if err != nil {
 		a.log.Warn("audit notification not understood", zap.Uint32("backend-pid", pid), zap.Error(err))
