@@ -4,7 +4,7 @@
 // The relay is transparent: startup parameters, authentication exchanges,
 // BackendKeyData, notices, notifications and COPY data pass through byte for
 // byte. Only the messages that carry SQL text (Query and Parse) are decoded,
-// and each is handed to a rules.Rules for a decision: forward unchanged,
+// and each is handed to a Policy (policy.go) for a decision: forward unchanged,
 // forward rewritten SQL, or refuse. A refusal is delivered by replacing the
 // statement with one that fails in the upstream's parser with a per-session
 // marker, then translating that error back into the fenceproxy error; so the
@@ -13,12 +13,12 @@
 // extended protocol, transaction abort) apply unchanged.
 //
 // Errors the server raises on behalf of a rewritten statement (stale or
-// missing fencing tokens) are translated the same way, by rules.TranslateError.
+// missing fencing tokens) are translated the same way, by Policy.TranslateError.
 //
 // When the Policy's rules can change (PreparedPolicy), the relay also reads
 // the names in Bind, Describe, Execute and Close, and keeps for each prepared
 // statement and portal the rules generation it was decided under, so that
-// none runs under rules that a reload replaced (see prepared.go).
+// none runs under rules that a reload replaced (prepared.go, prepared_relay.go).
 //
 // Messages are framed by msgReader, which never trusts a length field beyond
 // the configured limit. Decoding and encoding of the messages that are looked

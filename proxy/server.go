@@ -42,149 +42,6 @@ type Options struct {
 	Logger *zap.Logger
 }
 
-// Hooks let a caller observe what the relay does without the relay knowing
-// about Prometheus. Every method must be safe for concurrent use and cheap.
-type Hooks interface {
-	SessionOpened()
-	SessionClosed()
-	UpstreamConnectFailed()
-	// Statement is called once for each Query or Parse message with the
-	// decision taken for it and the time the decision took.
-	Statement(info *SessionInfo, d *Decision, took time.Duration)
-}
-
-// Action is what the relay does with a statement.
-type Action uint8
-
-const (
-	// Forward sends the client's message unchanged.
-	Forward Action = iota
-	// Rewrite sends Decision.SQL instead of the client's SQL.
-	Rewrite
-	// Refuse executes nothing; the client receives Decision.Refusal in
-	// the place of the statement's result.
-	Refuse
-)
-
-// Decision is a Policy's verdict on one statement.
-type Decision struct {
-	Action  Action
-	SQL     string                  // for Rewrite
-	Refusal *pgproto3.ErrorResponse // for Refuse: ERROR severity, with a SQLSTATE
-	Tables  []string                // protected tables involved, for logs
-}
-
-// Policy is the hook where statements are inspected. Implementations must
-// be safe for concurrent use; Decide is called for every Query and Parse
-// message, so it must be fast for statements it does not care about.
-type Policy interface {
-	// Decide returns the decision for one SQL text (a Query's string,
-	// possibly several statements, or a Parse's statement), which the
-	// server will tokenize as lex says.
-	Decide(info *SessionInfo, lex Lexing, sql string) Decision
-	// TranslateError may rewrite an upstream ErrorResponse in place (e.g.
-	// the error a rewritten statement raised on purpose) and reports
-	// whether it did. It is only called for errors whose raw form mentions
-	// "fenceproxy", so it need not be fast.
-	TranslateError(info *SessionInfo, e *pgproto3.ErrorResponse) bool
-}
-
-// MayTouchPolicy is an optional Policy extension: MayTouch reports, cheaply
-// and conservatively, whether Decide could do anything but forward sql
-// unchanged whatever the Lexing. The relay then does not wait for the
-// server's exact lexing settings before deciding on statements that cannot
-// matter.
-type MayTouchPolicy interface {
-	MayTouch(info *SessionInfo, sql string) bool
-}
-
-// PreparedPolicy is an optional Policy extension for a policy whose rules
-// can change while sessions run (a reload). A statement prepared under
-// older rules must not run under them: the relay remembers, per prepared
-// statement and portal, the generation of the rules it was decided under,
-// and decides again when the generation has changed since.
-type PreparedPolicy interface {
-	// Generation identifies the rules in force. It changes at every
-	// reload and never goes back; a Decide that starts after Generation
-	// returned g decides under rules of generation g or later.
-	Generation() uint64
-	// PreparedOps lists the statements of sql that define, run or remove
-	// SQL-level prepared statements (PREPARE, EXECUTE, DEALLOCATE, DISCARD
-	// ALL). An error means sql does not parse.
-	PreparedOps(sql string) ([]PreparedOp, error)
-}
-
-// PreparedOpKind is what a statement does to the session's prepared
-// statements.
-type PreparedOpKind uint8
-
-const (
-	// OpPrepare defines Name (PREPARE name AS ...).
-	OpPrepare PreparedOpKind = iota + 1
-	// OpExecute runs Name (EXECUTE, EXPLAIN EXECUTE, CREATE TABLE AS
-	// EXECUTE).
-	OpExecute
-	// OpDeallocate removes Name.
-	OpDeallocate
-	// OpDeallocateAll removes every prepared statement (DEALLOCATE ALL,
-	// DISCARD ALL).
-	OpDeallocateAll
-)
-
-// PreparedOp is one statement that defines, runs or removes a prepared
-// statement.
-type PreparedOp struct {
-	Kind PreparedOpKind
-	Name string // as the server stores it (unquoted names folded)
-	Stmt int    // index of the statement in the text
-	Text string // for OpPrepare: the PREPARE statement's own text
-}
-
-// Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
-// server last reported it for the session.
-type Lexing struct {
-	// StandardConformingStrings: with it off, a backslash escapes in
-	// ordinary '...' literals, so the same text holds different tokens.
-	StandardConformingStrings bool
-	// ClientEncoding is the session's client_encoding: in encodings such
-	// as SJIS or GBK a byte >= 0x80 may be followed by an ASCII byte
-	// (even a backslash) that belongs to the same character.
-	ClientEncoding string
-	// Uncertain is set when earlier extended-protocol messages, not yet
-	// synced, may change either setting before this statement is parsed.
-	Uncertain bool
-	// Backslash and NonASCII say whether the SQL text has a backslash or a
-	// byte >= 0x80: only those can be read differently by the settings
-	// above.
-	Backslash, NonASCII bool
-}
-
-// forwardAll is the Policy used when none is configured.
-type forwardAll struct{}
-
-func (forwardAll) Decide(*SessionInfo, Lexing, string) Decision              { return Decision{} }
-func (forwardAll) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
-
-// SessionInfo describes a client session for logging and metrics. It is set
-// once the startup packet is read and not changed afterwards.
-type SessionInfo struct {
-	ID              uint64
-	RemoteAddr      string
-	User            string
-	Database        string
-	ApplicationName string // as sent in the startup packet
-	// BackendPID is the upstream server process serving the session, from
-	// BackendKeyData.
-	BackendPID uint32
-}
-
-type nopHooks struct{}
-
-func (nopHooks) SessionOpened()                                   {}
-func (nopHooks) SessionClosed()                                   {}
-func (nopHooks) UpstreamConnectFailed()                           {}
-func (nopHooks) Statement(*SessionInfo, *Decision, time.Duration) {}
-
 // Server accepts client connections and runs a session for each.
 type Server struct {
 	opts Options
@@ -246,7 +103,7 @@ func NewServer(opts Options) (*Server, error) {
 	}, nil
 }
 
-// Serve accepts connections on l until Shutdown or Close. It returns
+// Serve accepts connections on l until Shutdown. It returns
 // ErrServerClosed after a shutdown.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
@@ -301,7 +158,7 @@ func (s *Server) startSession(c net.Conn) {
 	if n := s.active.Add(1); n > int64(s.opts.MaxConnections) {
 		s.active.Add(-1)
 		s.forget(sess)
-		sess.log.Warn("connection refused: too many clients", zap.Int("max-connections", s.opts.MaxConnections))
+		sess.logger().Warn("connection refused: too many clients", zap.Int("max-connections", s.opts.MaxConnections))
 		s.refuseAsync(sess, fatal("53300", "fenceproxy: sorry, too many clients already"))
 		return
 	}

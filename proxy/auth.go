@@ -1,0 +1,183 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Authentication request codes (PostgreSQL protocol, AuthenticationXXX).
+const (
+	authOK       = 0
+	authSASL     = 10
+	authSASLDone = 12
+)
+
+// relayAuth relays the authentication exchange until the upstream's first
+// ReadyForQuery. The proxy holds no passwords: every challenge is relayed to
+// the client and every answer to the upstream.
+func (s *session) relayAuth() error {
+	// plusWithheld: the upstream offered SCRAM-SHA-256-PLUS and the client
+	// was not told. Such an upstream refuses a client that says it supports
+	// channel binding but was not offered it (GS2 flag "y"), taking it for
+	// a downgrade attack (RFC 5802, section 6); say why before it does.
+	plusWithheld := false
+	for {
+		typ, n, err := s.ur.header()
+		if err != nil {
+			return upstreamErr(err)
+		}
+		if n > maxServerMessage {
+			return upstreamErr(fmt.Errorf("startup message %q of %d bytes", typ, n))
+		}
+		body, err := s.ur.body(n)
+		if err != nil {
+			return upstreamErr(err)
+		}
+		switch typ {
+		case 'R':
+			if len(body) < 4 {
+				return upstreamErr(errors.New("short authentication message"))
+			}
+			code := binary.BigEndian.Uint32(body)
+			if code == authSASL && !s.channelBindingPassesThrough() {
+				body, plusWithheld, err = withoutChannelBinding(body)
+				if err != nil {
+					return upstreamErr(err)
+				}
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			if err := s.cw.Flush(); err != nil {
+				return clientErr(err)
+			}
+			if code == authOK || code == authSASLDone {
+				continue
+			}
+			// The client answers every other request with one message.
+			ctyp, cn, err := s.cr.header()
+			if err != nil {
+				return clientErr(err)
+			}
+			cbody, err := s.cr.body(cn)
+			if err != nil {
+				return clientErr(err)
+			}
+			if code == authSASL && plusWithheld && ctyp == 'p' && saslWantsBinding(cbody) {
+				s.sendFatal(fatal("28000", "fenceproxy: SCRAM channel binding cannot pass through the proxy, which terminates TLS; connect with channel_binding=disable"))
+				return clientErr(errors.New("client wants SCRAM channel binding, which the proxy cannot relay"))
+			}
+			if err := writeRaw(s.uw, ctyp, cbody); err != nil {
+				return upstreamErr(err)
+			}
+			if err := s.uw.Flush(); err != nil {
+				return upstreamErr(err)
+			}
+			if ctyp == 'X' {
+				return errSessionDone
+			}
+		case 'E':
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			_ = s.cw.Flush()
+			var e pgproto3.ErrorResponse
+			if err := e.Decode(body); err == nil {
+				return upstreamErr(fmt.Errorf("startup refused: %s (SQLSTATE %s)", e.Message, e.Code))
+			}
+			return upstreamErr(errors.New("startup refused"))
+		case 'Z':
+			if len(body) == 1 {
+				s.mu.Lock() // read by drain, from Shutdown
+				s.state.txStatus = body[0]
+				s.mu.Unlock()
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+			if err := s.cw.Flush(); err != nil {
+				return clientErr(err)
+			}
+			return nil
+		default: // ParameterStatus, BackendKeyData, NegotiateProtocolVersion, notices
+			if typ == 'S' {
+				// client_encoding, standard_conforming_strings from the
+				// startup packet, options, ALTER ROLE/DATABASE ... SET.
+				s.parameterStatus(body)
+			}
+			if typ == 'K' && len(body) >= 4 {
+				// The key is kept to cancel a running statement when the
+				// session is closed by force (never logged); the process ID
+				// also attributes audit events to sessions.
+				s.backendKey = append([]byte(nil), body...)
+				s.srv.mu.Lock() // read by SessionByBackendPID
+				s.info.BackendPID = binary.BigEndian.Uint32(body)
+				s.srv.mu.Unlock()
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
+		}
+	}
+}
+
+// withoutChannelBinding removes SCRAM-SHA-256-PLUS from an
+// AuthenticationSASL mechanism list: the proxy terminates TLS, so the
+// client's channel binding data could never match the upstream's. It
+// reports whether it removed anything.
+func withoutChannelBinding(body []byte) ([]byte, bool, error) {
+	var m pgproto3.AuthenticationSASL
+	if err := m.Decode(body); err != nil {
+		return nil, false, err
+	}
+	kept := m.AuthMechanisms[:0]
+	for _, mech := range m.AuthMechanisms {
+		if !strings.HasSuffix(mech, "-PLUS") {
+			kept = append(kept, mech)
+		}
+	}
+	withheld := len(kept) < len(m.AuthMechanisms)
+	m.AuthMechanisms = kept
+	buf, err := m.Encode(nil)
+	if err != nil {
+		return nil, false, err
+	}
+	return buf[5:], withheld, nil
+}
+
+// channelBindingPassesThrough reports whether SCRAM-SHA-256-PLUS can work
+// end to end: both legs are TLS and the proxy served the client the very
+// certificate the upstream served the proxy, so the tls-server-end-point
+// binding data (a hash of that certificate) is the same on both sides.
+func (s *session) channelBindingPassesThrough() bool {
+	if _, ok := s.client.(*tls.Conn); !ok {
+		return false
+	}
+	up, ok := s.upstream.(*tls.Conn)
+	if !ok {
+		return false
+	}
+	cfg := s.srv.opts.ClientTLS
+	if cfg == nil || cfg.GetCertificate != nil || cfg.GetConfigForClient != nil ||
+		len(cfg.Certificates) != 1 || len(cfg.Certificates[0].Certificate) == 0 {
+		return false // which certificate the client saw is not known
+	}
+	peer := up.ConnectionState().PeerCertificates
+	return len(peer) > 0 && bytes.Equal(peer[0].Raw, cfg.Certificates[0].Certificate[0])
+}
+
+// saslWantsBinding reports whether a SASLInitialResponse body carries the
+// GS2 flag "y": the client supports channel binding but was not offered it.
+func saslWantsBinding(body []byte) bool {
+	var m pgproto3.SASLInitialResponse
+	if err := m.Decode(body); err != nil {
+		return false
+	}
+	return len(m.Data) > 0 && m.Data[0] == 'y'
+}

@@ -1,0 +1,625 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// The session side of the prepared-statement bookkeeping: what the relay
+// does with Bind, Describe, Execute, Close and statements that prepare or
+// execute by name (state and response tracking are in prepared.go).
+
+// preparedResponse is called by the upstream-to-client copier for the
+// message types the bookkeeping needs. It reports whether to drop it.
+func (s *session) preparedResponse(typ byte, status byte) bool {
+	s.mu.Lock()
+	drop, mismatch := s.ps.response(typ, status)
+	if mismatch {
+		s.ps.loseTrack()
+	}
+	s.mu.Unlock()
+	if mismatch {
+		s.idleCond.Broadcast()
+		go s.terminate(fatal("XX000", "fenceproxy: lost track of the responses to prepared statements it re-prepared; reconnect"), "prepared-statement bookkeeping lost")
+	}
+	return drop
+}
+
+// refusePrepared builds an FP003 error.
+func refusePrepared(msg, hint string) *pgproto3.ErrorResponse {
+	return &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "FP003", Message: "fenceproxy: " + msg, Hint: hint}
+}
+
+// sendRefusedInstead sends, in place of a client's Bind, Describe or
+// Execute, a Parse that fails with e: the client gets e where it expects
+// the message's response, and the server skips to the next Sync.
+func (s *session) sendRefusedInstead(e *pgproto3.ErrorResponse) error {
+	s.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
+	sql := s.refusalSQL(e)
+	if !s.track('P') {
+		return errSessionDone
+	}
+	return upstreamErr(writeMsg(s.uw, &pgproto3.Parse{Name: s.ps.refusedName, Query: sql}))
+}
+
+// redecide decides a statement's text again under the rules in force and
+// reports whether it would send the same as def, with the decision taken.
+func (s *session) redecide(def *stmtDef) (same bool, d Decision, err error) {
+	lexing := s.lexingFor
+	if def.sqlLevel {
+		lexing = s.lexingNoWait // as in sqlOpDefs
+	}
+	lex, err := lexing(def.sql)
+	if err != nil {
+		return false, d, err
+	}
+	start := time.Now()
+	d = s.decide(lex, def.sql)
+	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
+	return decisionHash(&d, def.sql) == def.sent, d, nil
+}
+
+// waitEarlier waits until no change to e sent in an earlier segment is
+// unanswered, so that e.assumed() is what the server has. It reports false
+// if it cannot tell (timeout, lost bookkeeping).
+func (s *session) waitEarlier(e *stmtEntry) (bool, error) {
+	s.mu.Lock()
+	earlier := len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg
+	lost := s.ps.lost
+	s.mu.Unlock()
+	if lost {
+		return false, nil
+	}
+	if !earlier {
+		return true, nil
+	}
+	if err := s.uw.Flush(); err != nil {
+		return false, upstreamErr(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	timedOut := false
+	t := time.AfterFunc(lexWaitTimeout, func() {
+		s.mu.Lock()
+		timedOut = true
+		s.mu.Unlock()
+		s.idleCond.Broadcast()
+	})
+	defer t.Stop()
+	for len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg && !s.ps.lost && !s.state.finishing && !timedOut {
+		s.idleCond.Wait()
+	}
+	if s.state.finishing {
+		return false, errSessionDone
+	}
+	return !s.ps.lost && !(len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg), nil
+}
+
+const hintPrepareAgain = "Prepare the statement again (DEALLOCATE it, then PREPARE it), or reconnect."
+
+// stmtVerdict is what to do with a message that runs a prepared statement.
+type stmtVerdict struct {
+	refuse    *pgproto3.ErrorResponse
+	reprepare *stmtDef // prepare this definition again before the message
+	newSQL    string
+	def       *stmtDef // the definition the message runs (nil: none known)
+}
+
+// checkStatement decides whether a message running the prepared statement
+// name (Bind, Describe; SQL EXECUTE when sqlExec) may go ahead under the
+// rules of generation gen.
+func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVerdict, error) {
+	key := serverKey(name)
+	s.mu.Lock()
+	e := s.ps.stmts[key]
+	if e == nil {
+		s.mu.Unlock()
+		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("prepared statement %q was not prepared through this proxy session, so the rules it was decided under are unknown", name),
+			"Prepare statements through the proxy (PREPARE or a Parse message), not in functions.")}, nil
+	}
+	if g, ok := e.minGen(); !ok || g == gen {
+		def := e.assumed()
+		s.mu.Unlock()
+		return stmtVerdict{def: def}, nil
+	}
+	s.mu.Unlock()
+
+	ok, err := s.waitEarlier(e)
+	if err != nil {
+		return stmtVerdict{}, err
+	}
+	stale := refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules that have since been reloaded, and fenceproxy cannot check it against the rules in force", name), hintPrepareAgain)
+	if !ok {
+		return stmtVerdict{refuse: stale}, nil
+	}
+	s.mu.Lock()
+	def := e.assumed()
+	s.mu.Unlock()
+	if def == nil || def.gen == gen {
+		return stmtVerdict{def: def}, nil
+	}
+	if !def.kept {
+		return stmtVerdict{refuse: stale}, nil
+	}
+	same, d, err := s.redecide(def)
+	if err != nil {
+		return stmtVerdict{}, err
+	}
+	if same {
+		s.refreshDef(e, def, gen)
+		return stmtVerdict{def: def}, nil
+	}
+	if d.Action == Refuse && !def.sqlLevel {
+		return stmtVerdict{refuse: d.Refusal}, nil
+	}
+	if def.sqlLevel || sqlExec {
+		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules that have since been reloaded, and the rules in force treat it differently; it was not executed", name), hintPrepareAgain)}, nil
+	}
+	out := def.sql
+	if d.Action == Rewrite {
+		out = d.SQL
+	}
+	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops}
+	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
+}
+
+// refreshDef records that def, the definition the server has under e, is
+// still right under generation gen.
+func (s *session) refreshDef(e *stmtEntry, def *stmtDef, gen uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(e.pending) == 0 && e.confirmed == def {
+		nd := *def
+		nd.gen = gen
+		e.confirmed = &nd
+	}
+}
+
+// relayBind handles a Bind: the statement it binds must be decided under
+// the rules in force, and the portal remembers under which.
+func (s *session) relayBind(body []byte) error {
+	portal, rest, ok := cstring(body)
+	stmt, _, ok2 := cstring(rest)
+	if !ok || !ok2 {
+		return s.protocolViolation(fmt.Errorf("malformed Bind"))
+	}
+	gen := s.ps.pol.Generation()
+	v, err := s.checkStatement(stmt, gen, false)
+	if err != nil {
+		return err
+	}
+	if v.refuse != nil {
+		return s.sendRefusedInstead(v.refuse)
+	}
+	if v.reprepare != nil {
+		if err := s.reprepare(stmt, v); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	pkey := serverKey(portal)
+	old := s.ps.portals[pkey]
+	pe := &portalEntry{def: v.def, gen: gen, seg: s.ps.sentSeg}
+	if portal != "" && old != nil && old.seg >= s.ps.idleSeg {
+		// A named portal cannot be bound twice in a transaction: this
+		// Bind fails and the old one stays open.
+		pe.uncertain = true
+		pe.gen = min(old.gen, gen)
+	}
+	full := false
+	if old == nil && len(s.ps.portals) >= maxTrackedPortals {
+		for k, p := range s.ps.portals {
+			if p.seg < s.ps.idleSeg {
+				delete(s.ps.portals, k)
+			}
+		}
+		full = len(s.ps.portals) >= maxTrackedPortals
+	}
+	if !full {
+		s.ps.portals[pkey] = pe
+	}
+	s.mu.Unlock()
+	if full {
+		return s.sendRefusedInstead(refusePrepared("too many open portals in this session", "Close portals you no longer need, or end the transaction."))
+	}
+	return s.forwardTracked('B', body)
+}
+
+// reprepare sends Close and Parse for a statement whose text the rules in
+// force decide differently, before the client's message that runs it.
+func (s *session) reprepare(name string, v stmtVerdict) error {
+	s.mu.Lock()
+	s.ps.addStmtOp(name, nil, false, '3', false, 0)
+	s.mu.Unlock()
+	if !s.track('C') {
+		return errSessionDone
+	}
+	if err := writeMsg(s.uw, &pgproto3.Close{ObjectType: 'S', Name: name}); err != nil {
+		return upstreamErr(err)
+	}
+	s.mu.Lock()
+	s.ps.addStmtOp(name, v.reprepare, false, '1', false, 0)
+	if v.newSQL != v.reprepare.sql {
+		s.state.rewrote = true
+	}
+	s.mu.Unlock()
+	if !s.track('P') {
+		return errSessionDone
+	}
+	s.logger().Info("prepared statement re-prepared under reloaded rules", zap.String("statement", name))
+	return upstreamErr(writeMsg(s.uw, &pgproto3.Parse{Name: name, Query: v.newSQL, ParameterOIDs: v.reprepare.oids}))
+}
+
+// relayDescribe handles a Describe: a statement described must be the one
+// the rules in force decide.
+func (s *session) relayDescribe(body []byte) error {
+	if len(body) < 1 {
+		return s.protocolViolation(fmt.Errorf("malformed Describe"))
+	}
+	name, _, ok := cstring(body[1:])
+	if !ok {
+		return s.protocolViolation(fmt.Errorf("malformed Describe"))
+	}
+	if body[0] == 'S' {
+		v, err := s.checkStatement(name, s.ps.pol.Generation(), false)
+		if err != nil {
+			return err
+		}
+		if v.refuse != nil {
+			return s.sendRefusedInstead(v.refuse)
+		}
+		if v.reprepare != nil {
+			if err := s.reprepare(name, v); err != nil {
+				return err
+			}
+		}
+	}
+	return s.forwardTracked('D', body)
+}
+
+// relayExecute handles an Execute: a portal bound under older rules runs
+// only if the rules in force decide its statement the same way.
+func (s *session) relayExecute(body []byte) error {
+	portal, _, ok := cstring(body)
+	if !ok {
+		return s.protocolViolation(fmt.Errorf("malformed Execute"))
+	}
+	gen := s.ps.pol.Generation()
+	s.mu.Lock()
+	pe := s.ps.portals[serverKey(portal)]
+	if pe != nil && pe.seg < s.ps.idleSeg {
+		pe = nil // its transaction ended: the server has no such portal
+	}
+	var (
+		def   *stmtDef
+		fresh = true
+	)
+	if pe != nil {
+		def, fresh = pe.def, pe.gen == gen
+	}
+	s.mu.Unlock()
+	if !fresh {
+		stale := refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules that have since been reloaded, and the rules in force treat its statement differently; it was not executed", portal),
+			"Bind the statement again (the proxy prepares it again under the rules in force).")
+		if pe.uncertain || def == nil || !def.kept {
+			return s.sendRefusedInstead(stale)
+		}
+		same, _, err := s.redecide(def)
+		if err != nil {
+			return err
+		}
+		if !same {
+			return s.sendRefusedInstead(stale)
+		}
+		s.mu.Lock()
+		pe.gen = gen
+		s.mu.Unlock()
+	}
+	if def != nil && len(def.ops) > 0 {
+		// The statement prepares, runs or removes SQL-level statements.
+		e, err := s.checkExecutes(def.ops, gen)
+		if err != nil {
+			return err
+		}
+		if e != nil {
+			return s.sendRefusedInstead(e)
+		}
+		defs := s.sqlOpDefs(def.ops, gen)
+		s.mu.Lock()
+		overflow := s.ps.wouldOverflow('E', "", def.ops)
+		if !overflow {
+			s.registerSQLOps(def.ops, defs, false)
+		}
+		s.mu.Unlock()
+		if overflow {
+			return s.sendRefusedInstead(refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+				"Deallocate prepared statements you no longer need."))
+		}
+	}
+	return s.forwardTracked('E', body)
+}
+
+// relayClose handles a Close of a statement or portal.
+func (s *session) relayClose(body []byte) error {
+	if len(body) < 1 {
+		return s.protocolViolation(fmt.Errorf("malformed Close"))
+	}
+	name, _, ok := cstring(body[1:])
+	if !ok {
+		return s.protocolViolation(fmt.Errorf("malformed Close"))
+	}
+	s.mu.Lock()
+	switch body[0] {
+	case 'S':
+		s.ps.addStmtOp(name, nil, false, 0, false, 0)
+	case 'P':
+		key := serverKey(name)
+		pe := s.ps.portals[key]
+		s.ps.expect(0, func(o outcome) {
+			if o == outcomeOK && s.ps.portals[key] == pe {
+				delete(s.ps.portals, key)
+			}
+		})
+	}
+	s.mu.Unlock()
+	return s.forwardTracked('C', body)
+}
+
+// forwardTracked forwards a client message whose body was read.
+func (s *session) forwardTracked(typ byte, body []byte) error {
+	if !s.track(typ) {
+		return errSessionDone
+	}
+	return upstreamErr(writeRaw(s.uw, typ, body))
+}
+
+// checkExecutes checks the EXECUTEs among ops, skipping names defined
+// earlier in the same text (definedHere, updated as ops go). It returns a
+// refusal if one runs a statement decided under older rules that the rules
+// in force decide differently.
+func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, error) {
+	definedHere := make(map[string]bool)
+	for _, op := range ops {
+		key := serverKey(op.Name)
+		switch op.Kind {
+		case OpPrepare:
+			definedHere[key] = true
+		case OpDeallocate:
+			definedHere[key] = true // EXECUTE after it fails upstream
+		case OpDeallocateAll:
+			return nil, nil // every later EXECUTE fails upstream
+		case OpExecute:
+			if definedHere[key] {
+				continue
+			}
+			v, err := s.checkStatement(op.Name, gen, true)
+			if err != nil {
+				return nil, err
+			}
+			if v.refuse != nil {
+				return v.refuse, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// sqlOpDefs builds the definitions of the PREPAREs among ops, decided
+// under generation gen (read before the text was decided). If the rules
+// changed meanwhile, the definitions are marked so that they are decided
+// again before they run.
+func (s *session) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
+	defs := make([]*stmtDef, len(ops))
+	for i, op := range ops {
+		if op.Kind != OpPrepare {
+			continue
+		}
+		lex, err := s.lexingNoWait(op.Text)
+		sent := hashText("\x00unknown")
+		if err == nil {
+			d := s.decide(lex, op.Text)
+			sent = decisionHash(&d, op.Text)
+		}
+		s.mu.Lock()
+		defs[i] = s.ps.newDef(op.Text, sent, gen, nil, true)
+		s.mu.Unlock()
+	}
+	if s.ps.pol.Generation() != gen {
+		for _, d := range defs {
+			if d != nil {
+				d.sent = hashText("\x00unknown")
+			}
+		}
+	}
+	return defs
+}
+
+// lexingNoWait is the lexing for a text decided again later under the
+// same settings: the last reported ones.
+func (s *session) lexingNoWait(text string) (Lexing, error) {
+	s.mu.Lock()
+	lex := s.lex
+	s.mu.Unlock()
+	for i := 0; i < len(text); i++ {
+		switch c := text[i]; {
+		case c == '\\':
+			lex.Backslash = true
+		case c >= 0x80:
+			lex.NonASCII = true
+		}
+	}
+	return lex, nil
+}
+
+// registerSQLOps records the PREPAREs and DEALLOCATEs among ops, about to
+// be sent: as statements of a Query (query), or as the effects of the
+// Execute about to be sent. defs are from sqlOpDefs. Callers hold s.mu.
+func (s *session) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
+	for i, op := range ops {
+		switch op.Kind {
+		case OpPrepare:
+			s.ps.addStmtOp(op.Name, defs[i], false, 0, query, op.Stmt)
+		case OpDeallocate:
+			s.ps.addStmtOp(op.Name, nil, false, 0, query, op.Stmt)
+		case OpDeallocateAll:
+			for key := range s.ps.stmts {
+				s.ps.addStmtOp(key, nil, false, 0, query, op.Stmt)
+			}
+		}
+	}
+}
+
+// mentionsPrepared reports, cheaply and conservatively, whether sql may
+// prepare, execute or deallocate a statement, and whether it may execute
+// one.
+func mentionsPrepared(sql string) (any, execute bool) {
+	for i := 0; i+7 <= len(sql); i++ {
+		switch sql[i] | 0x20 {
+		case 'p':
+			if asciiFoldHasPrefix(sql[i:], "prepare") {
+				any = true
+			}
+		case 'e':
+			if asciiFoldHasPrefix(sql[i:], "execute") {
+				return true, true
+			}
+		case 'd':
+			if asciiFoldHasPrefix(sql[i:], "deallocate") || asciiFoldHasPrefix(sql[i:], "discard") {
+				any = true
+			}
+		}
+	}
+	return any, false
+}
+
+func asciiFoldHasPrefix(s, prefix string) bool {
+	if len(s) < len(prefix) {
+		return false
+	}
+	for i := 0; i < len(prefix); i++ {
+		if s[i]|0x20 != prefix[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// cstring splits a NUL-terminated string off b.
+func cstring(b []byte) (string, []byte, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return "", nil, false
+	}
+	return string(b[:i]), b[i+1:], true
+}
+
+// losePreparedTrack is called, with s.mu held, when the relay's
+// bookkeeping of responses goes wrong. If an injected message is still
+// unanswered, its response would reach the client: the session ends.
+func (s *session) losePreparedTrack() {
+	if s.ps == nil || s.ps.lost {
+		return
+	}
+	if s.ps.loseTrack() {
+		go s.terminate(fatal("XX000", "fenceproxy: lost track of the responses to prepared statements it re-prepared; reconnect"), "prepared-statement bookkeeping lost")
+	}
+	s.idleCond.Broadcast()
+}
+
+// trackPrepared does the prepared-statement bookkeeping of a Query or
+// Parse about to be sent with decision d (which it may turn into a
+// refusal): EXECUTEs of statements prepared under older rules are checked,
+// and what the text defines or removes is recorded.
+func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision) error {
+	var ops []PreparedOp
+	if d.Action != Refuse {
+		if anyOp, exec := mentionsPrepared(sql); anyOp {
+			var err error
+			ops, err = s.ps.pol.PreparedOps(sql)
+			switch {
+			case err != nil && exec:
+				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
+			case err != nil:
+				ops = nil
+			case d.Action == Rewrite && len(ops) > 0 && !sameOps(s.ps.pol, ops, d.SQL):
+				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot track the prepared statements of this text once rewritten", "Send PREPARE, EXECUTE and DEALLOCATE as statements of their own.")}
+			}
+		}
+	}
+	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
+		e, err := s.checkExecutes(ops, gen)
+		if err != nil {
+			return err
+		}
+		if e != nil {
+			*d = Decision{Action: Refuse, Refusal: e}
+		}
+	}
+	if d.Action == Refuse {
+		ops = nil
+	}
+	var defs []*stmtDef
+	if typ == 'Q' && len(ops) > 0 {
+		defs = s.sqlOpDefs(ops, gen)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d.Action != Refuse && s.ps.wouldOverflow(typ, p.Name, ops) {
+		*d = Decision{Action: Refuse, Refusal: refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+			"Deallocate prepared statements you no longer need.")}
+		ops, defs = nil, nil
+	}
+	switch {
+	case typ == 'Q':
+		s.registerSQLOps(ops, defs, true)
+	case d.Action == Refuse:
+		if p.Name == "" {
+			// The refused Parse still drops the unnamed statement.
+			s.ps.addStmtOp("", nil, true, 0, false, 0)
+		}
+		// A refused named Parse fails before it would replace anything.
+	default:
+		def := s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
+		def.ops = ops
+		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
+	}
+	return nil
+}
+
+// sameOps reports whether the rewritten text out has the same
+// prepared-statement operations at the same statement indexes as ops.
+func sameOps(pol PreparedPolicy, ops []PreparedOp, out string) bool {
+	got, err := pol.PreparedOps(out)
+	if err != nil || len(got) != len(ops) {
+		return false
+	}
+	for i := range ops {
+		if got[i].Kind != ops[i].Kind || got[i].Name != ops[i].Name || got[i].Stmt != ops[i].Stmt {
+			return false
+		}
+	}
+	return true
+}
+
+// wouldOverflow reports whether a Parse of name (typ 'P') or the PREPAREs
+// among ops would track more names than the limit. Callers hold s.mu.
+func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) bool {
+	n := len(ps.stmts)
+	if typ == 'P' && name != "" {
+		if _, ok := ps.stmts[serverKey(name)]; !ok {
+			n++
+		}
+	}
+	for _, op := range ops {
+		if op.Kind == OpPrepare {
+			if _, ok := ps.stmts[serverKey(op.Name)]; !ok {
+				n++
+			}
+		}
+	}
+	return n > maxTrackedStatements
+}

@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// refusalMarkerPrefix starts the text of every refusal statement.
+const refusalMarkerPrefix = "fenceproxy-refusal:"
+
+// refusalSQL registers a refusal and returns a statement that fails in the
+// upstream's parser (the cast of an unknown literal is evaluated during
+// parse analysis) and executes nothing. The error comes back in the right
+// place of the response stream and is replaced by e there.
+func (s *session) refusalSQL(e *pgproto3.ErrorResponse) string {
+	s.mu.Lock()
+	s.nextRef++
+	id := s.nextRef
+	// Bound the map: refusals are forgotten at each ReadyForQuery, so only
+	// a client pipelining thousands of refused statements reaches this.
+	if len(s.refusals) < 10000 {
+		s.refusals[id] = e
+	}
+	s.mu.Unlock()
+	return "SELECT '" + refusalMarkerPrefix + s.nonce + ":" + strconv.FormatUint(id, 10) + "'::pg_catalog.int8"
+}
+
+// takeRefusal returns the refusal whose marker appears in an upstream error.
+func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
+	if e.Code != "22P02" {
+		return nil
+	}
+	i := strings.Index(e.Message, refusalMarkerPrefix+s.nonce+":")
+	if i < 0 {
+		return nil
+	}
+	rest := e.Message[i+len(refusalMarkerPrefix)+len(s.nonce)+1:]
+	// Only the digits are read: what quotes the value depends on
+	// lc_messages (" in English, » « in German, « » in French).
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	if j == 0 {
+		return nil
+	}
+	id, err := strconv.ParseUint(rest[:j], 10, 64)
+	if err != nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.refusals[id]
+	delete(s.refusals, id)
+	return r
+}
+
+func (s *session) protocolViolation(err error) error {
+	s.terminate(fatal("08P01", "fenceproxy: invalid message from client"), "protocol violation")
+	return clientErr(err)
+}

@@ -1,0 +1,351 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// copyClientToUpstream relays client messages, passing SQL through the rules.
+func (s *session) copyClientToUpstream() error {
+	for {
+		if !s.cr.buffered() {
+			if err := s.uw.Flush(); err != nil {
+				return upstreamErr(err)
+			}
+		}
+		typ, n, err := s.cr.header()
+		if err != nil {
+			if errors.Is(err, errMessageTooLarge) || errors.Is(err, errBadLength) {
+				s.terminate(fatal("08P01", "fenceproxy: "+strings.TrimPrefix(err.Error(), "proxy: ")), "bad client message")
+				return clientErr(err)
+			}
+			if errors.Is(err, io.EOF) {
+				return errSessionDone
+			}
+			return clientErr(err)
+		}
+		switch typ {
+		case 'Q', 'P':
+			body, err := s.cr.body(n)
+			if err != nil {
+				return clientErr(err)
+			}
+			if err := s.relaySQL(typ, body); err != nil {
+				return err
+			}
+		case 'B', 'D', 'E', 'C':
+			if s.ps == nil {
+				if err := s.forwardUnread(typ, n); err != nil {
+					return err
+				}
+				continue
+			}
+			body, err := s.cr.body(n)
+			if err != nil {
+				return clientErr(err)
+			}
+			switch typ {
+			case 'B':
+				err = s.relayBind(body)
+			case 'D':
+				err = s.relayDescribe(body)
+			case 'E':
+				err = s.relayExecute(body)
+			case 'C':
+				err = s.relayClose(body)
+			}
+			if err != nil {
+				return err
+			}
+		case 'X':
+			// The server closes its end on Terminate: from here on an
+			// upstream EOF is the normal end of the session, not a failure.
+			s.mu.Lock()
+			s.state.finishing = true
+			s.mu.Unlock()
+			if err := writeHeader(s.uw, typ, 0); err == nil {
+				_ = s.uw.Flush()
+			}
+			return errSessionDone
+		default:
+			if err := s.forwardUnread(typ, n); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// forwardUnread forwards a client message without decoding its body.
+func (s *session) forwardUnread(typ byte, n int) error {
+	if !s.track(typ) {
+		return errSessionDone
+	}
+	if err := writeHeader(s.uw, typ, n); err != nil {
+		return upstreamErr(err)
+	}
+	if err := s.cr.copyBody(s.uw, n); err != nil {
+		return clientErr(err)
+	}
+	return nil
+}
+
+// track updates the idle bookkeeping for a client message about to be
+// forwarded. It returns false if the session is closing.
+func (s *session) track(typ byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state.finishing {
+		return false
+	}
+	// In copy-in mode the server ignores Sync and Flush (protocol docs,
+	// "COPY Operations"); CopyDone or CopyFail ends it.
+	if s.state.copyIn {
+		switch typ {
+		case 'S', 'H':
+			return true
+		case 'c', 'f':
+			s.state.copyIn = false
+		}
+	} else if typ == 'c' || typ == 'f' {
+		s.state.copyEndSent = true
+	}
+	switch typ {
+	case 'Q', 'F':
+		s.state.inFlight++
+		s.state.lastWasQuery = true
+		s.state.copyEndSent = false
+	case 'S':
+		s.state.inFlight++
+		s.state.unsynced = false
+		if !s.state.copyEndSent {
+			s.state.syncsSinceExecute++
+		}
+	case 'E':
+		s.state.unsynced = true
+		s.state.lastWasQuery = false
+		s.state.syncsSinceExecute = 0
+		s.state.copyEndSent = false
+		s.state.execsSinceIdle++
+	case 'P', 'B', 'D', 'C':
+		s.state.unsynced = true
+	}
+	if s.ps != nil {
+		s.ps.countSent(typ)
+	}
+	return true
+}
+
+// copyInStarted records a CopyInResponse or CopyBothResponse. When an
+// extended-protocol Execute started the copy, the Syncs the client sent
+// after it were ignored by the server and will get no ReadyForQuery.
+func (s *session) copyInStarted() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.state.lastWasQuery && (s.state.execsSinceIdle > 1 || s.state.copyEndSent) {
+		// Which Execute started this copy, and so which Syncs the server
+		// ignored, is unknown: never trust inFlight for lexing again.
+		s.state.desync = true
+		s.losePreparedTrack()
+	}
+	if !s.state.lastWasQuery {
+		s.state.inFlight = max(0, s.state.inFlight-s.state.syncsSinceExecute)
+		if s.ps != nil && s.state.syncsSinceExecute > 0 {
+			// Those Syncs end no segment: positions recorded after them
+			// are wrong.
+			s.ps.sentSeg -= uint64(s.state.syncsSinceExecute)
+			for _, h := range s.ps.fifo {
+				if h.seg > s.ps.recvSeg {
+					s.losePreparedTrack()
+					break
+				}
+			}
+		}
+		s.state.syncsSinceExecute = 0
+	}
+	if s.state.copyEndSent {
+		// The client already ended this copy.
+		s.state.copyEndSent = false
+	} else {
+		s.state.copyIn = true
+	}
+	// inFlight may have dropped, and the server now waits for the
+	// client: wake lexingFor.
+	s.idleCond.Broadcast()
+}
+
+// copyInEnded records an ErrorResponse: a server in copy-in mode leaves it
+// on an error, and then answers the client's next Sync.
+func (s *session) copyInEnded() {
+	s.mu.Lock()
+	s.state.copyIn = false
+	s.mu.Unlock()
+}
+
+// relaySQL takes the rules decision for a Query or Parse message and
+// forwards what it says.
+func (s *session) relaySQL(typ byte, body []byte) error {
+	var (
+		q     pgproto3.Query
+		p     pgproto3.Parse
+		sql   string
+		start = time.Now()
+	)
+	if typ == 'Q' {
+		if err := q.Decode(body); err != nil {
+			return s.protocolViolation(err)
+		}
+		sql = q.String
+	} else {
+		if err := p.Decode(body); err != nil {
+			return s.protocolViolation(err)
+		}
+		sql = p.Query
+	}
+	var gen uint64
+	if s.ps != nil {
+		// Before deciding: a reload during the decision then shows as a
+		// change of generation later.
+		gen = s.ps.pol.Generation()
+	}
+	lex, err := s.lexingFor(sql)
+	if err != nil {
+		return err
+	}
+	d := s.decide(lex, sql)
+	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
+	if s.ps != nil {
+		if err := s.trackPrepared(typ, &p, sql, gen, &d); err != nil {
+			return err
+		}
+	}
+	if !s.track(typ) {
+		return errSessionDone
+	}
+
+	var out string
+	switch d.Action {
+	case Forward:
+		if err := writeRaw(s.uw, typ, body); err != nil {
+			return upstreamErr(err)
+		}
+		return nil
+	case Rewrite:
+		out = d.SQL
+		s.mu.Lock()
+		s.state.rewrote = true
+		s.mu.Unlock()
+		if ce := s.logger().Check(zap.DebugLevel, "statement rewritten"); ce != nil {
+			ce.Write(zap.String("sql", d.SQL), zap.Strings("tables", d.Tables))
+		}
+	case Refuse:
+		if d.Refusal == nil {
+			d.Refusal = &pgproto3.ErrorResponse{Code: "XX000", Message: "fenceproxy: statement refused"}
+		}
+		out = s.refusalSQL(d.Refusal)
+		s.logger().Info("statement refused", zap.String("sqlstate", d.Refusal.Code), zap.String("reason", d.Refusal.Message))
+	default:
+		return fmt.Errorf("proxy: unknown policy action %d", d.Action)
+	}
+	var msg encoder
+	if typ == 'Q' {
+		msg = &pgproto3.Query{String: out}
+	} else {
+		oids := p.ParameterOIDs
+		if d.Action == Refuse {
+			oids = nil
+		}
+		msg = &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}
+	}
+	if err := writeMsg(s.uw, msg); err != nil {
+		return upstreamErr(err)
+	}
+	return nil
+}
+
+// decide asks the policy, failing closed if it panics: a bug in the
+// rewriter or the parser must refuse one statement, not crash the proxy.
+func (s *session) decide(lex Lexing, sql string) (d Decision) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger().Error("policy panicked; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+			d = Decision{Action: Refuse, Refusal: &pgproto3.ErrorResponse{
+				Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000",
+				Message: "fenceproxy: internal error while inspecting the statement; it was not executed",
+			}}
+		}
+	}()
+	return s.srv.opts.Policy.Decide(&s.info, lex, sql)
+}
+
+// lexingFor returns how the server will tokenize sql. Only backslashes
+// (standard_conforming_strings) and bytes >= 0x80 (client_encoding) can be
+// read differently, so for SQL with neither the last reported settings do.
+// Otherwise the proxy must not decide on stale settings: earlier statements
+// still in flight may change them (their ParameterStatus arrives with
+// their ReadyForQuery), so it sends what it has and waits for the server to
+// answer. Extended-protocol messages not yet followed by a Sync cannot be
+// waited for; then Lexing.Uncertain is set and the policy decides.
+func (s *session) lexingFor(sql string) (Lexing, error) {
+	var text Lexing
+	for i := 0; i < len(sql) && !(text.Backslash && text.NonASCII); i++ {
+		switch c := sql[i]; {
+		case c == '\\':
+			text.Backslash = true
+		case c >= 0x80:
+			text.NonASCII = true
+		}
+	}
+	sensitive := text.Backslash || text.NonASCII
+	if sensitive {
+		// Only statements the policy may act on need the server's exact
+		// reading; the others are forwarded as sent anyway.
+		if m, ok := s.srv.opts.Policy.(MayTouchPolicy); ok && !m.MayTouch(&s.info, sql) {
+			sensitive = false
+		}
+	}
+	s.mu.Lock()
+	if !sensitive || (s.state.inFlight == 0 && !s.state.unsynced) {
+		lex := s.lex
+		lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
+		// After the bookkeeping lost track once, fail closed for good.
+		lex.Uncertain = sensitive && s.state.desync
+		s.mu.Unlock()
+		return lex, nil
+	}
+	s.mu.Unlock()
+	if err := s.uw.Flush(); err != nil {
+		return Lexing{}, upstreamErr(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Bounded: the bookkeeping can overcount (a Query discarded by a
+	// server skipping to Sync), and the server may be waiting for the
+	// client (copy-in); never block reading the client forever.
+	timedOut := false
+	t := time.AfterFunc(lexWaitTimeout, func() {
+		s.mu.Lock()
+		timedOut = true
+		s.mu.Unlock()
+		s.idleCond.Broadcast()
+	})
+	defer t.Stop()
+	for s.state.inFlight > 0 && !s.state.finishing && !s.state.copyIn && !timedOut {
+		s.idleCond.Wait()
+	}
+	if s.state.finishing {
+		return Lexing{}, errSessionDone
+	}
+	lex := s.lex
+	lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
+	lex.Uncertain = s.state.unsynced || s.state.inFlight > 0 || s.state.copyIn || s.state.desync
+	return lex, nil
+}
+
+// lexWaitTimeout bounds how long lexingFor waits for earlier statements.
+var lexWaitTimeout = 5 * time.Second
