@@ -369,27 +369,6 @@ func (r *Rules) unicodeEscape(s string) bool {
 	return false
 }
 
-// visitStrings calls f with every string field of every message under m.
-func visitStrings(m protoreflect.Message, f func(string)) {
-	if !m.IsValid() {
-		return
-	}
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.Kind() == protoreflect.StringKind && !fd.IsList():
-			f(v.String())
-		case fd.Message() != nil && fd.IsList():
-			l := v.List()
-			for i := 0; i < l.Len(); i++ {
-				visitStrings(l.Get(i).Message(), f)
-			}
-		case fd.Message() != nil && !fd.IsMap():
-			visitStrings(v.Message(), f)
-		}
-		return true
-	})
-}
-
 // post queues the rewrite of a write statement whose target is protected.
 func (w *walker) post(m protoreflect.ProtoMessage) {
 	switch n := m.(type) {

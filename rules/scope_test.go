@@ -252,10 +252,10 @@ func TestForSessionBeyondTheMemoBound(t *testing.T) {
 		}
 	}
 	// Early sessions were memoized, late ones were not.
-	if r.ForSession("db", "u", "p1") != r.ForSession("db", "u", "p1") {
+	if a, b := r.ForSession("db", "u", "p1"), r.ForSession("db", "u", "p1"); a != b {
 		t.Error("early session not memoized")
 	}
-	if r.ForSession("db", "u", "p511") == r.ForSession("db", "u", "p511") {
+	if a, b := r.ForSession("db", "u", "p511"), r.ForSession("db", "u", "p511"); a == b {
 		t.Error("session beyond the bound memoized")
 	}
 }

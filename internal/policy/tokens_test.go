@@ -80,7 +80,7 @@ func testTokens(t *testing.T, e *env) {
 	})
 
 	t.Run("SET-LOCAL", func(t *testing.T) {
-		before := fresh(t)
+		fresh(t)
 		c := e.connect(t, db)
 		exec(t, c, "BEGIN")
 		exec(t, c, "SET LOCAL fence.token = '42'")
@@ -90,7 +90,7 @@ func testTokens(t *testing.T, e *env) {
 		exec(t, c, "COMMIT")
 		wantRow(t, d, tError, 1, 1, 42)
 		// After COMMIT the setting is gone (it reads as '').
-		before = snapshot(t, d, tError)
+		before := snapshot(t, d, tError)
 		refused(t, c, "FP002", before)
 
 		// SET LOCAL overrides the session's token for one transaction.
@@ -117,7 +117,7 @@ func testTokens(t *testing.T, e *env) {
 		accepted(t, c, 2) // the session keeps it
 
 		// is_local: only for the transaction.
-		before := fresh(t)
+		fresh(t)
 		c = e.connect(t, db)
 		tx, err := c.Begin(ctx)
 		if err != nil {
@@ -133,7 +133,7 @@ func testTokens(t *testing.T, e *env) {
 			t.Fatal(err)
 		}
 		wantRow(t, d, tError, 1, 1, 42)
-		before = snapshot(t, d, tError)
+		before := snapshot(t, d, tError)
 		refused(t, c, "FP002", before)
 
 		// is_local outside a transaction block lasts for its own implicit
