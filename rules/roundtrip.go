@@ -26,6 +26,11 @@ func deparseChecked(version int32, raw *pg.RawStmt) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	md := (&pg.ParseResult{}).ProtoReflect().Descriptor()
+	if d := protoDepth(built, md); d < 0 || d > maxDeparseDepth {
+		// The deparser's stack use grows with the depth (see depth.go).
+		return "", fmt.Errorf("the statement nests %d levels deep, more than the %d fenceproxy can print safely; nest fewer subqueries or shorten chains of operators, UNIONs or JOINs", d, maxDeparseDepth)
+	}
 	text, err := parser.DeparseFromProtobuf(built)
 	if err != nil {
 		return "", err
@@ -34,7 +39,6 @@ func deparseChecked(version int32, raw *pg.RawStmt) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("the rewritten statement does not parse: %v", err)
 	}
-	md := (&pg.ParseResult{}).ProtoReflect().Descriptor()
 	a, okA := canonical(nil, built, md)
 	b, okB := canonical(nil, back, md)
 	if !okA || !okB || !bytes.Equal(a, b) {
