@@ -254,8 +254,11 @@ func (e *nestingScan) close(closer byte) {
 		c := e.levels[len(e.levels)-1]
 		e.levels = e.levels[:len(e.levels)-1]
 		p := e.top()
-		// The closed bracket's height above where it opened.
+		// The closed bracket's height above where it opened. The group
+		// also counts as a token of the enclosing piece: whatever
+		// follows it may sit above it.
 		p.hi = max(p.hi, c.max-c.base+bracketWeight)
+		p.piece++
 		v := p.cur()
 		p.max = max(p.max, v)
 		e.best = max(e.best, v)

@@ -66,9 +66,9 @@ var nestingForms = func() []nestingForm {
 		{"cast-function", around("cast(", "1", " as int)")},
 		{"subscript", where("(array[1])", "[1]", "")},
 		{"indirection", where("(row(1)).f", ".f", "")},
-		{"union", stmt("select 1", " union select 1", "")},
-		{"union-all", stmt("select 1", " union all select 1", "")},
-		{"intersect", stmt("select 1", " intersect select 1", "")},
+		{"union", stmt("select 1 from config", " union select 1", "")},
+		{"union-all", stmt("select 1 from config", " union all select 1", "")},
+		{"intersect", stmt("select 1 from config", " intersect select 1", "")},
 		{"join", stmt("select 1 from config a", " join config b on true", "")},
 		{"cross-join", stmt("select 1 from config a", " cross join config", "")},
 		{"from-subquery", func(n int) string {
@@ -157,4 +157,147 @@ func TestProtoDepth(t *testing.T) {
 	if d := protoDepth([]byte{0xff}, md); d != -1 {
 		t.Errorf("malformed: %d", d)
 	}
+}
+
+func deepRules(t testing.TB, mode string) *Rules {
+	t.Helper()
+	r, err := Compile(Config{Tables: []Table{{Table: "public.config", Mode: mode}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestDeepStatements sends every nesting form 30,000 deep, which crashed
+// the proxy (SIGSEGV in libpg_query) before the depth check, and 1,000
+// deep, which crashed it on small thread stacks or in the deparser.
+func TestDeepStatements(t *testing.T) {
+	enforce, audit := deepRules(t, ""), deepRules(t, "audit")
+	for _, f := range nestingForms {
+		t.Run(f.name, func(t *testing.T) {
+			for _, n := range []int{1000, 30000} {
+				sql := f.build(n)
+				if nestingEstimate(sql, maxNestingEstimate) <= maxNestingEstimate {
+					if n == 30000 {
+						t.Errorf("n=%d: not over the limit", n)
+					}
+					continue
+				}
+				d := enforce.Decide(sql)
+				if d.Action != Refuse || d.Err.Code != CodeRefused || !strings.Contains(d.Err.Message, "nests too deeply") ||
+					d.Err.Table != "public.config" || d.Err.Hint == "" {
+					t.Fatalf("n=%d: got %v %+v", n, d.Action, d.Err)
+				}
+				// Audit mode never blocks: forwarded, the refusal recorded.
+				if d := audit.Decide(sql); d.Action != Forward || d.AuditRefusal == nil || d.AuditRefusal.Code != CodeRefused {
+					t.Fatalf("n=%d audit: got %v %+v", n, d.Action, d.AuditRefusal)
+				}
+				// An unprotected table: MayTouch is false, not parsed.
+				other := strings.ReplaceAll(sql, "config", "cfg")
+				if d := enforce.Decide(other); d.Action != Forward || d.AuditRefusal != nil {
+					t.Fatalf("n=%d unprotected: got %v %+v", n, d.Action, d.Err)
+				}
+				// MayTouch fires on the schema name after "alter" only:
+				// the statement names no protected table.
+				if d := enforce.Decide(other + " -- alter public"); d.Action != Forward {
+					t.Fatalf("n=%d schema only: got %v %+v", n, d.Action, d.Err)
+				}
+				// U& may spell any name: refused.
+				if d := enforce.Decide(other + " -- u&"); d.Action != Refuse || d.Err.Code != CodeRefused {
+					t.Fatalf("n=%d U&: got %v %+v", n, d.Action, d.Err)
+				}
+			}
+		})
+	}
+}
+
+// TestDeepRewriteNotDeparsed checks that a rewrite whose tree is too deep
+// for the deparser is refused before it reaches it, and that one just
+// within the limit is rewritten.
+func TestDeepRewriteNotDeparsed(t *testing.T) {
+	r := deepRules(t, "")
+	sql := "update config set n = 1" + strings.Repeat("+1", 600) + " where id = 1"
+	if d := r.Decide(sql); d.Action != Refuse || !strings.Contains(d.Err.Detail, "nests") {
+		t.Fatalf("600 terms: got %v %+v", d.Action, d.Err)
+	}
+	sql = "update config set n = 1" + strings.Repeat("+1", 400) + " where id = 1"
+	if d := r.Decide(sql); d.Action != Rewrite {
+		t.Fatalf("400 terms: got %v %+v", d.Action, d.Err)
+	}
+}
+
+// TestLargeFlatStatementsRewritten: long lists are not deep.
+func TestLargeFlatStatementsRewritten(t *testing.T) {
+	r := deepRules(t, "")
+	rows := make([]string, 5000)
+	for i := range rows {
+		rows[i] = fmt.Sprintf("(%d, %d)", i, i)
+	}
+	terms := make([]string, 1000)
+	for i := range terms {
+		terms[i] = fmt.Sprintf("id = %d", i)
+	}
+	arms := make([]string, 1000)
+	for i := range arms {
+		arms[i] = fmt.Sprintf("when %d then %d", i, i)
+	}
+	for name, sql := range map[string]string{
+		"values":  "insert into config (id, n) values " + strings.Join(rows, ", "),
+		"in":      "update config set n = n + 1 where id in (" + strings.Repeat("1, ", 999) + "1)",
+		"or":      "delete from config where " + strings.Join(terms, " or "),
+		"and":     "update config set n = 1 where " + strings.Join(terms, " and "),
+		"case":    "update config set n = case id " + strings.Join(arms, " ") + " else n end where id > 0",
+		"chain":   "update config set n = n" + strings.Repeat(" + 1", 300) + " where id = 1",
+		"unions":  "insert into config (id, n) select 1, 1" + strings.Repeat(" union all select 1, 1", 300),
+		"parens":  "update config set n = " + strings.Repeat("(", 100) + "1" + strings.Repeat(")", 100),
+		"selects": "update config set n = " + strings.Repeat("(select ", 50) + "1" + strings.Repeat(")", 50),
+	} {
+		if d := r.Decide(sql); d.Action != Rewrite {
+			t.Errorf("%s: got %v %+v", name, d.Action, d.Err)
+		}
+	}
+}
+
+// TestDecisionCacheSkipsHugeStatements: a statement too large to cache is
+// neither stored nor looked up (hashing it under the cache's lock would
+// hold up every other session).
+func TestDecisionCacheSkipsHugeStatements(t *testing.T) {
+	c := newDecisionCache(4)
+	huge := strings.Repeat("x", maxCachedSQLLen+1)
+	c.put(0, huge, Decision{Action: Refuse})
+	if _, ok := c.get(0, huge); ok || c.len() != 0 {
+		t.Fatal("huge statement cached")
+	}
+}
+
+// FuzzDepth builds a deep statement from a nesting form, a depth and a
+// tail, or takes the tail alone (form 255), and checks that Decide
+// survives it, that the estimate bounds the parse tree wherever it lets
+// the parser see the statement, and that a statement over the limit that
+// names the protected table is refused. The seeds (testdata/fuzz/FuzzDepth)
+// are small: the deep text is generated here. Run longer with
+//
+//	go test ./rules -run '^$' -fuzz FuzzDepth -fuzztime 60s
+func FuzzDepth(f *testing.F) {
+	r := deepRules(f, "")
+	md := (&pg.ParseResult{}).ProtoReflect().Descriptor()
+	f.Fuzz(func(t *testing.T, form uint8, n uint16, tail string) {
+		sql := tail
+		if int(form) < len(nestingForms) {
+			sql = nestingForms[form].build(int(n)) + tail
+		}
+		est := nestingEstimate(sql, maxNestingEstimate)
+		d := r.Decide(sql)
+		if est > maxNestingEstimate {
+			if strings.Contains(sql, "config") && d.Action != Refuse {
+				t.Fatalf("estimate %d over the limit, but %v", est, d.Action)
+			}
+			return
+		}
+		if b, err := parser.ParseToProtobuf(sql); err == nil {
+			if depth := protoDepth(b, md); depth < 0 || depth > 2*est+16 {
+				t.Fatalf("estimate %d, tree %d deep: %.200q", est, depth, sql)
+			}
+		}
+	})
 }
