@@ -36,6 +36,9 @@ func newDecisionCache(max int) *decisionCache {
 }
 
 func (c *decisionCache) get(set uint32, sql string) (Decision, bool) {
+	if len(sql) > maxCachedSQLLen {
+		return Decision{}, false // never cached; and hashing it under the lock would stall other sessions
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[cacheKey{set, sql}]

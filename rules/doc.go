@@ -22,7 +22,11 @@
 // every node of the tree (writable CTEs, PREPARE, EXPLAIN, COPY (query) TO,
 // every statement of a multi-statement string) and a rewrite of each
 // protected write. A statement that names a protected table and does not
-// parse is refused.
+// parse is refused, and so is one that nests too deeply to parse safely:
+// before parsing, the text's nesting is bounded in one linear pass (chains
+// of operators, UNIONs and JOINs and nested brackets count; lists do not),
+// because libpg_query recurses without a stack check and a deep enough
+// tree would crash the process.
 //
 // In a multi-statement string only the statements that write a protected
 // table are replaced by their deparsed rewrite; the others keep their
@@ -239,7 +243,7 @@
 // constants read as SQL for dynamic SQL; see body.go); a rule whose actions write a protected table; an
 // unqualified name matching protected tables in several schemas that are
 // fenced differently; and any statement that mentions a protected table but
-// does not parse.
+// does not parse, or nests too deeply to be parsed or printed safely.
 //
 // DDL on a protected table is default-deny (see ddl.go): allowed are only
 // CREATE INDEX, REINDEX, COMMENT, GRANT/REVOKE, ANALYZE, VACUUM, CLUSTER and

@@ -47,6 +47,9 @@ type rewritten struct {
 // decision instead when there is nothing to rewrite (Forward) or the
 // statement is refused.
 func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
+	if d := r.tooDeep(sql); d != nil {
+		return nil, d // parsing it could overflow the stack
+	}
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		tables := r.mentioned(sql)
