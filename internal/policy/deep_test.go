@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
