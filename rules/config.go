@@ -11,6 +11,8 @@ const (
 	DefaultTokenSetting = "fence.token"
 	DefaultColumn       = "last_fence"
 	DefaultCacheSize    = 4096
+	// DefaultMaxCheckBytes is Config.MaxCheckBytes when it is 0: 1 MiB.
+	DefaultMaxCheckBytes = 1 << 20
 )
 
 // maxIdentLen is PostgreSQL's NAMEDATALEN-1: longer identifiers are
@@ -83,6 +85,13 @@ type Config struct {
 	// sharing the database. Default "". At most MaxAuditTagLen bytes of
 	// valid UTF-8 without NUL bytes.
 	AuditTag string `yaml:"audit_tag"`
+	// MaxCheckBytes bounds the size of a statement the rewriter parses:
+	// checking and rewriting a statement takes memory in proportion to it
+	// (about 200 times its size for a large multi-row INSERT), so a larger
+	// statement that may touch a protected table is refused (FP003)
+	// instead. 0 means DefaultMaxCheckBytes; statements that cannot touch a
+	// protected table are never parsed and have no such limit.
+	MaxCheckBytes int `yaml:"max_check_bytes"`
 }
 
 // MaxAuditTagLen bounds Config.AuditTag, which every audit notification
@@ -109,6 +118,9 @@ func (t *tableRule) sameFencing(o *tableRule) bool {
 // Compile validates and normalises cfg. Errors name the offending key, e.g.
 // `tables[1].on_stale: must be "error" or "skip", got "x"`.
 func Compile(cfg Config) (*Rules, error) {
+	if cfg.MaxCheckBytes < 0 {
+		return nil, fmt.Errorf("max_check_bytes: must not be negative, got %d", cfg.MaxCheckBytes)
+	}
 	setting := cfg.TokenSetting
 	if setting == "" {
 		setting = DefaultTokenSetting
@@ -163,7 +175,12 @@ func Compile(cfg Config) (*Rules, error) {
 	if size > 0 {
 		cache = newDecisionCache(size)
 	}
-	return newRoot(setting, cfg.AuditTag, order, cache), nil
+	r := newRoot(setting, cfg.AuditTag, order, cache)
+	r.maxCheck = cfg.MaxCheckBytes
+	if r.maxCheck == 0 {
+		r.maxCheck = DefaultMaxCheckBytes
+	}
+	return r, nil
 }
 
 // checkShadow rejects entry e when an earlier entry prev for the same table

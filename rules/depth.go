@@ -379,12 +379,16 @@ func skipDollar(sql string, i int) int {
 	return j + 1 + end + len(delim)
 }
 
-// tooDeep is the refusal for a statement whose nesting estimate est is
-// over the limit, or nil when it is not. A statement that names no
+// tooDeep is the refusal for a statement whose nesting estimate is over
+// the limit, or that is larger than Config.MaxCheckBytes (tooLarge), or nil
+// when it is neither. A statement that names no
 // protected relation (MayTouch fired on a schema name) is forwarded, and so
 // is one that concerns only audit-mode tables, with the refusal recorded,
 // like a statement that does not parse.
 func (r *Rules) tooDeep(sql string) *Decision {
+	if r.maxCheck > 0 && len(sql) > r.maxCheck {
+		return r.tooLarge(sql)
+	}
 	est := nestingEstimate(sql, maxNestingEstimate)
 	if est <= maxNestingEstimate {
 		return nil
@@ -398,6 +402,26 @@ func (r *Rules) tooDeep(sql string) *Decision {
 		fmt.Sprintf("fenceproxy: statement nests too deeply for fenceproxy to check it for writes to %s", describeTables(names)),
 		fmt.Sprintf("Its operators, brackets, set operations or joins nest more than %d levels deep (estimated from the text), and parsing it could exhaust the proxy's stack.", maxNestingEstimate),
 		"Split long chains of operators, UNIONs or JOINs into lists (IN (...), multi-row VALUES, AND/OR) or into several statements, or nest fewer subqueries.")
+	if allAudit(tables) && !r.unicodeEscape(sql) {
+		d = Decision{Action: Forward, Tables: d.Tables, AuditRefusal: d.Err}
+	}
+	return &d
+}
+
+// tooLarge refuses a statement larger than Config.MaxCheckBytes that may
+// touch a protected table: parsing and rewriting it would take memory in
+// proportion to its size, many times over. The tables it names are found
+// as in a statement that does not parse.
+func (r *Rules) tooLarge(sql string) *Decision {
+	tables := r.mentioned(sql)
+	if len(tables) == 0 && !r.unicodeEscape(sql) {
+		return &Decision{Action: Forward}
+	}
+	names := displays(tables)
+	d := refuse(names,
+		fmt.Sprintf("fenceproxy: statement of %d bytes is too large for fenceproxy to check it for writes to %s", len(sql), describeTables(names)),
+		fmt.Sprintf("fenceproxy checks statements that may touch a protected table up to %d bytes (max_check_bytes).", r.maxCheck),
+		"Send the rows in several smaller statements, or raise max_check_bytes.")
 	if allAudit(tables) && !r.unicodeEscape(sql) {
 		d = Decision{Action: Forward, Tables: d.Tables, AuditRefusal: d.Err}
 	}

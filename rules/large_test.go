@@ -77,3 +77,35 @@ func TestLargeInsertSize(t *testing.T) {
 		t.Errorf("allocation grows %.2fx from 1000 to 5000 rows, want about 5x", g)
 	}
 }
+
+// TestMaxCheckBytes: a statement over the limit that may touch a
+// protected table is refused (only recorded for audit-mode tables), and
+// one that cannot is forwarded unparsed.
+func TestMaxCheckBytes(t *testing.T) {
+	r, err := rules.Compile(rules.Config{MaxCheckBytes: 4096, Tables: []rules.Table{
+		{Table: "public.config"}, {Table: "public.audited", Mode: "audit"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := " /*" + strings.Repeat("x", 5000) + "*/"
+	if d := r.Decide("UPDATE config SET a = 1" + pad); d.Action != rules.Refuse || d.Err.Code != rules.CodeRefused ||
+		!strings.Contains(d.Err.Message, "too large") || strings.Join(d.Tables, ",") != "public.config" {
+		t.Errorf("protected: %+v %+v", d, d.Err)
+	}
+	if d := r.Decide("UPDATE other SET a = 1" + pad); d.Action != rules.Forward || d.AuditRefusal != nil {
+		t.Errorf("unprotected: %+v", d)
+	}
+	if d := r.Decide("UPDATE audited SET a = 1" + pad); d.Action != rules.Forward || d.AuditRefusal == nil {
+		t.Errorf("audit: %+v", d)
+	}
+	if d := r.Decide("UPDATE U&\"\\0063onfig\" SET a = 1" + pad); d.Action != rules.Refuse {
+		t.Errorf("disguised: %+v", d)
+	}
+	if d := r.Decide("UPDATE config SET a = 1"); d.Action != rules.Rewrite {
+		t.Errorf("small: %+v", d)
+	}
+	if _, err := rules.Compile(rules.Config{MaxCheckBytes: -1}); err == nil {
+		t.Error("negative max_check_bytes accepted")
+	}
+}

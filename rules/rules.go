@@ -77,6 +77,7 @@ type Rules struct {
 	audited  []string    // AuditTables(), shared with the root
 	scopes   *scopeIndex // nil when no entry has a scope
 	nonASCII bool        // HasNonASCIINames, shared with the root
+	maxCheck int         // Config.MaxCheckBytes, shared with the root
 }
 
 // newSet builds a rule set fencing tables.

@@ -48,6 +48,12 @@ type Config struct {
 	// RewriteCacheEntries bounds the per-rule-set cache of rewrite decisions,
 	// keyed by statement text. Default 4096; 0 disables the cache.
 	RewriteCacheEntries int `yaml:"rewrite_cache_entries"`
+	// MaxCheckBytes bounds the size of a statement that may touch a
+	// protected table and so has to be parsed and possibly rewritten, which
+	// takes memory in proportion to its size; larger ones are refused with
+	// FP003 (statements that cannot touch a protected table are not
+	// parsed). Default 1048576 (1 MiB).
+	MaxCheckBytes int `yaml:"max_check_bytes"`
 	// Tables lists the protected tables. Default: none (a pure relay).
 	Tables []rules.Table `yaml:"tables"`
 }
@@ -150,6 +156,7 @@ func Defaults() Config {
 		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
 		TokenSetting:        "fence.token",
 		RewriteCacheEntries: 4096,
+		MaxCheckBytes:       rules.DefaultMaxCheckBytes,
 	}
 }
 
@@ -265,6 +272,9 @@ func (c *Config) Validate() error {
 			bad("audit.dsn", "not a valid connection string")
 		}
 	}
+	if c.MaxCheckBytes < 1024 {
+		bad("max_check_bytes", "must be at least 1024, got %d", c.MaxCheckBytes)
+	}
 	if c.RewriteCacheEntries < 0 {
 		bad("rewrite_cache_entries", "must not be negative, got %d", c.RewriteCacheEntries)
 	}
@@ -280,7 +290,7 @@ func (c *Config) RulesConfig() rules.Config {
 	if size == 0 {
 		size = -1 // rules: negative disables the cache, 0 means its default
 	}
-	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheSize: size}
+	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheSize: size, MaxCheckBytes: c.MaxCheckBytes}
 }
 
 // Rules compiles the protected-table rules.
