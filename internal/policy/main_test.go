@@ -31,9 +31,9 @@ import (
 // outcome in the database itself: docs/design.md, "The proxy" end to end.
 //
 // One cluster serves the whole package. There is one rule configuration
-// (testRules), so one proxy: TestFencing starts it and runs every group of
-// checks as a parallel subtest. Each group works in databases of its own,
-// made by newDB with the same schema, so groups never see each other's rows.
+// (testRules); each top-level test starts its own proxy with it (startEnv)
+// and works in databases of its own, made by newDB with the same schema, so
+// tests never see each other's rows.
 
 // cluster is the PostgreSQL server behind the proxy.
 var cluster *pgcluster.Cluster
@@ -116,43 +116,71 @@ INSERT INTO %[1]s (id, payload) VALUES (1, 'a'), (2, 'b'), (3, 'c');
 	return b.String()
 }()
 
-// env is what the subtests of TestFencing share: the proxy enforcing
+// env is what a test's checks share: the proxy enforcing
 // testRules.
 type env struct {
 	proxy *proxytest.Proxy
 }
 
-// TestFencing starts the package's proxy and runs every group of checks
-// against it, in parallel.
-func TestFencing(t *testing.T) {
+// startEnv starts a proxy enforcing testRules for one test.
+func startEnv(t *testing.T) *env {
+	t.Helper()
 	rs, err := rules.Compile(testRules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+	return &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
 		Policy: policy.New(rs, false, policy.Options{}),
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})}
-	groups := []struct {
-		name string
-		run  func(*testing.T, *env)
-	}{
-		{"Forms", testForms},
-		{"Refusals", testRefusals},
-		{"Race", testRace},
-		{"Transaction", testTransaction},
-		{"Tokens", testTokens},
-		{"Errors", testErrors},
-		{"Protocols", testProtocols},
-		{"Edges", testEdges},
-		{"DDL", testDDL},
-	}
-	for _, g := range groups {
-		t.Run(g.name, func(t *testing.T) {
-			t.Parallel()
-			g.run(t, e)
-		})
-	}
+}
+
+// Each group of checks runs in parallel with the others, against a proxy
+// of its own, in databases of its own.
+
+func TestForms(t *testing.T) {
+	t.Parallel()
+	testForms(t, startEnv(t))
+}
+
+func TestRefusals(t *testing.T) {
+	t.Parallel()
+	testRefusals(t, startEnv(t))
+}
+
+func TestRace(t *testing.T) {
+	t.Parallel()
+	testRace(t, startEnv(t))
+}
+
+func TestTransaction(t *testing.T) {
+	t.Parallel()
+	testTransaction(t, startEnv(t))
+}
+
+func TestTokens(t *testing.T) {
+	t.Parallel()
+	testTokens(t, startEnv(t))
+}
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	testErrors(t, startEnv(t))
+}
+
+func TestProtocols(t *testing.T) {
+	t.Parallel()
+	testProtocols(t, startEnv(t))
+}
+
+func TestEdges(t *testing.T) {
+	t.Parallel()
+	testEdges(t, startEnv(t))
+}
+
+func TestDDL(t *testing.T) {
+	t.Parallel()
+	testDDL(t, startEnv(t))
 }
 
 var dbSeq atomic.Int64

@@ -9,28 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
-	"github.com/fenceproxy/fenceproxy/internal/policy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
-
-// startEnv starts a proxy of its own enforcing testRules, as TestFencing
-// does, for a top-level test that runs apart from TestFencing's groups.
-func startEnv(t *testing.T) *env {
-	t.Helper()
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
-}
 
 // ORMs map every column of a row, the fence column included, and send the
 // values as parameters of the extended protocol: the statement text has a
