@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -106,15 +106,8 @@ func setToken(ctx context.Context, conn *pgx.Conn, token int64) error {
 	return err
 }
 
-// sqlState returns the SQLSTATE of the PostgreSQL error in err's chain,
-// or "".
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
+// sqlState is the shared test helper.
+var sqlState = testutil.SQLState
 
 // ---------------------------------------------------------------------------
 // The scripted client: one command per stdin line, one reply per command,

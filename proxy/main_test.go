@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -14,13 +13,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/testcerts"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -176,32 +175,12 @@ func connectConfig(t testing.TB, cfg *pgx.ConnConfig) *pgx.Conn {
 	return conn
 }
 
-// ctxT returns a context for one step of a test, cancelled at its end.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// sqlState returns the SQLSTATE of a PostgreSQL error in err's chain, or "".
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
-
-// wantSQLState fails the test unless err carries SQLSTATE code.
-func wantSQLState(t testing.TB, err error, code string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want SQLSTATE %s", code)
-	}
-	if got := sqlState(err); got != code {
-		t.Fatalf("got error %v (SQLSTATE %q), want SQLSTATE %s", err, got, code)
-	}
-}
+// ctxT, sqlState and wantSQLState are the shared test helpers.
+var (
+	ctxT         = testutil.Ctx
+	sqlState     = testutil.SQLState
+	wantSQLState = testutil.WantSQLState
+)
 
 // selectOne checks that conn still answers a query.
 func selectOne(t testing.TB, conn *pgx.Conn) {

@@ -20,6 +20,7 @@ func TestBinaryLinksNoDemoCode(t *testing.T) {
 		"github.com/fenceproxy/fenceproxy/internal/etcdcluster",
 		"github.com/fenceproxy/fenceproxy/internal/proxytest",
 		"github.com/fenceproxy/fenceproxy/internal/testcerts",
+		"github.com/fenceproxy/fenceproxy/internal/testutil",
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		for _, f := range forbidden {

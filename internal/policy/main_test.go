@@ -2,7 +2,6 @@ package policy_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -22,6 +20,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -233,12 +232,12 @@ func connectDSN(t testing.TB, dsn string, edit ...func(*pgx.ConnConfig)) *pgx.Co
 	return conn
 }
 
-// ctxT returns a context for a test, cancelled at its end.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// ctxT, sqlState and wantCode are the shared test helpers.
+var (
+	ctxT     = testutil.Ctx
+	sqlState = testutil.SQLState
+	wantCode = testutil.WantSQLState
+)
 
 // setToken sets the session's fence.token with set_config (the value is a
 // parameter, never spliced into SQL).
@@ -259,26 +258,6 @@ func resetToken(t testing.TB, c *pgx.Conn) {
 	t.Helper()
 	if _, err := c.Exec(ctxT(t), "RESET fence.token"); err != nil {
 		t.Fatalf("RESET fence.token: %v", err)
-	}
-}
-
-// sqlState returns the SQLSTATE of a PostgreSQL error in err's chain, or "".
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
-
-// wantCode fails the test unless err carries SQLSTATE code.
-func wantCode(t testing.TB, err error, code string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want SQLSTATE %s", code)
-	}
-	if got := sqlState(err); got != code {
-		t.Fatalf("got error %v (SQLSTATE %q), want SQLSTATE %s", err, got, code)
 	}
 }
 

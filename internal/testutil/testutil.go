@@ -1,0 +1,44 @@
+// Package testutil holds the small helpers the test suites of several
+// packages share: a per-step context and SQLSTATE checks.
+package testutil
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// StepTimeout bounds one step of a test (a query, a connect).
+const StepTimeout = 30 * time.Second
+
+// Ctx returns a context for one step of a test, cancelled at its end or
+// after StepTimeout.
+func Ctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), StepTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// SQLState returns the SQLSTATE of the PostgreSQL error in err's chain, or
+// "".
+func SQLState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// WantSQLState fails the test unless err carries SQLSTATE code.
+func WantSQLState(t testing.TB, err error, code string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want SQLSTATE %s", code)
+	}
+	if got := SQLState(err); got != code {
+		t.Fatalf("got error %v (SQLSTATE %q), want SQLSTATE %s", err, got, code)
+	}
+}
