@@ -7,11 +7,20 @@ import (
 	"fmt"
 )
 
-// Modes of a table entry (Table.Mode) that fence writes; they are also the
-// "m" field of an AuditEvent.
+// Modes of a table entry (Table.Mode). Enforce and audit fence writes;
+// they are also the "m" field of an AuditEvent.
 const (
 	ModeEnforce = "enforce"
 	ModeAudit   = "audit"
+	ModeOff     = "off"
+)
+
+// Values of Table.OnStale and Table.MissingToken.
+const (
+	OnStaleError       = "error"
+	OnStaleSkip        = "skip"
+	MissingTokenReject = "reject"
+	MissingTokenAllow  = "allow"
 )
 
 // AuditChannel is the notification channel rewritten statements signal with

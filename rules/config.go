@@ -98,6 +98,21 @@ type Config struct {
 // carries (PostgreSQL limits a notification payload to 8000 bytes).
 const MaxAuditTagLen = 256
 
+// Notifies reports whether statements rewritten under cfg may report
+// through AuditChannel (a table in audit mode, or with missing_token:
+// allow), so that a listener is needed.
+func (cfg Config) Notifies() bool {
+	for _, t := range cfg.Tables {
+		if t.Mode == ModeOff {
+			continue
+		}
+		if t.Mode == ModeAudit || t.MissingToken == MissingTokenAllow {
+			return true
+		}
+	}
+	return false
+}
+
 // tableRule is a validated, normalised Table in mode enforce or audit.
 type tableRule struct {
 	schema, rel string // exact (folded) names
@@ -228,16 +243,16 @@ func compileTable(key string, t Table) (*tableRule, string, string, error) {
 	}
 
 	switch t.OnStale {
-	case "", "error":
-	case "skip":
+	case "", OnStaleError:
+	case OnStaleSkip:
 		tr.skip = true
 	default:
 		return nil, "", "", fmt.Errorf("%s.on_stale: must be \"error\" or \"skip\", got %q", key, t.OnStale)
 	}
 	tr.strict = t.Strict
 	switch t.MissingToken {
-	case "", "reject":
-	case "allow":
+	case "", MissingTokenReject:
+	case MissingTokenAllow:
 		tr.allow = true
 	default:
 		return nil, "", "", fmt.Errorf("%s.missing_token: must be \"reject\" or \"allow\", got %q", key, t.MissingToken)
@@ -248,7 +263,7 @@ func compileTable(key string, t Table) (*tableRule, string, string, error) {
 		// Audit never blocks: on_stale and missing_token describe what
 		// enforce would do and do not change the audit rewrite.
 		tr.audit, tr.skip, tr.allow = true, false, false
-	case "off":
+	case ModeOff:
 		return nil, tr.schema, tr.rel, nil
 	default:
 		return nil, "", "", fmt.Errorf("%s.mode: must be \"enforce\", \"audit\" or \"off\", got %q", key, t.Mode)

@@ -299,19 +299,8 @@ func (c *Config) Rules() (*rules.Rules, error) {
 }
 
 // Notifies reports whether some table's statements report through
-// pg_notify (mode: audit, or missing_token: allow), so that an audit
-// listener is needed.
-func (c *Config) Notifies() bool {
-	for _, t := range c.Tables {
-		if t.Mode == "off" {
-			continue
-		}
-		if t.Mode == "audit" || t.MissingToken == "allow" {
-			return true
-		}
-	}
-	return false
-}
+// pg_notify, so that an audit listener is needed (see rules.Config.Notifies).
+func (c *Config) Notifies() bool { return c.RulesConfig().Notifies() }
 
 // AuditConnConfig returns the audit listener's connection settings for one
 // database.
