@@ -307,18 +307,10 @@ func (c *Config) Notifies() bool { return c.RulesConfig().Notifies() }
 func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
 	dsn := c.Audit.DSN
 	if dsn == "" {
+		// The upstream's own address and TLS settings: TLS is set below
+		// from UpstreamTLSConfig, the one the relay uses.
 		host, port, _ := net.SplitHostPort(c.Upstream.Address)
-		q := url.Values{}
-		switch c.Upstream.TLS.Mode {
-		case "disable":
-			q.Set("sslmode", "disable")
-		case "require":
-			q.Set("sslmode", "require")
-		case "verify-ca", "verify-full":
-			q.Set("sslmode", c.Upstream.TLS.Mode)
-			q.Set("sslrootcert", c.Upstream.TLS.CAFile)
-		}
-		u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort(host, port), Path: "/", RawQuery: q.Encode()}
+		u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort(host, port), Path: "/", RawQuery: "sslmode=disable"}
 		dsn = u.String()
 	}
 	pc, err := pgconn.ParseConfig(dsn)
@@ -326,8 +318,12 @@ func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
 		return nil, errors.New("audit.dsn: not a valid connection string")
 	}
 	pc.Database = database
-	if c.Audit.DSN == "" && c.Upstream.TLS.ServerName != "" && pc.TLSConfig != nil {
-		pc.TLSConfig.ServerName = c.Upstream.TLS.ServerName
+	if c.Audit.DSN == "" {
+		tc, err := c.UpstreamTLSConfig()
+		if err != nil {
+			return nil, err
+		}
+		pc.TLSConfig, pc.Fallbacks = tc, nil
 	}
 	if pw := os.Getenv(c.Audit.PasswordEnv); pw != "" && c.Audit.PasswordEnv != "" {
 		pc.Password = pw

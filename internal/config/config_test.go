@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
+	"github.com/fenceproxy/fenceproxy/internal/testcerts"
 )
 
 func TestExampleFileLoads(t *testing.T) {
@@ -98,5 +100,43 @@ func TestAuditConnConfig(t *testing.T) {
 	}
 	if pc.Host != "db" || pc.Port != 5433 || pc.User != "postgres" || pc.Database != "app" || pc.Password != "pw" || pc.TLSConfig == nil {
 		t.Errorf("audit conn config = host %s port %d user %s db %s tls %v", pc.Host, pc.Port, pc.User, pc.Database, pc.TLSConfig != nil)
+	}
+}
+
+// The audit listener and the relay reach the upstream with the same TLS
+// settings, built in one place.
+func TestAuditConnUsesUpstreamTLS(t *testing.T) {
+	certs, err := testcerts.Generate(t.TempDir(), "db.internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"disable", "require", "verify-ca", "verify-full"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg, err := config.Parse([]byte(fmt.Sprintf("upstream: {address: 'db.internal:5433', tls: {mode: %s, ca_file: %q}}", mode, certs.CAFile)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			up, err := cfg.UpstreamTLSConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			pc, err := cfg.AuditConnConfig("app")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (up == nil) != (pc.TLSConfig == nil) || len(pc.Fallbacks) != 0 {
+				t.Fatalf("relay TLS %v, audit TLS %v, fallbacks %d", up != nil, pc.TLSConfig != nil, len(pc.Fallbacks))
+			}
+			if up == nil {
+				return
+			}
+			if up.ServerName != pc.TLSConfig.ServerName || up.InsecureSkipVerify != pc.TLSConfig.InsecureSkipVerify ||
+				(up.RootCAs == nil) != (pc.TLSConfig.RootCAs == nil) || (up.VerifyPeerCertificate == nil) != (pc.TLSConfig.VerifyPeerCertificate == nil) {
+				t.Errorf("relay and audit TLS differ: %+v vs %+v", up, pc.TLSConfig)
+			}
+			if mode == "verify-full" && pc.TLSConfig.ServerName != "db.internal" {
+				t.Errorf("server name %q", pc.TLSConfig.ServerName)
+			}
+		})
 	}
 }

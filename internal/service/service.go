@@ -10,12 +10,10 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"reflect"
 	"sync"
 	"time"
@@ -262,27 +260,6 @@ func (in *Instance) Shutdown() error {
 	return in.stopErr
 }
 
-// verifyChain checks that raw (leaf first) chains to a root in pool.
-func verifyChain(raw [][]byte, pool *x509.CertPool) error {
-	if len(raw) == 0 {
-		return errors.New("upstream sent no certificate")
-	}
-	certs := make([]*x509.Certificate, len(raw))
-	for i, b := range raw {
-		c, err := x509.ParseCertificate(b)
-		if err != nil {
-			return err
-		}
-		certs[i] = c
-	}
-	inter := x509.NewCertPool()
-	for _, c := range certs[1:] {
-		inter.AddCert(c)
-	}
-	_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter})
-	return err
-}
-
 // compileRules compiles the rules of cfg for an instance whose audit
 // events carry tag.
 func compileRules(cfg *config.Config, tag string) (*rules.Rules, error) {
@@ -316,32 +293,10 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 		}
 		opts.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	switch cfg.Upstream.TLS.Mode {
-	case "require":
-		// Encrypt without verifying, like libpq's sslmode=require.
-		opts.UpstreamTLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // documented mode
-	case "verify-ca", "verify-full":
-		pem, err := os.ReadFile(cfg.Upstream.TLS.CAFile)
-		if err != nil {
-			return opts, fmt.Errorf("upstream.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return opts, fmt.Errorf("upstream.tls.ca_file: no PEM certificates in %s", cfg.Upstream.TLS.CAFile)
-		}
-		name := cfg.Upstream.TLS.ServerName
-		if name == "" {
-			name, _, _ = net.SplitHostPort(cfg.Upstream.Address)
-		}
-		opts.UpstreamTLS = &tls.Config{RootCAs: pool, ServerName: name, MinVersion: tls.VersionTLS12}
-		if cfg.Upstream.TLS.Mode == "verify-ca" {
-			// Verify the chain only, like libpq's sslmode=verify-ca: Go's
-			// own check would also match the host name, so it is replaced.
-			opts.UpstreamTLS.InsecureSkipVerify = true //nolint:gosec // the chain is verified below
-			opts.UpstreamTLS.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
-				return verifyChain(raw, pool)
-			}
-		}
+	up, err := cfg.UpstreamTLSConfig()
+	if err != nil {
+		return opts, err
 	}
+	opts.UpstreamTLS = up
 	return opts, nil
 }
