@@ -2,7 +2,7 @@
 //
 // One struct describes the whole file; every field documents its default.
 // Load rejects unknown keys and reports problems by key name, so an operator
-// reading "upstream.tls.mode: must be one of disable, require, verify-full"
+// reading "upstream.tls.mode: must be one of disable, require, verify-ca, verify-full; got \"x\""
 // knows exactly which line to fix.
 package config
 
@@ -74,7 +74,8 @@ type UpstreamTLS struct {
 	// verify-ca (verify the chain against CAFile) or verify-full (verify the
 	// chain and the host name), as libpq's sslmode.
 	Mode string `yaml:"mode"`
-	// CAFile is a PEM bundle of trusted CAs; required for verify-full.
+	// CAFile is a PEM bundle of trusted CAs; required for verify-ca and
+	// verify-full.
 	CAFile string `yaml:"ca_file"`
 	// ServerName overrides the name verified in verify-full mode. Default:
 	// the host part of upstream.address.
