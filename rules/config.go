@@ -10,7 +10,7 @@ import (
 const (
 	DefaultTokenSetting = "fence.token"
 	DefaultColumn       = "last_fence"
-	DefaultCacheSize    = 4096
+	DefaultCacheSize    = 4096 // a good Config.CacheSize
 	// DefaultMaxCheckBytes is Config.MaxCheckBytes when it is 0: 1 MiB.
 	DefaultMaxCheckBytes = 1 << 20
 )
@@ -76,22 +76,22 @@ type Config struct {
 	// Tables lists the protected tables.
 	Tables []Table `yaml:"tables"`
 	// CacheSize bounds the number of decisions cached by statement text,
-	// shared by the rule sets ForSession derives. 0 means DefaultCacheSize;
-	// a negative value disables the cache.
-	CacheSize int `yaml:"cache_size"`
+	// shared by the rule sets ForSession derives. 0 or less: no cache
+	// (DefaultCacheSize is a good size).
+	CacheSize int `yaml:"-"`
 	// AuditTag identifies this proxy instance in audit notifications (the
 	// "i" field of the payload, see AuditEvent), so that a listener can
 	// tell its own instance's records from those of other instances
 	// sharing the database. Default "". At most MaxAuditTagLen bytes of
 	// valid UTF-8 without NUL bytes.
-	AuditTag string `yaml:"audit_tag"`
+	AuditTag string `yaml:"-"`
 	// MaxCheckBytes bounds the size of a statement the rewriter parses:
 	// checking and rewriting a statement takes memory in proportion to it
 	// (about 200 times its size for a large multi-row INSERT), so a larger
 	// statement that may touch a protected table is refused (FP003)
 	// instead. 0 means DefaultMaxCheckBytes; statements that cannot touch a
 	// protected table are never parsed and have no such limit.
-	MaxCheckBytes int `yaml:"max_check_bytes"`
+	MaxCheckBytes int `yaml:"-"`
 }
 
 // MaxAuditTagLen bounds Config.AuditTag, which every audit notification
@@ -182,13 +182,9 @@ func Compile(cfg Config) (*Rules, error) {
 		g.entries = append(g.entries, e)
 	}
 
-	size := cfg.CacheSize
-	if size == 0 {
-		size = DefaultCacheSize
-	}
 	var cache *decisionCache
-	if size > 0 {
-		cache = newDecisionCache(size)
+	if cfg.CacheSize > 0 {
+		cache = newDecisionCache(cfg.CacheSize)
 	}
 	r := newRoot(setting, cfg.AuditTag, order, cache)
 	r.maxCheck = cfg.MaxCheckBytes

@@ -27,9 +27,18 @@ func loadRuleSets(t testing.TB) map[string]rules.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sets := map[string]rules.Config{}
-	if err := yaml.Unmarshal(b, &sets); err != nil {
+	// audit_tag is a fixture key: the proxy sets the tag itself.
+	var raw map[string]struct {
+		rules.Config `yaml:",inline"`
+		AuditTag     string `yaml:"audit_tag"`
+	}
+	if err := yaml.Unmarshal(b, &raw); err != nil {
 		t.Fatalf("rules.yaml: %v", err)
+	}
+	sets := map[string]rules.Config{}
+	for name, r := range raw {
+		r.Config.AuditTag = r.AuditTag
+		sets[name] = r.Config
 	}
 	return sets
 }

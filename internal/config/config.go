@@ -156,7 +156,7 @@ func Defaults() Config {
 		Admin:               Admin{Listen: "127.0.0.1:9187"},
 		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
 		TokenSetting:        "fence.token",
-		RewriteCacheEntries: 4096,
+		RewriteCacheEntries: rules.DefaultCacheSize,
 		MaxCheckBytes:       rules.DefaultMaxCheckBytes,
 	}
 }
@@ -287,11 +287,7 @@ func (c *Config) Validate() error {
 
 // RulesConfig returns the rewriter's part of the configuration.
 func (c *Config) RulesConfig() rules.Config {
-	size := c.RewriteCacheEntries
-	if size == 0 {
-		size = -1 // rules: negative disables the cache, 0 means its default
-	}
-	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheSize: size, MaxCheckBytes: c.MaxCheckBytes}
+	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheSize: c.RewriteCacheEntries, MaxCheckBytes: c.MaxCheckBytes}
 }
 
 // Rules compiles the protected-table rules.
