@@ -155,7 +155,7 @@ func Defaults() Config {
 		Log:                 Log{Format: "json", Level: "info"},
 		Admin:               Admin{Listen: "127.0.0.1:9187"},
 		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
-		TokenSetting:        "fence.token",
+		TokenSetting:        rules.DefaultTokenSetting,
 		RewriteCacheEntries: rules.DefaultCacheSize,
 		MaxCheckBytes:       rules.DefaultMaxCheckBytes,
 	}
