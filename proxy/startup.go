@@ -59,7 +59,14 @@ func (s *session) startup() error {
 	default:
 		// Also a second SSLRequest or GSSENCRequest: PostgreSQL takes its
 		// code for a protocol version it does not support.
-		s.sendFatal(fatal("0A000", fmt.Sprintf("unsupported frontend protocol %d.%d", code>>16, code&0xffff)))
+		msg := fmt.Sprintf("unsupported frontend protocol %d.%d: fenceproxy supports protocol 3", code>>16, code&0xffff)
+		if code>>16 < protocolMajor3 {
+			// PostgreSQL answers an older client in the old protocol's
+			// error format: 'E', then the text, NUL-terminated.
+			_, _ = s.client.Write(append([]byte("EFATAL:  "+msg+"\n"), 0))
+		} else {
+			s.sendFatal(fatal("0A000", msg))
+		}
 		return clientErr(fmt.Errorf("unsupported protocol code %d", code))
 	}
 }
