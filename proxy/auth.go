@@ -6,7 +6,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -18,10 +21,21 @@ const (
 	authSASLDone = 12
 )
 
+// maxAuthMessage bounds the body of a client message during
+// authentication: PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH (65535, in
+// src/backend/libpq/auth.c), its limit for password packets and GSSAPI
+// tokens. Its SASL limit is lower (PG_MAX_SASL_MESSAGE_LENGTH, 1024, in
+// auth-sasl.c, for SCRAM), so no server accepts more than this.
+const maxAuthMessage = 65535
+
 // relayAuth relays the authentication exchange until the upstream's first
 // ReadyForQuery. The proxy holds no passwords: every challenge is relayed to
 // the client and every answer to the upstream.
-func (s *session) relayAuth() error {
+//
+// While it waits for the client, it watches the upstream: a server that
+// gives up on a stalled login (authentication_timeout) or shuts down sends
+// its FATAL and closes, and the client hears of it at once.
+func (s *session) relayAuth(deadline time.Time) error {
 	// plusWithheld: the upstream offered SCRAM-SHA-256-PLUS and the client
 	// was not told. Such an upstream refuses a client that says it supports
 	// channel binding but was not offered it (GS2 flag "y"), taking it for
@@ -61,16 +75,24 @@ func (s *session) relayAuth() error {
 				continue
 			}
 			// The client answers every other request with one message.
+			stop := s.watchUpstream(deadline)
 			ctyp, cn, err := s.cr.header()
-			if err != nil {
-				return clientErr(err)
+			var cbody []byte
+			if err == nil {
+				cbody, err = s.cr.body(cn)
 			}
-			cbody, err := s.cr.body(cn)
+			if stop() {
+				// The server spoke or hung up first: relay that.
+				continue
+			}
+			if errors.Is(err, errMessageTooLarge) || errors.Is(err, errBadLength) {
+				return s.refuseAuthMessage(err)
+			}
 			if err != nil {
 				return clientErr(err)
 			}
 			if code == authSASL && plusWithheld && ctyp == 'p' && saslWantsBinding(cbody) {
-				s.sendFatal(fatal("28000", "fenceproxy: SCRAM channel binding cannot pass through the proxy, which terminates TLS; connect with channel_binding=disable"))
+				s.sendFatal(fatal("28000", s.channelBindingRefusal()))
 				return clientErr(errors.New("client wants SCRAM channel binding, which the proxy cannot relay"))
 			}
 			if err := writeRaw(s.uw, ctyp, cbody); err != nil {
@@ -125,6 +147,96 @@ func (s *session) relayAuth() error {
 			}
 		}
 	}
+}
+
+// watchUpstream watches the upstream connection while the caller reads the
+// client's answer to an authentication request. During authentication the
+// server sends nothing until the client answers, unless it gives up; then
+// the watch wakes the caller's client read (by its deadline). stop ends the
+// watch, restores both read deadlines, and reports whether the upstream
+// spoke or closed; the upstream reader is the caller's again after it.
+func (s *session) watchUpstream(deadline time.Time) (stop func() bool) {
+	var stopping, spoke atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := s.ur.r.Peek(1)
+		if err != nil && stopping.Load() && isTimeout(err) {
+			return
+		}
+		spoke.Store(true)
+		_ = s.client.SetReadDeadline(time.Now())
+	}()
+	return func() bool {
+		stopping.Store(true)
+		_ = s.upstream.SetReadDeadline(time.Now())
+		<-done
+		_ = s.upstream.SetReadDeadline(deadline)
+		_ = s.client.SetReadDeadline(deadline)
+		return spoke.Load()
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// refuseAuthMessage handles a client message during authentication whose
+// length is out of bounds (above maxAuthMessage, or below 4). Its body is
+// never read. The header alone goes upstream, where PostgreSQL refuses it by
+// the same rule ("invalid message length", its limits being no higher), and
+// the server's answer is relayed: FATAL 28P01 after a SASL message, a
+// silent close after a password packet, as the client would get directly.
+func (s *session) refuseAuthMessage(cause error) error {
+	hdr, err := s.cr.r.Peek(5)
+	if err != nil {
+		return clientErr(err)
+	}
+	if _, err := s.uw.Write(hdr); err != nil {
+		return upstreamErr(err)
+	}
+	if err := s.uw.Flush(); err != nil {
+		return upstreamErr(err)
+	}
+	// A server that waited for the body would hear the end of input.
+	if cw, ok := s.upstream.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	for {
+		typ, n, err := s.ur.header()
+		if err != nil || n > maxServerMessage {
+			break
+		}
+		body, err := s.ur.body(n)
+		if err != nil {
+			break
+		}
+		if typ == 'E' {
+			if err := writeRaw(s.cw, typ, body); err == nil {
+				_ = s.cw.Flush()
+			}
+			break
+		}
+	}
+	return clientErr(cause)
+}
+
+// channelBindingRefusal words the refusal of a client that announced SCRAM
+// channel binding support (GS2 flag "y") to a server that offers
+// SCRAM-SHA-256-PLUS over the proxy's TLS connection. Such a server takes
+// "y" for a downgrade attack, and the SCRAM proof covers the flag, so the
+// proxy cannot change it.
+func (s *session) channelBindingRefusal() string {
+	const server = "the server offers SCRAM-SHA-256-PLUS over the proxy's TLS connection to it and would take this for a downgrade attack"
+	if !s.clientTLS() {
+		return "fenceproxy: SCRAM channel binding is not possible on this connection: " +
+			"the client connected to the proxy without TLS, so none was offered, but it announced support for it; " +
+			server + "; connect with channel_binding=disable, or have the proxy reach the server without TLS where that is acceptable"
+	}
+	return "fenceproxy: SCRAM channel binding cannot pass through the proxy: " +
+		"the client's TLS connection ends at the proxy, which opens its own TLS connection to the server with another certificate, so the binding data cannot match; " +
+		server + "; connect with channel_binding=disable, or have the proxy reach the server without TLS where that is acceptable"
 }
 
 // withoutChannelBinding removes SCRAM-SHA-256-PLUS from an

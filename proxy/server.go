@@ -29,7 +29,8 @@ type Options struct {
 	RequireClientTLS bool
 	// MaxConnections bounds concurrent sessions. Default 1000.
 	MaxConnections int
-	// MaxMessageBytes bounds the body of any client message. Default 64 MiB.
+	// MaxMessageBytes bounds the body of any client message after
+	// authentication (before it, PostgreSQL's own limits). Default 64 MiB.
 	MaxMessageBytes int
 	// StartupTimeout bounds accept-to-authenticated. Default 30s.
 	StartupTimeout time.Duration

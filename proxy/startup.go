@@ -27,35 +27,13 @@ const refuseTimeout = 5 * time.Second
 func (s *session) refuse(e *pgproto3.ErrorResponse) {
 	defer s.client.Close()
 	_ = s.client.SetDeadline(time.Now().Add(refuseTimeout))
-	tlsDone := false
-	for {
-		pkt, err := s.readFirstPacket(&tlsDone)
-		if err != nil {
-			return
-		}
-		if pkt == nil { // TLS negotiated
-			continue
-		}
-		switch code := startupCode(pkt); {
-		case code == codeSSLRequest && !tlsDone && s.srv.opts.ClientTLS != nil:
-			if _, err := s.client.Write([]byte{'S'}); err != nil {
-				return
-			}
-			if err := s.startTLS(nil); err != nil {
-				return
-			}
-			tlsDone = true
-			continue
-		case code == codeSSLRequest, code == codeGSSENCRequest:
-			if _, err := s.client.Write([]byte{'N'}); err != nil {
-				return
-			}
-			continue
-		case code == codeCancelRequest:
-			s.forwardCancel(pkt)
-			return
-		}
-		break
+	pkt, err := s.negotiate()
+	if err != nil {
+		return
+	}
+	if startupCode(pkt) == codeCancelRequest {
+		s.forwardCancel(pkt)
+		return
 	}
 	s.sendFatal(e)
 }
@@ -64,61 +42,108 @@ func (s *session) startup() error {
 	deadline := time.Now().Add(s.srv.opts.StartupTimeout)
 	_ = s.client.SetDeadline(deadline)
 
-	tlsDone := false
-	var pkt []byte
-	for {
-		var err error
-		pkt, err = s.readFirstPacket(&tlsDone)
-		if err != nil {
-			return err
+	pkt, err := s.negotiate()
+	if err != nil {
+		return err
+	}
+	switch code := startupCode(pkt); {
+	case code == codeCancelRequest:
+		s.forwardCancel(pkt)
+		return errSessionDone
+	case code>>16 == protocolMajor3:
+		if s.srv.opts.RequireClientTLS && !s.clientTLS() {
+			s.sendFatal(fatal("28000", "fenceproxy: TLS is required (use sslmode=require)"))
+			return clientErr(errors.New("client did not negotiate TLS"))
 		}
-		if pkt == nil { // TLS negotiated; read the next packet
+		return s.startSession(pkt, deadline)
+	default:
+		// Also a second SSLRequest or GSSENCRequest: PostgreSQL takes its
+		// code for a protocol version it does not support.
+		msg := fmt.Sprintf("unsupported frontend protocol %d.%d: fenceproxy supports protocol 3", code>>16, code&0xffff)
+		if code>>16 < protocolMajor3 {
+			// PostgreSQL answers an older client in the old protocol's
+			// error format: 'E', then the text, NUL-terminated.
+			_, _ = s.client.Write(append([]byte("EFATAL:  "+msg+"\n"), 0))
+		} else {
+			s.sendFatal(fatal("0A000", msg))
+		}
+		return clientErr(fmt.Errorf("unsupported protocol code %d", code))
+	}
+}
+
+// negotiate answers SSLRequest and GSSENCRequest as PostgreSQL's
+// ProcessStartupPacket does, and returns the first other packet: a
+// StartupMessage, a CancelRequest, or one the caller refuses.
+//
+// Each request is answered once: after an SSLRequest has been answered
+// (either way) another one is not taken for a request but for an
+// unsupported protocol version, and likewise GSSENCRequest; TLS
+// established also ends GSSENCRequests, while a GSSENCRequest answered
+// 'N' lets the client ask for TLS again (PostgreSQL resets the flag the
+// same way). A client that opened with a TLS ClientHello (direct TLS) is
+// answered 'N' to an SSLRequest.
+func (s *session) negotiate() ([]byte, error) {
+	sslDone, gssDone := false, false
+	for {
+		pkt, err := s.readFirstPacket()
+		if err != nil {
+			return nil, err
+		}
+		if pkt == nil { // direct TLS negotiated; read the next packet
 			continue
 		}
-		code := startupCode(pkt)
-		switch {
-		case code == codeSSLRequest:
-			if tlsDone {
-				return clientErr(errors.New("SSLRequest after TLS was negotiated"))
+		switch startupCode(pkt) {
+		case codeSSLRequest:
+			if sslDone {
+				return pkt, nil
 			}
-			if s.srv.opts.ClientTLS == nil {
+			if s.srv.opts.ClientTLS == nil || s.clientTLS() {
 				if _, err := s.client.Write([]byte{'N'}); err != nil {
-					return clientErr(err)
+					return nil, clientErr(err)
 				}
+				sslDone, gssDone = true, false
 				continue
 			}
 			if _, err := s.client.Write([]byte{'S'}); err != nil {
-				return clientErr(err)
+				return nil, clientErr(err)
 			}
 			if err := s.startTLS(nil); err != nil {
-				return err
+				return nil, err
 			}
-			tlsDone = true
-		case code == codeGSSENCRequest:
+			sslDone, gssDone = true, true
+		case codeGSSENCRequest:
+			if gssDone {
+				return pkt, nil
+			}
 			if _, err := s.client.Write([]byte{'N'}); err != nil {
-				return clientErr(err)
+				return nil, clientErr(err)
 			}
-		case code == codeCancelRequest:
-			s.forwardCancel(pkt)
-			return errSessionDone
-		case code>>16 == protocolMajor3:
-			if s.srv.opts.RequireClientTLS && !tlsDone {
-				s.sendFatal(fatal("28000", "fenceproxy: TLS is required (use sslmode=require)"))
-				return clientErr(errors.New("client did not negotiate TLS"))
-			}
-			return s.startSession(pkt, deadline)
+			sslDone, gssDone = false, true
 		default:
-			s.sendFatal(fatal("0A000", fmt.Sprintf("unsupported frontend protocol %d.%d", code>>16, code&0xffff)))
-			return clientErr(fmt.Errorf("unsupported protocol code %d", code))
+			return pkt, nil
 		}
 	}
+}
+
+// clientTLS reports whether the client connection uses TLS.
+func (s *session) clientTLS() bool {
+	_, ok := s.client.(*tls.Conn)
+	return ok
 }
 
 // readFirstPacket reads a startup packet. A client may also open with a TLS
 // ClientHello directly (PostgreSQL 17's sslnegotiation=direct); then TLS is
 // started and nil is returned.
-func (s *session) readFirstPacket(tlsDone *bool) ([]byte, error) {
-	if !*tlsDone && s.srv.opts.ClientTLS != nil {
+//
+// A packet that cannot be framed (end of input, a length below 8 or above
+// PostgreSQL's limit, a truncated body) ends the connection without a word,
+// as PostgreSQL does: it only logs "invalid length of startup packet" or
+// "incomplete startup packet" (COMMERROR, which goes to the server log
+// only). A client that sent its Terminate message before its startup packet
+// must not receive an error it does not expect.
+func (s *session) readFirstPacket() ([]byte, error) {
+	var r io.Reader = s.client
+	if !s.clientTLS() && s.srv.opts.ClientTLS != nil {
 		var first [1]byte
 		if _, err := io.ReadFull(s.client, first[:]); err != nil {
 			return nil, clientErr(err)
@@ -127,24 +152,30 @@ func (s *session) readFirstPacket(tlsDone *bool) ([]byte, error) {
 			if err := s.startTLS(first[:]); err != nil {
 				return nil, err
 			}
-			*tlsDone = true
 			return nil, nil
 		}
-		pkt, err := readStartupPacket(io.MultiReader(bytes.NewReader(first[:]), s.client))
-		if err != nil {
-			s.sendFatal(fatal("08P01", "invalid startup packet"))
-			return nil, clientErr(err)
-		}
-		return pkt, nil
+		r = io.MultiReader(bytes.NewReader(first[:]), s.client)
 	}
-	pkt, err := readStartupPacket(s.client)
+	pkt, err := readStartupPacket(r)
 	if err != nil {
 		if !errors.Is(err, io.EOF) {
-			s.sendFatal(fatal("08P01", "invalid startup packet"))
+			s.logger().Info("invalid startup packet", zap.Error(err))
+			discardPending(s.client)
 		}
 		return nil, clientErr(err)
 	}
 	return pkt, nil
+}
+
+// discardPending reads what the client has already sent, waiting at most a
+// moment, so that closing the connection ends it with a FIN rather than a
+// reset (unread input makes the kernel reset it), as with PostgreSQL, which
+// reads ahead into an 8 KiB buffer: a client that wrote Terminate and its
+// startup packet at once sees the end of the connection, not an error.
+func discardPending(c net.Conn) {
+	var buf [8 << 10]byte
+	_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+	_, _ = c.Read(buf[:])
 }
 
 // prefixConn replays bytes already read before reading from the conn.
@@ -204,17 +235,17 @@ func (s *session) forwardCancel(pkt []byte) {
 }
 
 func (s *session) startSession(pkt []byte, deadline time.Time) error {
-	var sm pgproto3.StartupMessage
-	if err := sm.Decode(pkt[4:]); err != nil {
-		s.sendFatal(fatal("08P01", "invalid startup packet"))
-		return clientErr(err)
-	}
-	s.info.User = sm.Parameters["user"]
-	s.info.Database = sm.Parameters["database"]
+	// The packet goes upstream even when its layout is wrong or it names no
+	// user: the server's own FATAL (08P01 "invalid startup packet layout",
+	// 28000 "no PostgreSQL user name specified") is the answer the client
+	// would get without the proxy.
+	params := startupParams(pkt)
+	s.info.User = params["user"]
+	s.info.Database = params["database"]
 	if s.info.Database == "" {
 		s.info.Database = s.info.User
 	}
-	s.info.ApplicationName = sm.Parameters["application_name"]
+	s.info.ApplicationName = params["application_name"]
 	log := s.logger().With(zap.String("user", s.info.User), zap.String("database", s.info.Database))
 	s.mu.Lock()
 	s.log = log
@@ -237,7 +268,9 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 	s.mu.Unlock()
 	_ = up.SetDeadline(deadline)
 
-	s.cr = newMsgReader(s.client, ioBufferSize, s.srv.opts.MaxMessageBytes)
+	// Until authentication completes, the client's messages are bounded by
+	// PostgreSQL's own limit, not MaxMessageBytes (see maxAuthMessage).
+	s.cr = newMsgReader(s.client, ioBufferSize, min(maxAuthMessage, s.srv.opts.MaxMessageBytes))
 	s.cw = bufio.NewWriterSize(s.client, ioBufferSize)
 	s.ur = newMsgReader(up, ioBufferSize, 1<<30)
 	s.uw = bufio.NewWriterSize(up, ioBufferSize)
@@ -249,11 +282,31 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 	if err := s.uw.Flush(); err != nil {
 		return upstreamErr(err)
 	}
-	if err := s.relayAuth(); err != nil {
+	if err := s.relayAuth(deadline); err != nil {
 		return err
 	}
+	s.cr.max = s.srv.opts.MaxMessageBytes
 	_ = s.client.SetDeadline(time.Time{})
 	_ = up.SetDeadline(time.Time{})
 	s.logger().Debug("session authenticated", zap.String("application-name", s.info.ApplicationName))
 	return nil
+}
+
+// startupParams reads the parameters of a protocol 3 StartupMessage the way
+// PostgreSQL's ProcessStartupPacket does: name/value pairs up to an empty
+// name, the end of the packet, or a name without a value. It never fails;
+// the server judges the layout.
+func startupParams(pkt []byte) map[string]string {
+	params := make(map[string]string)
+	rest := pkt[8:]
+	for len(rest) > 0 && rest[0] != 0 {
+		name, after, ok := bytes.Cut(rest, []byte{0})
+		if !ok || len(after) == 0 {
+			break
+		}
+		value, after, _ := bytes.Cut(after, []byte{0})
+		params[string(name)] = string(value)
+		rest = after
+	}
+	return params
 }

@@ -17,7 +17,9 @@ const (
 	codeCancelRequest = 80877102
 	protocolMajor3    = 3
 
-	// maxStartupPacket mirrors PostgreSQL's MAX_STARTUP_PACKET_LENGTH.
+	// maxStartupPacket mirrors PostgreSQL's MAX_STARTUP_PACKET_LENGTH
+	// (src/include/libpq/pqcomm.h), the most a startup packet may carry
+	// after its length word.
 	maxStartupPacket = 10000
 )
 
@@ -171,7 +173,7 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 		return nil, err
 	}
 	n := int(binary.BigEndian.Uint32(h[:]))
-	if n < 8 || n > maxStartupPacket {
+	if n < 8 || n-4 > maxStartupPacket {
 		return nil, fmt.Errorf("%w: startup packet length %d", errBadLength, n)
 	}
 	pkt := make([]byte, n)

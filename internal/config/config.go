@@ -97,8 +97,9 @@ type Limits struct {
 	// MaxConnections is the maximum number of concurrent client sessions;
 	// further clients get SQLSTATE 53300. Default 1000.
 	MaxConnections int `yaml:"max_connections"`
-	// MaxMessageBytes is the largest message a client may send (type byte
-	// excluded). Larger messages close the session with SQLSTATE 08P01.
+	// MaxMessageBytes is the largest message a client may send once
+	// authenticated (type byte excluded; before that, PostgreSQL's own
+	// limits apply). Larger messages close the session with SQLSTATE 08P01.
 	// Default 67108864 (64 MiB).
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// StartupTimeout bounds the time from accept to the end of
