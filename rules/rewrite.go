@@ -249,6 +249,9 @@ func callsSetConfig(raw *pg.RawStmt) bool {
 	})
 }
 
+// valuesListsField is SelectStmt.values_lists.
+var valuesListsField = (&pg.SelectStmt{}).ProtoReflect().Descriptor().Fields().ByName("values_lists")
+
 func (w *walker) walk(m protoreflect.Message) {
 	if w.err != nil || !m.IsValid() {
 		return
@@ -261,6 +264,12 @@ func (w *walker) walk(m protoreflect.Message) {
 			return true
 		}
 		if fd.IsList() {
+			if fd == valuesListsField {
+				// VALUES rows are expressions: no statement the walker acts
+				// on (a write, DDL, stored code) can be inside one, and an
+				// INSERT may carry thousands of rows.
+				return true
+			}
 			l := v.List()
 			for i := 0; i < l.Len() && w.err == nil; i++ {
 				w.walk(l.Get(i).Message())

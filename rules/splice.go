@@ -292,12 +292,20 @@ func closes(t pg.Token) bool {
 // returns the index of the first token at that depth for which stop
 // reports true, or of the token that ends the level: a closing token
 // beyond it, or ";" at it; len(s.toks) at the end of the text. The token
-// after AS is skipped (a column label may be a reserved word), and so is
-// FROM after DISTINCT (IS [NOT] DISTINCT FROM).
+// after AS or "." is never taken for a keyword (a column label or field
+// name may be a reserved word), and neither is FROM after DISTINCT
+// (IS [NOT] DISTINCT FROM).
 func (s *splicer) level(i int, stop func(j int) bool) int {
 	depth := 0
 	for j := i; j < len(s.toks); j++ {
 		t := s.toks[j].tok
+		if j > i {
+			// A word after AS or "." is a label or a field name, even a
+			// reserved one (SELECT 1 AS end, r.case): no keyword there.
+			if p := s.toks[j-1].tok; p == pg.Token_AS || p == pg.Token_ASCII_46 {
+				continue
+			}
+		}
 		switch {
 		case opens(t):
 			depth++
@@ -320,9 +328,6 @@ func (s *splicer) level(i int, stop func(j int) bool) int {
 		}
 		if stop != nil && stop(j) {
 			return j
-		}
-		if t == pg.Token_AS {
-			j++
 		}
 	}
 	return len(s.toks)
