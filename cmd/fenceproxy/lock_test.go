@@ -248,7 +248,7 @@ func TestLockLeaseLost(t *testing.T) {
 			stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
 			stdout.waitFor(t, "ready", 10*time.Second)
 
-			kv, err := e.cli.Get(ctx, key)
+			kv, err := e.cli.Get(ctx, lock.Prefix(key), clientv3.WithPrefix())
 			if err != nil || len(kv.Kvs) != 1 {
 				t.Fatalf("get %q: %v %v", key, kv, err)
 			}
@@ -286,7 +286,7 @@ func TestLockKillsChildIgnoringTerm(t *testing.T) {
 
 	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", `trap '' TERM; echo ready; while :; do sleep 0.1; done`)
 	stdout.waitFor(t, "ready", 10*time.Second)
-	if _, err := e.cli.Delete(ctx, key); err != nil {
+	if _, err := e.cli.Delete(ctx, lock.Prefix(key), clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
 	r := wait(t, res, killGrace+5*time.Second)
