@@ -13,15 +13,16 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 var (
 	// ErrLocked is wrapped by the *LockedError TryAcquire returns when
-	// another holder has the key.
+	// another holder has the lock.
 	ErrLocked = errors.New("lock: held by another holder")
-	// ErrNotHeld is returned by Release when the key no longer belongs to
-	// the caller's grant: the lease expired, the key was deleted, or the
-	// lock was already released.
+	// ErrNotHeld is returned by Release when the holder's key no longer
+	// belongs to the caller's grant: the lease expired, the key was
+	// deleted, or the lock was already released.
 	ErrNotHeld = errors.New("lock: not held")
 	// ErrLost is wrapped by the *LostError Lease.Err returns when the lease
 	// was lost.
@@ -30,28 +31,29 @@ var (
 	ErrReleased = errors.New("lock: released")
 )
 
-// LockedError reports that another holder has the key. It wraps ErrLocked.
+// LockedError reports that another holder has the lock. It wraps ErrLocked.
 type LockedError struct {
-	Key    string
-	Holder string // the key's value: the holder's Options.Holder
-	Token  int64  // the holder's fencing token
+	Key       string // the lock's name
+	HolderKey string // the holder's etcd key, NAME/<lease in hex>
+	Holder    string // the holder key's value: Options.Holder, empty for etcdctl
+	Token     int64  // the holder's fencing token
 }
 
 func (e *LockedError) Error() string {
-	return fmt.Sprintf("%v: key %q, holder %q, token %d", ErrLocked, e.Key, e.Holder, e.Token)
+	return fmt.Sprintf("%v: lock %q, holder %q (key %q), token %d", ErrLocked, e.Key, e.Holder, e.HolderKey, e.Token)
 }
 
 func (e *LockedError) Unwrap() error { return ErrLocked }
 
 // LostError reports how a lease was lost. It wraps ErrLost.
 type LostError struct {
-	Key    string
+	Key    string // the lock's name
 	Token  int64
 	Reason string // e.g. "lease expired after 10s", "key deleted at revision 42"
 }
 
 func (e *LostError) Error() string {
-	return fmt.Sprintf("%v: key %q, token %d: %s", ErrLost, e.Key, e.Token, e.Reason)
+	return fmt.Sprintf("%v: lock %q, token %d: %s", ErrLost, e.Key, e.Token, e.Reason)
 }
 
 func (e *LostError) Unwrap() error { return ErrLost }
@@ -72,11 +74,14 @@ type Options struct {
 	TTL time.Duration
 	// KeepAlive renews the lease in the background until Release; a holder
 	// whose work may outlast TTL wants it. Without it the lease, and with
-	// it the lock, ends TTL after it was granted. Default false.
+	// it the lock, ends about TTL after the lock was taken (the lease is
+	// still renewed while Acquire waits in the queue, so a waiter keeps its
+	// place). Default false.
 	KeepAlive bool
-	// Holder is stored as the key's value so that operators can see who
-	// holds the lock. It plays no part in ownership, which is decided by
-	// token and lease. Default "<hostname>/<pid>".
+	// Holder is stored as the holder key's value so that operators can see
+	// who holds and who waits for the lock. It plays no part in ownership,
+	// which is decided by creation revision and lease. Default
+	// "<hostname>/<pid>".
 	Holder string
 }
 
@@ -101,101 +106,166 @@ func (o Options) holder() string {
 	return host + "/" + strconv.Itoa(os.Getpid())
 }
 
-// Acquire takes the lock named by key, waiting for as long as another holder
-// has it. It returns when the lock is taken, or with an error when ctx is
-// done or etcd fails. On failure no lease of this call survives, unless
-// etcd was unreachable to revoke it, in which case it expires after its TTL.
+// Prefix returns the etcd prefix under which the holder and the waiters of
+// the lock name keep their keys: name followed by "/", as in
+// concurrency.NewMutex and etcdctl lock.
+func Prefix(name string) string { return name + "/" }
+
+// HolderKey returns the key a grant on lease id creates for the lock name:
+// Prefix(name) followed by the lease ID in lower-case hexadecimal, the key
+// concurrency.Mutex (and so etcdctl lock) uses.
+func HolderKey(name string, id clientv3.LeaseID) string {
+	return fmt.Sprintf("%s%x", Prefix(name), int64(id))
+}
+
+// Acquire takes the lock name, waiting in line for as long as others hold
+// it or wait before this call. It returns when the lock is taken, or with
+// an error when ctx is done or etcd fails. On failure no lease of this call
+// survives, unless etcd was unreachable to revoke it, in which case it
+// expires after its TTL.
 //
 // ctx bounds only the acquisition: the returned Lease lives until Release
 // or until it is lost.
-func Acquire(ctx context.Context, cli *clientv3.Client, key string, opts Options) (*Lease, error) {
-	return acquire(ctx, cli, key, opts, true)
+func Acquire(ctx context.Context, cli *clientv3.Client, name string, opts Options) (*Lease, error) {
+	return acquire(ctx, cli, name, opts, true)
 }
 
-// TryAcquire is Acquire without waiting: if another holder has the key it
-// returns a *LockedError, which wraps ErrLocked, at once.
-func TryAcquire(ctx context.Context, cli *clientv3.Client, key string, opts Options) (*Lease, error) {
-	return acquire(ctx, cli, key, opts, false)
+// TryAcquire is Acquire without waiting: if another holder has the lock, or
+// an earlier waiter is queued for it, it returns a *LockedError, which wraps
+// ErrLocked, at once.
+func TryAcquire(ctx context.Context, cli *clientv3.Client, name string, opts Options) (*Lease, error) {
+	return acquire(ctx, cli, name, opts, false)
 }
 
-func acquire(ctx context.Context, cli *clientv3.Client, key string, opts Options, wait bool) (*Lease, error) {
+func acquire(ctx context.Context, cli *clientv3.Client, name string, opts Options, wait bool) (*Lease, error) {
 	if cli == nil {
 		return nil, errors.New("lock: nil client")
 	}
-	if key == "" {
-		return nil, errors.New("lock: empty key")
+	if name == "" {
+		return nil, errors.New("lock: empty name")
 	}
 	ttl, err := opts.ttlSeconds()
 	if err != nil {
 		return nil, err
 	}
-	holder := opts.holder()
-	for {
-		l, held, err := attempt(ctx, cli, key, ttl, holder, opts.KeepAlive)
-		if err != nil {
-			return nil, err
-		}
-		if l != nil {
-			return l, nil
-		}
-		if !wait {
-			return nil, &LockedError{Key: key, Holder: held.holder, Token: held.token}
-		}
-		if err := waitDeleted(ctx, cli, key, held.rev); err != nil {
-			return nil, err
-		}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
 	}
-}
 
-// heldBy describes the grant that holds a key.
-type heldBy struct {
-	holder string // the key's value
-	token  int64  // the key's creation revision
-	rev    int64  // revision at which it was seen
-}
-
-// attempt makes one try at taking key. It returns the new Lease, or who
-// holds the key if someone else does.
-//
-// A lease is granted per attempt rather than once per Acquire so that a
-// lease without keep-alive does not run down while its owner is waiting.
-func attempt(ctx context.Context, cli *clientv3.Client, key string, ttl int64, holder string, keepAlive bool) (*Lease, *heldBy, error) {
 	// The lease's expiry is measured from before the grant request: the
 	// server starts its clock somewhere after this instant, so the local
 	// deadline never falls after the server's (modulo clock rate drift).
 	start := time.Now()
 	g, err := cli.Grant(ctx, ttl)
 	if err != nil {
-		return nil, nil, fmt.Errorf("lock: grant lease for %q: %w", key, err)
+		return nil, fmt.Errorf("lock: grant lease for %q: %w", name, err)
 	}
-	resp, err := cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, holder, clientv3.WithLease(g.ID))).
-		Else(clientv3.OpGet(key)).
+	granted := time.Duration(g.TTL) * time.Second
+	holderKey := HolderKey(name, g.ID)
+
+	// The session renews the lease while the grant waits in line, in both
+	// modes, and after that only with KeepAlive. Its context is the
+	// Lease's, so ending the Lease stops the renewals.
+	lctx, lcancel := context.WithCancel(context.Background())
+	fail := func(err error) (*Lease, error) {
+		lcancel()
+		// Revoking the lease deletes the holder key with it, whatever
+		// state the failed call left it in.
+		revoke(ctx, cli, g.ID)
+		return nil, err
+	}
+	s, err := concurrency.NewSession(cli,
+		concurrency.WithLease(g.ID), concurrency.WithTTL(int(g.TTL)), concurrency.WithContext(lctx))
+	if err != nil {
+		return fail(fmt.Errorf("lock: keep-alive for %q: %w", name, err))
+	}
+
+	// Create the holder key with the holder's name as its value before the
+	// Mutex runs: Mutex only creates the key if it does not exist, and
+	// otherwise takes its place in line from the key's creation revision,
+	// so the value stays visible to operators while the grant waits and
+	// while it holds the lock.
+	put, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(holderKey), "=", 0)).
+		Then(clientv3.OpPut(holderKey, opts.holder(), clientv3.WithLease(g.ID))).
 		Commit()
 	if err != nil {
-		// The put may have been applied even though we got no answer;
-		// revoking the lease deletes the key with it.
-		revoke(ctx, cli, g.ID)
-		return nil, nil, fmt.Errorf("lock: acquire %q: %w", key, err)
+		return fail(fmt.Errorf("lock: acquire %q: %w", name, err))
 	}
-	if !resp.Succeeded {
-		revoke(ctx, cli, g.ID)
-		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 0 {
-			// The compare saw the key, so the Get in the same transaction
-			// must too.
-			return nil, nil, fmt.Errorf("lock: acquire %q: key vanished inside a transaction", key)
+	if !put.Succeeded {
+		return fail(fmt.Errorf("lock: acquire %q: key %q of a fresh lease exists", name, holderKey))
+	}
+
+	m := concurrency.NewMutex(s, name)
+	// WithRequireLeader: a member cut off from the leader would otherwise
+	// keep the wait's watch open and silent forever.
+	mctx := clientv3.WithRequireLeader(ctx)
+	if wait {
+		err = m.Lock(mctx)
+	} else {
+		err = m.TryLock(mctx)
+	}
+	switch {
+	case errors.Is(err, concurrency.ErrLocked):
+		locked := owner(ctx, cli, name)
+		return fail(locked)
+	case err != nil:
+		return fail(fmt.Errorf("lock: acquire %q: %w", name, err))
+	case m.Key() != holderKey:
+		return fail(fmt.Errorf("lock: acquire %q: mutex took key %q, want %q", name, m.Key(), holderKey))
+	}
+	// The token is the holder key's creation revision, which Mutex
+	// compares against to check ownership.
+	isOwner := m.IsOwner()
+	token := isOwner.GetCompare().GetCreateRevision()
+	if token != put.Header.Revision {
+		return fail(fmt.Errorf("lock: acquire %q: holder key created at revision %d, mutex says %d", name, put.Header.Revision, token))
+	}
+
+	if !opts.KeepAlive {
+		s.Orphan()
+	}
+	expiry := start.Add(granted)
+	if time.Since(start) > granted/4 {
+		// The grant waited in line while the session renewed the lease,
+		// so the lease lives longer than start+TTL. Renew it once more,
+		// measured from before the request, for a deadline that is both
+		// safe and not needlessly early.
+		before := time.Now()
+		ka, err := cli.KeepAliveOnce(ctx, g.ID)
+		if err != nil {
+			return fail(fmt.Errorf("lock: acquire %q: renew lease: %w", name, err))
 		}
-		return nil, &heldBy{
-			holder: string(kvs[0].Value),
-			token:  kvs[0].CreateRevision,
-			rev:    resp.Header.Revision,
-		}, nil
+		expiry = before.Add(time.Duration(ka.TTL) * time.Second)
 	}
-	l := newLease(cli, key, resp.Header.Revision, g.ID, time.Duration(g.TTL)*time.Second)
-	go l.monitor(start.Add(l.ttl), keepAlive)
-	return l, nil, nil
+
+	l := &Lease{
+		cli:       cli,
+		name:      name,
+		holderKey: holderKey,
+		token:     token,
+		id:        g.ID,
+		ttl:       granted,
+		session:   s,
+		ctx:       lctx,
+		cancel:    lcancel,
+		monitored: make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	go l.monitor(expiry, opts.KeepAlive)
+	return l, nil
+}
+
+// owner describes the current holder of name for TryAcquire's error. The
+// holder may change meanwhile; the error says what was seen.
+func owner(ctx context.Context, cli *clientv3.Client, name string) *LockedError {
+	e := &LockedError{Key: name}
+	resp, err := cli.Get(ctx, Prefix(name), clientv3.WithFirstCreate()...)
+	if err == nil && len(resp.Kvs) > 0 {
+		kv := resp.Kvs[0]
+		e.HolderKey, e.Holder, e.Token = string(kv.Key), string(kv.Value), kv.CreateRevision
+	}
+	return e
 }
 
 // revoke revokes id on a failure path. The caller's context may be done, so
@@ -206,48 +276,19 @@ func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID) {
 	cli.Revoke(ctx, id) //nolint:errcheck // best effort, see above
 }
 
-// waitDeleted blocks until key is deleted at a revision after rev, or the
-// watch breaks (compaction, leader loss), after which the caller simply
-// tries again.
-func waitDeleted(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
-	// WithRequireLeader: a member cut off from the leader would otherwise
-	// keep the watch open and silent forever.
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	for resp := range cli.Watch(wctx, key, clientv3.WithRev(rev+1), clientv3.WithFilterPut()) {
-		if resp.Err() != nil {
-			break
-		}
-		for _, ev := range resp.Events {
-			if ev.Type == mvccpb.DELETE {
-				return nil
-			}
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("lock: acquire %q: %w", key, err)
-	}
-	// The watch broke. Back off a little so that a cluster without a leader
-	// does not turn the retry into a busy loop.
-	select {
-	case <-time.After(100 * time.Millisecond):
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("lock: acquire %q: %w", key, ctx.Err())
-	}
-}
-
-// Lease is one holder's grant of a lock: the key, the etcd lease that keeps
-// it, and the fencing token the grant carries. Its methods are safe for
-// concurrent use.
+// Lease is one holder's grant of a lock: the lock's name, the holder key
+// and the etcd lease that keeps it, and the fencing token the grant
+// carries. Its methods are safe for concurrent use.
 type Lease struct {
-	cli   *clientv3.Client
-	key   string
-	token int64
-	id    clientv3.LeaseID
-	ttl   time.Duration
+	cli       *clientv3.Client
+	name      string
+	holderKey string
+	token     int64
+	id        clientv3.LeaseID
+	ttl       time.Duration
+	session   *concurrency.Session
 
-	ctx       context.Context // canceled to stop the monitor
+	ctx       context.Context // canceled to stop the monitor and the session
 	cancel    context.CancelFunc
 	monitored chan struct{} // closed when the monitor has returned
 
@@ -256,29 +297,20 @@ type Lease struct {
 	err     error // set before done is closed
 }
 
-func newLease(cli *clientv3.Client, key string, token int64, id clientv3.LeaseID, ttl time.Duration) *Lease {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Lease{
-		cli:       cli,
-		key:       key,
-		token:     token,
-		id:        id,
-		ttl:       ttl,
-		ctx:       ctx,
-		cancel:    cancel,
-		monitored: make(chan struct{}),
-		done:      make(chan struct{}),
-	}
-}
-
-// Token returns the fencing token: the etcd revision at which this grant
-// was made. It is positive and larger than every earlier holder's token.
+// Token returns the fencing token: the etcd revision at which this grant's
+// holder key was created. It is positive and larger than every earlier
+// holder's token, whether that holder used this package or etcdctl lock.
 func (l *Lease) Token() int64 { return l.token }
 
-// Key returns the lock's key.
-func (l *Lease) Key() string { return l.key }
+// Key returns the lock's name, as passed to Acquire; the value for the
+// fence.lock setting.
+func (l *Lease) Key() string { return l.name }
 
-// LeaseID returns the etcd lease the key is attached to.
+// HolderKey returns the etcd key this grant created: Prefix(Key()) followed
+// by the lease ID in hexadecimal. It exists while the grant waits and holds.
+func (l *Lease) HolderKey() string { return l.holderKey }
+
+// LeaseID returns the etcd lease the holder key is attached to.
 func (l *Lease) LeaseID() clientv3.LeaseID { return l.id }
 
 // TTL returns the lease TTL the server granted.
@@ -300,8 +332,8 @@ func (l *Lease) Err() error {
 	}
 }
 
-// end records why the lease ended, closes Done and stops the monitor. The
-// first cause wins.
+// end records why the lease ended, closes Done and stops the monitor and
+// the session's renewals. The first cause wins.
 func (l *Lease) end(err error) {
 	l.endOnce.Do(func() {
 		l.err = err
@@ -311,26 +343,28 @@ func (l *Lease) end(err error) {
 }
 
 func (l *Lease) lost(format string, args ...any) {
-	l.end(&LostError{Key: l.key, Token: l.token, Reason: fmt.Sprintf(format, args...)})
+	l.end(&LostError{Key: l.name, Token: l.token, Reason: fmt.Sprintf(format, args...)})
 }
 
-// Release gives the lock up. In one transaction it deletes the key if the
-// key still carries this grant (creation revision equal to the token and
-// this lease); then it revokes the lease. It returns ErrNotHeld if the key
-// no longer belongs to this grant.
+// Release gives the lock up. In one transaction it deletes the holder key
+// if the key still carries this grant (creation revision equal to the token
+// and this lease), so it never deletes a key that is not its own, unlike
+// concurrency.Mutex.Unlock; then it revokes the lease. It returns ErrNotHeld
+// if the key no longer belongs to this grant.
 //
 // Release stops keep-alive whatever the outcome, so even when it fails
 // (etcd unreachable, ctx done) the lock frees itself within the TTL.
 func (l *Lease) Release(ctx context.Context) error {
 	l.end(ErrReleased)
 	<-l.monitored
+	l.session.Orphan()
 
 	resp, txnErr := l.cli.Txn(ctx).
 		If(
-			clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token),
-			clientv3.Compare(clientv3.LeaseValue(l.key), "=", l.id),
+			clientv3.Compare(clientv3.CreateRevision(l.holderKey), "=", l.token),
+			clientv3.Compare(clientv3.LeaseValue(l.holderKey), "=", l.id),
 		).
-		Then(clientv3.OpDelete(l.key)).
+		Then(clientv3.OpDelete(l.holderKey)).
 		Commit()
 	_, revokeErr := l.cli.Revoke(ctx, l.id)
 
@@ -340,15 +374,15 @@ func (l *Lease) Release(ctx context.Context) error {
 		// key, which expires on its own.
 		return nil
 	case txnErr == nil:
-		return fmt.Errorf("%w: key %q, token %d", ErrNotHeld, l.key, l.token)
+		return fmt.Errorf("%w: lock %q, token %d", ErrNotHeld, l.name, l.token)
 	case revokeErr == nil:
 		// The delete's outcome is unknown, but revoking the lease deletes
 		// every key attached to it, so the lock is free either way.
 		return nil
 	case errors.Is(revokeErr, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%w: key %q, token %d: lease gone", ErrNotHeld, l.key, l.token)
+		return fmt.Errorf("%w: lock %q, token %d: lease gone", ErrNotHeld, l.name, l.token)
 	default:
-		return fmt.Errorf("lock: release %q: %w", l.key, txnErr)
+		return fmt.Errorf("lock: release %q: %w", l.name, txnErr)
 	}
 }
 
@@ -364,6 +398,9 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 
 	var renewals <-chan *clientv3.LeaseKeepAliveResponse
 	if keepAlive {
+		// The session renews the lease; this subscribes to the same
+		// keep-alive (clientv3 sends one request for both) to see each
+		// renewal's TTL, which the session does not expose.
 		ch, err := l.cli.KeepAlive(ctx, l.id)
 		if err != nil {
 			l.lost("keep-alive: %v", err)
@@ -372,8 +409,8 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 		renewals = ch
 	}
 
-	// The watch starts after the grant's revision, so it sees every later
-	// change to the key even though it is set up after the grant.
+	// The watch starts after the holder key's creation, so it sees every
+	// later change to the key even though it is set up after the grant.
 	w := keyWatch{l: l, from: l.token + 1}
 	w.start(ctx)
 	defer w.stop()
@@ -445,19 +482,19 @@ const (
 	maxBackoff = time.Second
 )
 
-// lostBy reports whether a change to the key means this grant no longer
-// holds it.
+// lostBy reports whether a change to the holder key means this grant no
+// longer holds it.
 func (l *Lease) lostBy(ev *clientv3.Event) (string, bool) {
 	switch {
 	case ev.Type == mvccpb.DELETE:
-		return fmt.Sprintf("key deleted at revision %d", ev.Kv.ModRevision), true
+		return fmt.Sprintf("key %q deleted at revision %d", l.holderKey, ev.Kv.ModRevision), true
 	case ev.Kv.CreateRevision != l.token || clientv3.LeaseID(ev.Kv.Lease) != l.id:
-		return fmt.Sprintf("key overwritten at revision %d", ev.Kv.ModRevision), true
+		return fmt.Sprintf("key %q overwritten at revision %d", l.holderKey, ev.Kv.ModRevision), true
 	}
 	return "", false
 }
 
-// keyWatch is the monitor's watch on the lock key.
+// keyWatch is the monitor's watch on the holder key.
 type keyWatch struct {
 	l      *Lease
 	from   int64 // first revision of interest
@@ -470,7 +507,7 @@ func (w *keyWatch) start(ctx context.Context) {
 	// keep the watch open and silent.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	w.cancel = cancel
-	w.events = w.l.cli.Watch(wctx, w.l.key, clientv3.WithRev(w.from))
+	w.events = w.l.cli.Watch(wctx, w.l.holderKey, clientv3.WithRev(w.from))
 }
 
 // stop cancels the watch. Receiving from the nil channel it leaves blocks,
@@ -483,23 +520,23 @@ func (w *keyWatch) stop() {
 	w.events = nil
 }
 
-// restart re-reads the key after the watch broke (compacted history, leader
-// loss, connection trouble) and watches again from there. It reports
-// whether the key no longer belongs to the grant, or an error if etcd did
-// not answer within timeout.
+// restart re-reads the holder key after the watch broke (compacted history,
+// leader loss, connection trouble) and watches again from there. It
+// reports whether the key no longer belongs to the grant, or an error if
+// etcd did not answer within timeout.
 func (w *keyWatch) restart(ctx context.Context, timeout time.Duration) (string, bool, error) {
 	gctx, cancel := context.WithTimeout(ctx, timeout)
-	resp, err := w.l.cli.Get(gctx, w.l.key)
+	resp, err := w.l.cli.Get(gctx, w.l.holderKey)
 	cancel()
 	if err != nil {
 		return "", false, err
 	}
 	if len(resp.Kvs) == 0 {
-		return "key deleted", true, nil
+		return fmt.Sprintf("key %q deleted", w.l.holderKey), true, nil
 	}
 	kv := resp.Kvs[0]
 	if kv.CreateRevision != w.l.token || clientv3.LeaseID(kv.Lease) != w.l.id {
-		return fmt.Sprintf("key taken over at revision %d", kv.ModRevision), true, nil
+		return fmt.Sprintf("key %q taken over at revision %d", w.l.holderKey, kv.ModRevision), true, nil
 	}
 	w.from = resp.Header.Revision + 1
 	w.start(ctx)

@@ -196,7 +196,7 @@ func TestTryAcquireHeld(t *testing.T) {
 	if after := leaseIDs(t, ctx, cli); len(after) != len(before) {
 		t.Errorf("failed TryAcquire left a lease: %d leases before, %d after", len(before), len(after))
 	}
-	resp, err := cli.Get(ctx, key)
+	resp, err := cli.Get(ctx, a.HolderKey())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func TestDoneWhenKeyTaken(t *testing.T) {
 		take func(l *lock.Lease) error
 	}{
 		{"delete", func(l *lock.Lease) error {
-			_, err := cli.Delete(ctx, l.Key())
+			_, err := cli.Delete(ctx, l.HolderKey())
 			return err
 		}},
 		{"revoke", func(l *lock.Lease) error {
@@ -296,7 +296,7 @@ func TestDoneWhenKeyTaken(t *testing.T) {
 			return err
 		}},
 		{"overwrite", func(l *lock.Lease) error {
-			_, err := cli.Put(ctx, l.Key(), "intruder")
+			_, err := cli.Put(ctx, l.HolderKey(), "intruder")
 			return err
 		}},
 	} {

@@ -26,6 +26,15 @@ Takes the etcd lock KEY, runs COMMAND while holding it and releases it when
 COMMAND exits, like flock(1). COMMAND gets the fencing token in FENCE_TOKEN
 and the key in FENCE_LOCK_KEY. The lease is renewed while COMMAND runs.
 
+COMMAND's PGOPTIONS gets "-c fence.token=TOKEN -c fence.lock=KEY" appended
+(setting names from --token-setting and --lock-setting), so every libpq
+program it runs, psql included, sets both for each session it opens. A
+connection string with its own options parameter overrides PGOPTIONS.
+
+KEY is the same lock as "etcdctl lock KEY": the two exclude each other and
+wait in one line; the token is the creation revision of the holder's key
+KEY/<lease ID in hex>.
+
 SIGINT and SIGTERM are forwarded to COMMAND. If the lease is lost, COMMAND
 gets SIGTERM, then SIGKILL after 5s, and fenceproxy exits with status 75.
 Unless stdin is a terminal, COMMAND runs in its own process group and
@@ -87,6 +96,7 @@ type lockArgs struct {
 	endpoints []string
 	ttl       time.Duration
 	wait      waitFlag
+	settings  lock.Settings
 	key       string
 	command   []string
 }
@@ -108,6 +118,8 @@ func parseLockArgs(args []string, stderr io.Writer) (*lockArgs, int) {
 	etcd := fs.String("etcd", defaultEtcd, "comma-separated etcd endpoints (default from $FENCEPROXY_ETCD)")
 	fs.DurationVar(&a.ttl, "ttl", lock.DefaultTTL, "lease TTL, whole seconds, at least 1s")
 	fs.Var(&a.wait, "wait", "how long to wait for the lock; 0 fails at once if it is held")
+	fs.StringVar(&a.settings.Token, "token-setting", lock.DefaultTokenSetting, "PostgreSQL setting that carries the token in PGOPTIONS")
+	fs.StringVar(&a.settings.Lock, "lock-setting", lock.DefaultLockSetting, "PostgreSQL setting that carries KEY in PGOPTIONS")
 
 	usageErr := func(format string, v ...any) (*lockArgs, int) {
 		fmt.Fprintf(stderr, "fenceproxy lock: "+format+"\n", v...)
@@ -135,6 +147,9 @@ func parseLockArgs(args []string, stderr io.Writer) (*lockArgs, int) {
 	}
 	if a.ttl < time.Second {
 		return usageErr("--ttl must be at least 1s, got %v", a.ttl)
+	}
+	if err := a.settings.Validate(); err != nil {
+		return usageErr("%v", strings.TrimPrefix(err.Error(), "lock: "))
 	}
 	for _, ep := range strings.Split(*etcd, ",") {
 		if ep = strings.TrimSpace(ep); ep != "" {
@@ -184,7 +199,7 @@ func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if l == nil {
 		return code
 	}
-	return runHolding(ctx, l, a.command, sigs, stdout, stderr)
+	return runHolding(ctx, l, a.command, a.settings, sigs, stdout, stderr)
 }
 
 // acquireForCommand takes the lock as --wait says. A SIGINT or SIGTERM
@@ -250,7 +265,7 @@ func acquireForCommand(ctx context.Context, cli *clientv3.Client, a *lockArgs, s
 // runHolding runs command while l is held, then releases l. It returns the
 // command's exit status, or exitLeaseLost if the lease was lost while the
 // command ran.
-func runHolding(ctx context.Context, l *lock.Lease, command []string, sigs <-chan os.Signal, stdout, stderr io.Writer) int {
+func runHolding(ctx context.Context, l *lock.Lease, command []string, settings lock.Settings, sigs <-chan os.Signal, stdout, stderr io.Writer) int {
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdTimeout)
 		defer cancel()
@@ -266,10 +281,7 @@ func runHolding(ctx context.Context, l *lock.Lease, command []string, sigs <-cha
 	}
 
 	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Env = append(os.Environ(),
-		"FENCE_TOKEN="+strconv.FormatInt(l.Token(), 10),
-		"FENCE_LOCK_KEY="+l.Key(),
-	)
+	cmd.Env = commandEnv(os.Environ(), l, settings)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	// Do not let a grandchild that keeps our output pipes open hold us
 	// after the child itself has exited.
@@ -340,6 +352,34 @@ func runHolding(ctx context.Context, l *lock.Lease, command []string, sigs <-cha
 			signalChild(syscall.SIGKILL)
 		}
 	}
+}
+
+// commandEnv returns environ with the grant added: FENCE_TOKEN,
+// FENCE_LOCK_KEY, and both settings appended to PGOPTIONS.
+func commandEnv(environ []string, l *lock.Lease, settings lock.Settings) []string {
+	env := make([]string, 0, len(environ)+3)
+	var (
+		pgoptions string
+		seen      bool
+	)
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "PGOPTIONS":
+			// Keep the first, the one getenv(3) in libpq would see.
+			if !seen {
+				pgoptions, seen = value, true
+			}
+		case "FENCE_TOKEN", "FENCE_LOCK_KEY":
+		default:
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"FENCE_TOKEN="+strconv.FormatInt(l.Token(), 10),
+		"FENCE_LOCK_KEY="+l.Key(),
+		"PGOPTIONS="+lock.AppendPGOptions(pgoptions, l.PGOptions(settings)),
+	)
 }
 
 func reportLost(stderr io.Writer, err error, then string) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/lock"
 )
 
@@ -248,7 +251,7 @@ func TestLockLeaseLost(t *testing.T) {
 			stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
 			stdout.waitFor(t, "ready", 10*time.Second)
 
-			kv, err := e.cli.Get(ctx, key)
+			kv, err := e.cli.Get(ctx, lock.Prefix(key), clientv3.WithPrefix())
 			if err != nil || len(kv.Kvs) != 1 {
 				t.Fatalf("get %q: %v %v", key, kv, err)
 			}
@@ -286,7 +289,7 @@ func TestLockKillsChildIgnoringTerm(t *testing.T) {
 
 	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", `trap '' TERM; echo ready; while :; do sleep 0.1; done`)
 	stdout.waitFor(t, "ready", 10*time.Second)
-	if _, err := e.cli.Delete(ctx, key); err != nil {
+	if _, err := e.cli.Delete(ctx, lock.Prefix(key), clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
 	r := wait(t, res, killGrace+5*time.Second)
@@ -399,5 +402,89 @@ func TestLockEtcdUnreachable(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "etcd") {
 		t.Errorf("stderr %q does not mention etcd", stderr.String())
+	}
+}
+
+// TestLockPGOptionsPsql runs real psql under fenceproxy lock against a
+// throwaway PostgreSQL: SHOW reads back the token and the key, for keys
+// with spaces and backslashes, with custom setting names, and with a
+// PGOPTIONS of the caller's kept. It sets PGOPTIONS for the process, so it
+// does not run in parallel.
+func TestLockPGOptionsPsql(t *testing.T) {
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Fatalf("psql not found: %v", err)
+	}
+	e := newLockEnv(t)
+	pg := pgtest.Start(t, pgcluster.Options{})
+	dsn := pg.SuperuserDSN("postgres")
+	// A caller's own options, one of them fence.token, which the
+	// command's token overrides because later options win.
+	t.Setenv("PGOPTIONS", `-c app.job=nightly\ report -c fence.token=1`)
+
+	for _, tc := range []struct {
+		name  string
+		key   string
+		flags []string
+		token string
+		lock  string
+	}{
+		{"plain", "locks/report", nil, "fence.token", "fence.lock"},
+		{"space", "locks/tenant 7 config", nil, "fence.token", "fence.lock"},
+		{"backslash", `locks\a\\b\ c\`, nil, "fence.token", "fence.lock"},
+		{"custom settings", "locks/custom",
+			[]string{"--token-setting", "app.fence_token", "--lock-setting", "app.fence_lock"},
+			"app.fence_token", "app.fence_lock"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{}, tc.flags...), tc.key, "--",
+				psql, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", dsn,
+				"-c", "SHOW "+tc.token, "-c", "SHOW "+tc.lock, "-c", "SHOW app.job")
+			r := e.run(t, args...)
+			if r.code != 0 {
+				t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+			}
+			lines := strings.Split(strings.TrimSuffix(r.stdout.String(), "\n"), "\n")
+			if len(lines) != 3 {
+				t.Fatalf("psql printed %q, want three lines", r.stdout)
+			}
+			token, err := strconv.ParseInt(lines[0], 10, 64)
+			if err != nil || token <= 1 {
+				t.Errorf("SHOW %s = %q, want the lock's token", tc.token, lines[0])
+			}
+			if lines[1] != tc.key {
+				t.Errorf("SHOW %s = %q, want %q", tc.lock, lines[1], tc.key)
+			}
+			if lines[2] != "nightly report" {
+				t.Errorf("SHOW app.job = %q: the caller's PGOPTIONS was not kept", lines[2])
+			}
+			e.assertFree(t, tc.key)
+		})
+	}
+}
+
+// TestLockPGOptionsEnv checks the command's environment: the token in
+// FENCE_TOKEN and in PGOPTIONS agree, and only the first PGOPTIONS, the one
+// libpq sees, is extended.
+func TestLockPGOptionsEnv(t *testing.T) {
+	t.Parallel()
+	e := newLockEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := lock.Acquire(ctx, e.cli, "locks/env a", lock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx) //nolint:errcheck // the test checks the environment only
+
+	env := commandEnv([]string{"HOME=/h", "PGOPTIONS=-c a.b=1", "FENCE_TOKEN=3", "PGOPTIONS=-c a.b=2"}, l, lock.Settings{})
+	want := []string{
+		"HOME=/h",
+		"FENCE_TOKEN=" + strconv.FormatInt(l.Token(), 10),
+		"FENCE_LOCK_KEY=locks/env a",
+		"PGOPTIONS=-c a.b=1 -c fence.token=" + strconv.FormatInt(l.Token(), 10) + ` -c fence.lock=locks/env\ a`,
+	}
+	if strings.Join(env, "\n") != strings.Join(want, "\n") {
+		t.Errorf("environment\n%q\nwant\n%q", env, want)
 	}
 }
