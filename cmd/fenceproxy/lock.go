@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -44,7 +43,7 @@ Exit status: COMMAND's status (128+N if killed by signal N); 1 if the lock
 was not taken (held with --wait 0, timed out, etcd error); 2 usage error;
 75 lease lost; 126/127 COMMAND could not be run.
 
-flags:
+flags (each also from $FENCEPROXY_<NAME>, e.g. FENCEPROXY_ETCD):
 `
 
 // Exit statuses of the lock command besides the child's own.
@@ -103,19 +102,15 @@ type lockArgs struct {
 
 // parseLockArgs parses the command line. On failure it returns nil and the
 // exit status.
-func parseLockArgs(args []string, stderr io.Writer) (*lockArgs, int) {
+func parseLockArgs(args []string, stdout, stderr io.Writer) (*lockArgs, int) {
 	var a lockArgs
-	fs := flag.NewFlagSet("lock", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	c := newCommand("lock", "lock [flags] KEY [--] COMMAND [ARGS...]", stdout, stderr)
+	fs := c.fs
 	fs.Usage = func() {
-		fmt.Fprint(stderr, lockUsage)
+		fmt.Fprint(fs.Output(), lockUsage)
 		fs.PrintDefaults()
 	}
-	defaultEtcd := os.Getenv("FENCEPROXY_ETCD")
-	if defaultEtcd == "" {
-		defaultEtcd = "127.0.0.1:2379"
-	}
-	etcd := fs.String("etcd", defaultEtcd, "comma-separated etcd endpoints (default from $FENCEPROXY_ETCD)")
+	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints")
 	fs.DurationVar(&a.ttl, "ttl", lock.DefaultTTL, "lease TTL, whole seconds, at least 1s")
 	fs.Var(&a.wait, "wait", "how long to wait for the lock; 0 fails at once if it is held")
 	fs.StringVar(&a.settings.Token, "token-setting", lock.DefaultTokenSetting, "PostgreSQL setting that carries the token in PGOPTIONS")
@@ -126,11 +121,8 @@ func parseLockArgs(args []string, stderr io.Writer) (*lockArgs, int) {
 		fs.Usage()
 		return nil, exitUsage
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0
-		}
-		return nil, exitUsage
+	if code, ok := c.parse(args); !ok {
+		return nil, code
 	}
 	rest := fs.Args()
 	if len(rest) == 0 || rest[0] == "" {
@@ -164,7 +156,7 @@ func parseLockArgs(args []string, stderr io.Writer) (*lockArgs, int) {
 
 // lockMain implements "fenceproxy lock": see lockUsage.
 func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a, code := parseLockArgs(args, stderr)
+	a, code := parseLockArgs(args, stdout, stderr)
 	if a == nil {
 		return code
 	}

@@ -374,7 +374,7 @@ func TestLockUsage(t *testing.T) {
 
 func TestLockFlagsAfterKey(t *testing.T) {
 	t.Parallel()
-	a, code := parseLockArgs([]string{"--etcd", "a:1, b:2", "/k", "--wait", "0", "--", "cmd", "--wait", "x"}, new(bytes.Buffer))
+	a, code := parseLockArgs([]string{"--etcd", "a:1, b:2", "/k", "--wait", "0", "--", "cmd", "--wait", "x"}, new(bytes.Buffer), new(bytes.Buffer))
 	if a == nil {
 		t.Fatalf("parse failed with %d", code)
 	}

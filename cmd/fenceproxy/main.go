@@ -3,8 +3,9 @@
 //
 // Subcommands:
 //
-//	fenceproxy serve -c FILE       run the proxy
-//	fenceproxy rewrite -c FILE SQL show what the proxy would send for SQL
+//	fenceproxy serve --config FILE       run the proxy
+//	fenceproxy rewrite --config FILE SQL show what the proxy would send for SQL
+//	fenceproxy healthcheck               probe a running proxy's /readyz
 //	fenceproxy lock KEY -- CMD     run CMD holding an etcd lock (FENCE_TOKEN)
 package main
 
@@ -20,13 +21,17 @@ import (
 const usage = `usage: fenceproxy <command> [flags]
 
 commands:
-  serve   -c FILE            run the proxy with the given config file
-  rewrite -c FILE [SQL | -]  print what the proxy would send for SQL, or why it refuses
+  serve   [--config FILE]    run the proxy with the given config file
+  rewrite [--config FILE] [SQL | -]
+                             print what the proxy would send for SQL, or why it refuses
+  healthcheck [--url URL]    exit 0 if a running proxy's admin /readyz answers 200
   lock    [flags] KEY -- COMMAND [ARGS]
                              run COMMAND holding an etcd lock; FENCE_TOKEN holds the token
   version                    print the version
 
-Run 'fenceproxy <command> -h' for the flags of a command.
+Run 'fenceproxy <command> --help' for the flags of a command. Every flag can
+also be set from the environment: FENCEPROXY_ and its long name in upper
+case ("-" as "_"), e.g. FENCEPROXY_CONFIG; the command line wins.
 `
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -51,7 +56,7 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}()
 	switch args[0] {
 	case "serve":
-		return serveMain(ctx, args[1:], stderr)
+		return serveMain(ctx, args[1:], stdout, stderr)
 	case "rewrite":
 		return rewriteMain(args[1:], stdin, stdout, stderr)
 	case "lock":
@@ -61,8 +66,10 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// that the production binary leaves out.
 		fmt.Fprintln(stderr, "fenceproxy: the demo is its own command: go run ./cmd/fenceproxy-demo")
 		return 2
+	case "healthcheck":
+		return healthcheckMain(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "fenceproxy", version)
+		fmt.Fprintln(stdout, "fenceproxy", versionString())
 		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)

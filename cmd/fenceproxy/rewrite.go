@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -15,19 +14,15 @@ import (
 // refusal with its SQLSTATE (exit status 3). With no SQL argument, or "-",
 // the SQL is read from standard input.
 func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("rewrite", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("c", "fenceproxy.yaml", "config file (only token_setting and tables are used)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: fenceproxy rewrite -c FILE [--database D --user U --application-name A] [SQL | -]")
-		fs.PrintDefaults()
+	c := newCommand("rewrite", "rewrite [--config FILE] [--database D --user U --application-name A] [SQL | -]", stdout, stderr)
+	path := c.configFlag("fenceproxy.yaml", "config file (only its rules are read: token_setting, tables, max_check_bytes)")
+	database := c.fs.String("database", "", "session database, for scoped rules")
+	user := c.fs.String("user", "", "session user, for scoped rules")
+	app := c.fs.String("application-name", "", "session application_name, for scoped rules")
+	if code, ok := c.parse(args); !ok {
+		return code
 	}
-	database := fs.String("database", "", "session database, for scoped rules")
-	user := fs.String("user", "", "session user, for scoped rules")
-	app := fs.String("application-name", "", "session application_name, for scoped rules")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
+	fs := c.fs
 	var sql string
 	switch rest := fs.Args(); {
 	case len(rest) == 0 || (len(rest) == 1 && rest[0] == "-"):
@@ -40,7 +35,7 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	default:
 		sql = strings.Join(rest, " ")
 	}
-	cfg, err := config.Load(*path)
+	cfg, err := config.LoadRules(*path)
 	if err != nil {
 		fmt.Fprintf(stderr, "fenceproxy rewrite: %v\n", err)
 		return 1

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os/signal"
@@ -15,12 +14,11 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
-func serveMain(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("c", "fenceproxy.yaml", "config file")
-	if err := fs.Parse(args); err != nil {
-		return 2
+func serveMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newCommand("serve", "serve [--config FILE]", stdout, stderr)
+	path := c.configFlag("fenceproxy.yaml", "config file")
+	if code, ok := c.parse(args); !ok {
+		return code
 	}
 	// SIGHUP reloads; until the reload handler is installed it must not
 	// end the process.

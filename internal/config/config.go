@@ -177,14 +177,41 @@ func Load(path string) (*Config, error) {
 
 // Parse parses and validates YAML text. Unknown keys are errors.
 func Parse(data []byte) (*Config, error) {
+	cfg, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// LoadRules reads the file at path for its rules only (token_setting,
+// tables, rewrite_cache_entries, max_check_bytes), as `fenceproxy rewrite`
+// needs: the proxy's own keys, such as upstream.address, may be missing.
+// Unknown keys are still errors, and the rules are validated.
+func LoadRules(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := decode(data)
+	if err == nil {
+		_, err = cfg.Rules()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func decode(data []byte) (*Config, error) {
 	cfg := Defaults()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	// An empty file decodes as io.EOF: it means "all defaults".
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
