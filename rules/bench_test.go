@@ -18,7 +18,7 @@ const benchUpdate = "UPDATE config SET payload = $1, updated_at = now() WHERE id
 
 // A statement that names no protected table: MayTouch only, no parse.
 func BenchmarkPrecheckRead(b *testing.B) {
-	r := benchRules(b, 0)
+	r := benchRules(b, rules.DefaultCacheSize)
 	sql := "SELECT o.id, o.total, c.name FROM orders o JOIN customers c ON c.id = o.customer_id WHERE o.status = $1 ORDER BY o.created_at DESC LIMIT 50"
 	b.ReportAllocs()
 	b.SetBytes(int64(len(sql)))
@@ -73,7 +73,7 @@ func BenchmarkRewriteCacheMiss(b *testing.B) {
 
 // The same protected UPDATE again: a cache hit.
 func BenchmarkRewriteCached(b *testing.B) {
-	r := benchRules(b, 0)
+	r := benchRules(b, rules.DefaultCacheSize)
 	r.Decide(benchUpdate)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -84,7 +84,7 @@ func BenchmarkRewriteCached(b *testing.B) {
 }
 
 func BenchmarkRewriteCachedParallel(b *testing.B) {
-	r := benchRules(b, 0)
+	r := benchRules(b, rules.DefaultCacheSize)
 	r.Decide(benchUpdate)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
