@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -129,18 +130,43 @@ func (s *Server) Serve(l net.Listener) error {
 			if s.draining.Load() {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if temporaryAcceptError(err) {
+				// Like net/http: back off and try again. The sessions that
+				// exist keep running, and when descriptors are freed new
+				// clients are served again.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+				if h, ok := s.opts.Hooks.(AcceptHooks); ok {
+					h.AcceptFailed(err)
+				}
 				time.Sleep(backoff)
 				continue
 			}
+			// Serve gives up on l: close it, so that clients are refused at
+			// once rather than left waiting in its backlog.
+			_ = l.Close()
 			return err
 		}
 		backoff = 0
 		s.startSession(c)
 	}
+}
+
+// temporaryAcceptError reports whether an Accept error is worth retrying:
+// the process or the system is out of file descriptors or buffers, or one
+// pending connection was reset before it was accepted. Go's listeners
+// return none of these as net.Error timeouts.
+func temporaryAcceptError(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) startSession(c net.Conn) {
