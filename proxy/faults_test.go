@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
@@ -93,4 +96,31 @@ func TestAcceptOutOfFileDescriptors(t *testing.T) {
 	conn2 := connect(t, superDSN(p))
 	selectOne(t, conn2)
 	selectOne(t, conn)
+}
+
+// TestVanishedClientStatementCancelled closes a client's socket while its
+// statement runs: the proxy must cancel the statement upstream instead of
+// leaving the backend to run it to its end.
+func TestVanishedClientStatementCancelled(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{})
+	app := "vanish_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	c, fe := rawSession(t, p.Addr(), map[string]string{"application_name": app})
+	fe.Send(&pgproto3.Query{String: "SELECT pg_sleep(60)"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	direct := connect(t, cluster.SuperuserDSN("postgres"))
+	running := func() int {
+		var n int
+		err := direct.QueryRow(ctxT(t), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND state = 'active' AND query LIKE 'SELECT pg_sleep%'`, app).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "the statement to run", func() bool { return running() == 1 })
+	_ = c.Close()
+	waitFor(t, "the statement to be cancelled", func() bool { return running() == 0 })
 }

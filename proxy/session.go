@@ -140,16 +140,26 @@ func (s *session) run() {
 	s.logEnd()
 }
 
-// close tears both connections down; the first cause wins.
+// close tears both connections down; the first cause wins. When the client
+// is the cause (it went away, or its connection failed) while a statement
+// is in flight, the statement is cancelled first: a backend notices a
+// closed socket only when it next does I/O, so it would otherwise run to
+// its end, holding its locks.
 func (s *session) close(cause error) {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.cause = cause
 		s.closed = true
+		busy := s.state.relaying && !s.state.finishing && (s.state.inFlight > 0 || s.state.unsynced)
 		s.state.finishing = true
 		up := s.upstream
 		s.mu.Unlock()
 		s.idleCond.Broadcast()
+		if busy && sideOf(cause) == "client" {
+			_ = s.client.Close() // stop relaying to it while cancelling
+			s.logger().Info("client went away during a statement; cancelling it")
+			s.cancelUpstream()
+		}
 		_ = s.client.Close()
 		if up != nil {
 			_ = up.Close()
@@ -181,6 +191,25 @@ func upstreamErr(err error) error {
 	return &sideError{"upstream", err}
 }
 
+// sideOf returns the side an error was attributed to, or "".
+func sideOf(err error) string {
+	var se *sideError
+	if errors.As(err, &se) {
+		return se.side
+	}
+	return ""
+}
+
+// blame attributes an error from copyBody: a failed write to the side
+// written to, anything else to the side read from.
+func blame(err error, from, to func(error) error) error {
+	var we *writeError
+	if errors.As(err, &we) {
+		return to(we.err)
+	}
+	return from(err)
+}
+
 // errSessionDone is the cause for a session that ended normally.
 var errSessionDone = errors.New("session ended")
 
@@ -194,7 +223,7 @@ func (s *session) logEnd() {
 	case errors.Is(err, net.ErrClosed):
 		s.logger().Info("session closed", zap.String("reason", "connection closed"))
 	default:
-		s.logger().Warn("session failed", zap.Error(err))
+		s.logger().Warn("session failed", zap.String("side", sideOf(err)), zap.Error(err))
 	}
 }
 

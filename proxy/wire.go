@@ -88,7 +88,15 @@ func (m *msgReader) body(n int) ([]byte, error) {
 	return b, nil
 }
 
-// copyBody streams a body of n bytes to w without holding all of it.
+// writeError is a failed write in copyBody: the side written to failed,
+// not the side read from.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+// copyBody streams a body of n bytes to w without holding all of it. A
+// failed write is returned as a *writeError.
 func (m *msgReader) copyBody(w *bufio.Writer, n int) error {
 	for n > 0 {
 		chunk := m.r.Buffered()
@@ -103,7 +111,7 @@ func (m *msgReader) copyBody(w *bufio.Writer, n int) error {
 			return unexpected(err)
 		}
 		if _, err := w.Write(b); err != nil {
-			return err
+			return &writeError{err}
 		}
 		_, _ = m.r.Discard(chunk)
 		n -= chunk
