@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -118,6 +119,7 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 func (s *session) run() {
 	s.logger().Debug("client connected")
 	if err := s.startup(); err != nil {
+		s.upstreamStartupFailed(err)
 		s.close(err)
 		s.logEnd()
 		return
@@ -138,6 +140,29 @@ func (s *session) run() {
 	s.close(s.copyClientToUpstream())
 	<-done
 	s.logEnd()
+}
+
+// upstreamStartupFailed tells the client, with 08006, that the upstream
+// failed it during startup, for the failures startup does not report
+// itself: the upstream connected but did not answer (a stopped
+// postmaster) or went silent mid-handshake. The failure is counted with
+// the connect errors.
+func (s *session) upstreamStartupFailed(err error) {
+	var ce *connectError
+	if sideOf(err) != "upstream" || errors.As(err, &ce) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return
+	}
+	s.srv.opts.Hooks.UpstreamConnectFailed()
+	msg := "fenceproxy: the upstream server did not complete the connection handshake in time"
+	if errors.Is(err, errNoAnswer) {
+		msg = "fenceproxy: the upstream server accepted the connection but did not answer in time"
+	}
+	// The startup deadline may have passed for the client too.
+	_ = s.client.SetWriteDeadline(time.Now().Add(time.Second))
+	if s.cw != nil {
+		_ = s.cw.Flush()
+	}
+	s.sendFatal(fatal("08006", msg))
 }
 
 // close tears both connections down; the first cause wins. When the client
