@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -32,10 +31,10 @@ type session struct {
 	client   net.Conn
 	upstream net.Conn
 
-	cr *msgReader    // client reader
-	cw *bufio.Writer // client writer; guarded by cwMu after startup
-	ur *msgReader    // upstream reader
-	uw *bufio.Writer // upstream writer; used by the client-to-upstream copier
+	cr *msgReader  // client reader
+	cw flushWriter // client writer; guarded by cwMu after startup
+	ur *msgReader  // upstream reader
+	uw flushWriter // upstream writer; used by the client-to-upstream copier
 	// cwMu is held by the upstream-to-client copier while it writes a batch,
 	// and by terminate when it injects a final error.
 	cwMu sync.Mutex
@@ -124,6 +123,10 @@ func (s *session) run() {
 		s.logEnd()
 		return
 	}
+	// Both writers were flushed at the end of startup. From now on their
+	// buffers are held only while a batch is written (relayWriter).
+	s.cw = newRelayWriter(s.client)
+	s.uw = newRelayWriter(s.upstream)
 	s.mu.Lock()
 	s.state.relaying = true
 	draining := s.state.draining
