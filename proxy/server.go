@@ -22,7 +22,9 @@ type Options struct {
 	// UpstreamTLS, when non-nil, is used to negotiate TLS with the upstream
 	// (SSLRequest, then a TLS client handshake). nil means plaintext.
 	UpstreamTLS *tls.Config
-	// ConnectTimeout bounds dialling the upstream. Default 5s.
+	// ConnectTimeout bounds dialling the upstream, the TLS handshake, and
+	// the upstream's first answer after connecting: a stopped postmaster
+	// still completes TCP handshakes. Default 5s.
 	ConnectTimeout time.Duration
 	// ClientTLS, when non-nil, is offered to clients that send SSLRequest.
 	ClientTLS *tls.Config
