@@ -21,7 +21,9 @@
 // none runs under rules that a reload replaced (prepared.go, prepared_relay.go).
 //
 // Messages are framed by msgReader, which never trusts a length field beyond
-// the configured limit. Decoding and encoding of the messages that are looked
+// the configured limit, and allocates a large body only as its bytes arrive.
+// Its buffer, and the writers', come from a shared pool while data flows and
+// go back when the peer pauses, so an idle session holds little memory. Decoding and encoding of the messages that are looked
 // at uses the pgproto3 package of pgx; everything else is copied without
 // decoding, and writes are buffered and flushed only when the reading side
 // has nothing more buffered, so pipelines stay pipelines.

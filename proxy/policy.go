@@ -17,6 +17,13 @@ type Hooks interface {
 	Statement(info *SessionInfo, d *Decision, took time.Duration)
 }
 
+// AcceptHooks is an optional Hooks extension: AcceptFailed is called for
+// each failed Accept that Serve retries (out of file descriptors, for
+// instance).
+type AcceptHooks interface {
+	AcceptFailed(err error)
+}
+
 // Action is what the relay does with a statement.
 type Action uint8
 

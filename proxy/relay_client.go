@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -25,9 +24,9 @@ func (s *session) copyClientToUpstream() error {
 				s.terminate(fatal("08P01", "fenceproxy: "+strings.TrimPrefix(err.Error(), "proxy: ")), "bad client message")
 				return clientErr(err)
 			}
-			if errors.Is(err, io.EOF) {
-				return errSessionDone
-			}
+			// The client went away without a Terminate (io.EOF) or its
+			// connection failed: close records it as the client's doing,
+			// and cancels a statement still running for it.
 			return clientErr(err)
 		}
 		switch typ {
@@ -90,7 +89,7 @@ func (s *session) forwardUnread(typ byte, n int) error {
 		return upstreamErr(err)
 	}
 	if err := s.cr.copyBody(s.uw, n); err != nil {
-		return clientErr(err)
+		return blame(err, clientErr, upstreamErr)
 	}
 	return nil
 }

@@ -76,7 +76,7 @@ func (s *session) copyUpstreamToClient() error {
 				return clientErr(err)
 			}
 			if err := s.ur.copyBody(s.cw, n); err != nil {
-				return upstreamErr(err)
+				return blame(err, upstreamErr, clientErr)
 			}
 		case typ == 'Z':
 			body, err := s.ur.body(n)
@@ -101,7 +101,7 @@ func (s *session) copyUpstreamToClient() error {
 				return clientErr(err)
 			}
 			if err := s.ur.copyBody(s.cw, n); err != nil {
-				return upstreamErr(err)
+				return blame(err, upstreamErr, clientErr)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -21,7 +22,9 @@ type Options struct {
 	// UpstreamTLS, when non-nil, is used to negotiate TLS with the upstream
 	// (SSLRequest, then a TLS client handshake). nil means plaintext.
 	UpstreamTLS *tls.Config
-	// ConnectTimeout bounds dialling the upstream. Default 5s.
+	// ConnectTimeout bounds dialling the upstream, the TLS handshake, and
+	// the upstream's first answer after connecting: a stopped postmaster
+	// still completes TCP handshakes. Default 5s.
 	ConnectTimeout time.Duration
 	// ClientTLS, when non-nil, is offered to clients that send SSLRequest.
 	ClientTLS *tls.Config
@@ -130,18 +133,43 @@ func (s *Server) Serve(l net.Listener) error {
 			if s.draining.Load() {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if temporaryAcceptError(err) {
+				// Like net/http: back off and try again. The sessions that
+				// exist keep running, and when descriptors are freed new
+				// clients are served again.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+				if h, ok := s.opts.Hooks.(AcceptHooks); ok {
+					h.AcceptFailed(err)
+				}
 				time.Sleep(backoff)
 				continue
 			}
+			// Serve gives up on l: close it, so that clients are refused at
+			// once rather than left waiting in its backlog.
+			_ = l.Close()
 			return err
 		}
 		backoff = 0
 		s.startSession(c)
 	}
+}
+
+// temporaryAcceptError reports whether an Accept error is worth retrying:
+// the process or the system is out of file descriptors or buffers, or one
+// pending connection was reset before it was accepted. Go's listeners
+// return none of these as net.Error timeouts.
+func temporaryAcceptError(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) startSession(c net.Conn) {

@@ -1,13 +1,13 @@
 package proxy
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -31,10 +31,10 @@ type session struct {
 	client   net.Conn
 	upstream net.Conn
 
-	cr *msgReader    // client reader
-	cw *bufio.Writer // client writer; guarded by cwMu after startup
-	ur *msgReader    // upstream reader
-	uw *bufio.Writer // upstream writer; used by the client-to-upstream copier
+	cr *msgReader  // client reader
+	cw flushWriter // client writer; guarded by cwMu after startup
+	ur *msgReader  // upstream reader
+	uw flushWriter // upstream writer; used by the client-to-upstream copier
 	// cwMu is held by the upstream-to-client copier while it writes a batch,
 	// and by terminate when it injects a final error.
 	cwMu sync.Mutex
@@ -118,10 +118,15 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 func (s *session) run() {
 	s.logger().Debug("client connected")
 	if err := s.startup(); err != nil {
+		s.upstreamStartupFailed(err)
 		s.close(err)
 		s.logEnd()
 		return
 	}
+	// Both writers were flushed at the end of startup. From now on their
+	// buffers are held only while a batch is written (relayWriter).
+	s.cw = newRelayWriter(s.client)
+	s.uw = newRelayWriter(s.upstream)
 	s.mu.Lock()
 	s.state.relaying = true
 	draining := s.state.draining
@@ -140,16 +145,49 @@ func (s *session) run() {
 	s.logEnd()
 }
 
-// close tears both connections down; the first cause wins.
+// upstreamStartupFailed tells the client, with 08006, that the upstream
+// failed it during startup, for the failures startup does not report
+// itself: the upstream connected but did not answer (a stopped
+// postmaster) or went silent mid-handshake. The failure is counted with
+// the connect errors.
+func (s *session) upstreamStartupFailed(err error) {
+	var ce *connectError
+	if sideOf(err) != "upstream" || errors.As(err, &ce) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return
+	}
+	s.srv.opts.Hooks.UpstreamConnectFailed()
+	msg := "fenceproxy: the upstream server did not complete the connection handshake in time"
+	if errors.Is(err, errNoAnswer) {
+		msg = "fenceproxy: the upstream server accepted the connection but did not answer in time"
+	}
+	// The startup deadline may have passed for the client too.
+	_ = s.client.SetWriteDeadline(time.Now().Add(time.Second))
+	if s.cw != nil {
+		_ = s.cw.Flush()
+	}
+	s.sendFatal(fatal("08006", msg))
+}
+
+// close tears both connections down; the first cause wins. When the client
+// is the cause (it went away, or its connection failed) while a statement
+// is in flight, the statement is cancelled first: a backend notices a
+// closed socket only when it next does I/O, so it would otherwise run to
+// its end, holding its locks.
 func (s *session) close(cause error) {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.cause = cause
 		s.closed = true
+		busy := s.state.relaying && !s.state.finishing && (s.state.inFlight > 0 || s.state.unsynced)
 		s.state.finishing = true
 		up := s.upstream
 		s.mu.Unlock()
 		s.idleCond.Broadcast()
+		if busy && sideOf(cause) == "client" {
+			_ = s.client.Close() // stop relaying to it while cancelling
+			s.logger().Info("client went away during a statement; cancelling it")
+			s.cancelUpstream()
+		}
 		_ = s.client.Close()
 		if up != nil {
 			_ = up.Close()
@@ -181,6 +219,25 @@ func upstreamErr(err error) error {
 	return &sideError{"upstream", err}
 }
 
+// sideOf returns the side an error was attributed to, or "".
+func sideOf(err error) string {
+	var se *sideError
+	if errors.As(err, &se) {
+		return se.side
+	}
+	return ""
+}
+
+// blame attributes an error from copyBody: a failed write to the side
+// written to, anything else to the side read from.
+func blame(err error, from, to func(error) error) error {
+	var we *writeError
+	if errors.As(err, &we) {
+		return to(we.err)
+	}
+	return from(err)
+}
+
 // errSessionDone is the cause for a session that ended normally.
 var errSessionDone = errors.New("session ended")
 
@@ -194,7 +251,7 @@ func (s *session) logEnd() {
 	case errors.Is(err, net.ErrClosed):
 		s.logger().Info("session closed", zap.String("reason", "connection closed"))
 	default:
-		s.logger().Warn("session failed", zap.Error(err))
+		s.logger().Warn("session failed", zap.String("side", sideOf(err)), zap.Error(err))
 	}
 }
 

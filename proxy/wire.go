@@ -1,11 +1,11 @@
 package proxy
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -30,29 +30,109 @@ var errMessageTooLarge = errors.New("proxy: message too large")
 // errBadLength is returned for a length field below the protocol minimum.
 var errBadLength = errors.New("proxy: invalid message length")
 
-// msgReader frames protocol messages from a buffered stream. pgproto3's
-// Receive decodes every message into a struct; the relay needs to pass most
+// msgReader frames protocol messages from a stream. pgproto3's Receive
+// decodes every message into a struct; the relay needs to pass most
 // messages through untouched, so it frames them here and uses pgproto3 only
 // for the few it inspects.
+//
+// Its buffer adapts to the traffic, so that an idle session holds little
+// memory: while messages stream in, it reads into a buffer of size bytes
+// from a pool shared by all sessions; once everything buffered has been
+// consumed and the last read did not fill the buffer (the peer has paused),
+// it gives that buffer back and waits for the next bytes in a small one of
+// its own.
 type msgReader struct {
-	r       *bufio.Reader
+	src     io.Reader
+	size    int    // the large buffer's size
 	max     int    // largest body accepted
-	scratch []byte // for bodies larger than the bufio buffer
+	buf     []byte // m.small[:] or the large buffer
+	large   *[ioBufferSize]byte
+	small   [smallBufferSize]byte
+	r, w    int   // buf[r:w] is buffered and unread
+	full    bool  // the last read filled all the room it was given
+	err     error // from src, returned once the buffered bytes are used
+	scratch []byte
 }
 
+// smallBufferSize is what a reader keeps while its peer is idle: enough for
+// a short query or a ReadyForQuery.
+const smallBufferSize = 2 << 10
+
+// largeBuffers holds the large buffers that readers and relayWriters use
+// while data flows.
+var largeBuffers = sync.Pool{New: func() any { return new([ioBufferSize]byte) }}
+
 func newMsgReader(r io.Reader, size, max int) *msgReader {
-	return &msgReader{r: bufio.NewReaderSize(r, size), max: max}
+	m := &msgReader{src: r, size: size, max: max}
+	m.buf = m.small[:min(size, smallBufferSize)]
+	return m
+}
+
+func (m *msgReader) isLarge() bool { return len(m.buf) > smallBufferSize || m.large != nil }
+
+// setBuffer moves the unread bytes to the start of b and reads into b from
+// now on.
+func (m *msgReader) setBuffer(b []byte) {
+	m.w = copy(b, m.buf[m.r:m.w])
+	m.r = 0
+	m.buf = b
+}
+
+// fill reads until at least need bytes (need <= m.size) are buffered.
+func (m *msgReader) fill(need int) error {
+	for empty := 0; m.w-m.r < need; {
+		if m.err != nil {
+			return m.err
+		}
+		switch {
+		case m.r == m.w && m.isLarge() && !m.full:
+			// The peer has paused: wait for it with the small buffer.
+			m.r, m.w = 0, 0
+			if m.large != nil {
+				largeBuffers.Put(m.large)
+				m.large = nil
+			}
+			m.buf = m.small[:min(m.size, smallBufferSize)]
+			if need <= len(m.buf) {
+				break
+			}
+			fallthrough
+		case !m.isLarge() && m.size > len(m.buf) && (need > len(m.buf) || m.full):
+			// Data is streaming in, or a message needs more room.
+			if m.size == ioBufferSize {
+				m.large = largeBuffers.Get().(*[ioBufferSize]byte)
+				m.setBuffer(m.large[:])
+			} else {
+				m.setBuffer(make([]byte, m.size))
+			}
+		case m.r > 0:
+			m.setBuffer(m.buf)
+		}
+		n, err := m.src.Read(m.buf[m.w:])
+		if n < 0 || n > len(m.buf)-m.w {
+			return errors.New("proxy: invalid read count")
+		}
+		m.full = n == len(m.buf)-m.w
+		m.w += n
+		m.err = err
+		if n == 0 && err == nil {
+			if empty++; empty > 100 {
+				m.err = io.ErrNoProgress
+			}
+		}
+	}
+	return nil
 }
 
 // header reads one message header and returns its type and body length.
 func (m *msgReader) header() (byte, int, error) {
-	h, err := m.r.Peek(5)
-	if err != nil {
-		if len(h) > 0 && errors.Is(err, io.EOF) {
+	if err := m.fill(5); err != nil {
+		if m.w > m.r && errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return 0, 0, err
 	}
+	h := m.buf[m.r : m.r+5]
 	typ := h[0]
 	n := int(binary.BigEndian.Uint32(h[1:5]))
 	if n < 4 {
@@ -61,53 +141,63 @@ func (m *msgReader) header() (byte, int, error) {
 	if n-4 > m.max {
 		return typ, n - 4, fmt.Errorf("%w: %d bytes for message type %q (limit %d)", errMessageTooLarge, n-4, typ, m.max)
 	}
-	_, _ = m.r.Discard(5)
+	m.r += 5
 	return typ, n - 4, nil
 }
 
 // body reads a whole body of n bytes. The slice is valid until the next
 // call on m.
 func (m *msgReader) body(n int) ([]byte, error) {
-	if n <= m.r.Size() {
-		b, err := m.r.Peek(n)
-		if err != nil {
+	if n <= m.size {
+		if err := m.fill(n); err != nil {
 			return nil, unexpected(err)
 		}
-		_, _ = m.r.Discard(n)
+		b := m.buf[m.r : m.r+n : m.r+n]
+		m.r += n
 		return b, nil
 	}
-	if cap(m.scratch) < n {
-		m.scratch = make([]byte, n)
-	}
-	b := m.scratch[:n]
-	if _, err := io.ReadFull(m.r, b); err != nil {
-		return nil, unexpected(err)
+	// A length field is only a claim: memory is allocated as the bytes
+	// arrive (append grows the slice geometrically), never up front.
+	b := m.scratch[:0]
+	for len(b) < n {
+		if m.r == m.w {
+			if err := m.fill(1); err != nil {
+				return nil, unexpected(err)
+			}
+		}
+		chunk := min(m.w-m.r, n-len(b))
+		b = append(b, m.buf[m.r:m.r+chunk]...)
+		m.r += chunk
 	}
 	// Do not keep a large buffer around for the rest of the session.
-	if n > 64<<10 {
-		m.scratch = nil
+	m.scratch = nil
+	if cap(b) <= 64<<10 {
+		m.scratch = b[:0]
 	}
 	return b, nil
 }
 
-// copyBody streams a body of n bytes to w without holding all of it.
-func (m *msgReader) copyBody(w *bufio.Writer, n int) error {
+// writeError is a failed write in copyBody: the side written to failed,
+// not the side read from.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+// copyBody streams a body of n bytes to w without holding all of it. A
+// failed write is returned as a *writeError.
+func (m *msgReader) copyBody(w io.Writer, n int) error {
 	for n > 0 {
-		chunk := m.r.Buffered()
-		if chunk == 0 {
-			chunk = 1
+		if m.r == m.w {
+			if err := m.fill(1); err != nil {
+				return unexpected(err)
+			}
 		}
-		if chunk > n {
-			chunk = n
+		chunk := min(m.w-m.r, n)
+		if _, err := w.Write(m.buf[m.r : m.r+chunk]); err != nil {
+			return &writeError{err}
 		}
-		b, err := m.r.Peek(chunk)
-		if err != nil {
-			return unexpected(err)
-		}
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		_, _ = m.r.Discard(chunk)
+		m.r += chunk
 		n -= chunk
 	}
 	return nil
@@ -115,15 +205,98 @@ func (m *msgReader) copyBody(w *bufio.Writer, n int) error {
 
 // skip discards a body of n bytes.
 func (m *msgReader) skip(n int) error {
-	if _, err := m.r.Discard(n); err != nil {
-		return unexpected(err)
+	for n > 0 {
+		if m.r == m.w {
+			if err := m.fill(1); err != nil {
+				return unexpected(err)
+			}
+		}
+		chunk := min(m.w-m.r, n)
+		m.r += chunk
+		n -= chunk
 	}
 	return nil
 }
 
 // buffered reports whether more input is already buffered, i.e. whether the
 // next header call will not block.
-func (m *msgReader) buffered() bool { return m.r.Buffered() > 0 }
+func (m *msgReader) buffered() bool { return m.w > m.r }
+
+// relayWriter buffers the messages of one batch and writes them with as
+// few writes as possible, like bufio.Writer, but holds its buffer (from
+// largeBuffers) only while a batch is being written: Flush gives it back,
+// so an idle session holds none.
+type relayWriter struct {
+	w     io.Writer
+	large *[ioBufferSize]byte
+	n     int // bytes buffered in large
+	err   error
+}
+
+func newRelayWriter(w io.Writer) *relayWriter { return &relayWriter{w: w} }
+
+func (b *relayWriter) Write(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	total := 0
+	for len(p) > 0 {
+		if b.large == nil {
+			if len(p) >= ioBufferSize {
+				// Nothing buffered: write a large chunk as it is.
+				n, err := b.w.Write(p)
+				if err != nil {
+					b.err = err
+				}
+				return total + n, err
+			}
+			b.large = largeBuffers.Get().(*[ioBufferSize]byte)
+		}
+		n := copy(b.large[b.n:], p)
+		b.n += n
+		total += n
+		p = p[n:]
+		if b.n == len(b.large) {
+			if err := b.writeBuffered(); err != nil {
+				return total, err
+			}
+		}
+	}
+	return total, nil
+}
+
+func (b *relayWriter) writeBuffered() error {
+	if b.n == 0 {
+		return nil
+	}
+	_, err := b.w.Write(b.large[:b.n])
+	b.n = 0
+	if err != nil {
+		b.err = err
+	}
+	return err
+}
+
+// Flush writes what is buffered and gives the buffer back.
+func (b *relayWriter) Flush() error {
+	if b.err != nil {
+		return b.err
+	}
+	if b.large == nil {
+		return nil
+	}
+	err := b.writeBuffered()
+	largeBuffers.Put(b.large)
+	b.large = nil
+	return err
+}
+
+// flushWriter is where the relay writes messages: a *bufio.Writer during
+// startup, a *relayWriter after it.
+type flushWriter interface {
+	io.Writer
+	Flush() error
+}
 
 func unexpected(err error) error {
 	if errors.Is(err, io.EOF) {
@@ -133,7 +306,7 @@ func unexpected(err error) error {
 }
 
 // writeHeader writes a message header for a body of n bytes.
-func writeHeader(w *bufio.Writer, typ byte, n int) error {
+func writeHeader(w io.Writer, typ byte, n int) error {
 	var h [5]byte
 	h[0] = typ
 	binary.BigEndian.PutUint32(h[1:], uint32(n+4))
@@ -142,7 +315,7 @@ func writeHeader(w *bufio.Writer, typ byte, n int) error {
 }
 
 // writeRaw writes a message given its type and body.
-func writeRaw(w *bufio.Writer, typ byte, body []byte) error {
+func writeRaw(w io.Writer, typ byte, body []byte) error {
 	if err := writeHeader(w, typ, len(body)); err != nil {
 		return err
 	}
@@ -156,7 +329,7 @@ type encoder interface {
 }
 
 // writeMsg encodes a pgproto3 message into w.
-func writeMsg(w *bufio.Writer, msg encoder) error {
+func writeMsg(w io.Writer, msg encoder) error {
 	buf, err := msg.Encode(nil)
 	if err != nil {
 		return err

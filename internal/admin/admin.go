@@ -5,10 +5,13 @@ package admin
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,18 +41,43 @@ func Handler(reg *prometheus.Registry, ready ReadyFunc) http.Handler {
 	return mux
 }
 
-// ProbeUpstream checks that the upstream accepts TCP connections at addr.
-// It opens and closes a connection without sending anything: PostgreSQL
-// logs nothing for that, while a half-finished startup would be logged on
-// every probe.
+// ProbeUpstream checks that PostgreSQL answers at addr: it sends an
+// SSLRequest and waits, until ctx is done, for the one-byte answer ('S' or
+// 'N'), then closes the connection. A successful TCP connect alone proves
+// little: a stopped postmaster's listen backlog still completes
+// handshakes. PostgreSQL logs nothing for a connection closed after a
+// refused SSLRequest; a server with TLS enabled may log the unfinished
+// handshake.
 func ProbeUpstream(ctx context.Context, addr string) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
-	return c.Close()
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
+	var req [8]byte
+	binary.BigEndian.PutUint32(req[0:4], 8)
+	binary.BigEndian.PutUint32(req[4:8], sslRequestCode)
+	if _, err := c.Write(req[:]); err != nil {
+		return fmt.Errorf("send SSLRequest: %w", err)
+	}
+	var answer [1]byte
+	if _, err := io.ReadFull(c, answer[:]); err != nil {
+		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			return errors.New("connected, but no answer to an SSLRequest in time")
+		}
+		return fmt.Errorf("read SSLRequest answer: %w", err)
+	}
+	return nil
 }
+
+// sslRequestCode is the SSLRequest code of the PostgreSQL protocol.
+const sslRequestCode = 80877103
 
 // Serve runs the admin server on l until ctx is done.
 func Serve(ctx context.Context, l net.Listener, h http.Handler) error {

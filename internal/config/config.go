@@ -62,7 +62,8 @@ type Config struct {
 type Upstream struct {
 	// Address is host:port of the PostgreSQL server. Required.
 	Address string `yaml:"address"`
-	// ConnectTimeout bounds dialling (and the TLS handshake). Default 5s.
+	// ConnectTimeout bounds dialling, the TLS handshake and the upstream's
+	// first answer after connecting. Default 5s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// TLS configures TLS from the proxy to PostgreSQL.
 	TLS UpstreamTLS `yaml:"tls"`

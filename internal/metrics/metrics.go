@@ -22,6 +22,7 @@ type Metrics struct {
 	ConnectionsCurrent    prometheus.Gauge
 	ConnectionsTotal      prometheus.Counter
 	UpstreamConnectErrors prometheus.Counter
+	AcceptErrors          prometheus.Counter
 	StatementsInspected   prometheus.Counter
 	StatementsRewritten   prometheus.Counter
 	StatementsRefused     prometheus.Counter
@@ -45,6 +46,9 @@ func New() *Metrics {
 		}),
 		UpstreamConnectErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fenceproxy_upstream_connect_errors_total", Help: "Failed attempts to connect to the upstream PostgreSQL server.",
+		}),
+		AcceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenceproxy_accept_errors_total", Help: "Failed accepts of client connections that were retried (e.g. out of file descriptors).",
 		}),
 		StatementsInspected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fenceproxy_statements_inspected_total", Help: "Query and Parse messages given to the rewriter.",
@@ -76,7 +80,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.ConnectionsCurrent, m.ConnectionsTotal, m.UpstreamConnectErrors,
+		m.ConnectionsCurrent, m.ConnectionsTotal, m.UpstreamConnectErrors, m.AcceptErrors,
 		m.StatementsInspected, m.StatementsRewritten, m.StatementsRefused, m.RewriteSeconds,
 		m.StaleRejections, m.MissingTokens, m.AuditWouldReject, m.ConfigReloads,
 	)
@@ -99,6 +103,8 @@ func (h hooks) SessionOpened() {
 func (h hooks) SessionClosed() { h.m.ConnectionsCurrent.Dec() }
 
 func (h hooks) UpstreamConnectFailed() { h.m.UpstreamConnectErrors.Inc() }
+
+func (h hooks) AcceptFailed(error) { h.m.AcceptErrors.Inc() }
 
 func (h hooks) Statement(_ *proxy.SessionInfo, d *proxy.Decision, took time.Duration) {
 	h.m.StatementsInspected.Inc()

@@ -154,8 +154,10 @@ func (in *Instance) ready(ctx context.Context) error {
 		return errors.New("shutting down")
 	}
 	in.mu.Lock()
-	addr := in.cfg.Upstream.Address
+	addr, timeout := in.cfg.Upstream.Address, in.cfg.Upstream.ConnectTimeout
 	in.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	if err := admin.ProbeUpstream(ctx, addr); err != nil {
 		return fmt.Errorf("upstream unreachable: %w", err)
 	}

@@ -366,3 +366,56 @@ func TestReloadKeepsRestartOnlyKeys(t *testing.T) {
 		t.Fatalf("new rules not applied after reload: %v", err)
 	}
 }
+
+// TestFrozenUpstream stops the postmaster with SIGSTOP: TCP connects still
+// succeed (the kernel completes them from the listen backlog) but nothing
+// answers. /readyz must say so, clients must get 08006 within the connect
+// timeout rather than a bare close after the startup timeout, and the
+// failure must be counted.
+func TestFrozenUpstream(t *testing.T) {
+	pg := pgtest.Start(t, pgcluster.Options{})
+	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	writeFile(t, path, "listen: 127.0.0.1:0\nupstream:\n  address: "+pg.Addr()+"\n  connect_timeout: 1s\nadmin:\n  listen: 127.0.0.1:0\n")
+	in, _ := startInstance(t, path)
+	get(t, "http://"+in.AdminAddr()+"/readyz", http.StatusOK)
+
+	pid := pg.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT: %v", err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+
+	get(t, "http://"+in.AdminAddr()+"/readyz", http.StatusServiceUnavailable)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := pgx.Connect(ctx, "postgres://postgres@"+in.Addr()+"/postgres?sslmode=disable")
+	if sqlstate(err) != "08006" {
+		t.Errorf("connect with the upstream stopped: %v, want 08006", err)
+	}
+	if got := metric(t, in, "fenceproxy_upstream_connect_errors_total"); got != 1 {
+		t.Errorf("upstream_connect_errors = %v, want 1", got)
+	}
+
+	resume()
+	waitFor(t, func() bool {
+		resp, err := http.Get("http://" + in.AdminAddr() + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	c := connect(t, in.Addr(), "")
+	if err := c.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
