@@ -160,7 +160,7 @@ func (s *session) watchUpstream(deadline time.Time) (stop func() bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, err := s.ur.r.Peek(1)
+		_, err := s.ur.peek(1)
 		if err != nil && stopping.Load() && isTimeout(err) {
 			return
 		}
@@ -189,7 +189,7 @@ func isTimeout(err error) bool {
 // the server's answer is relayed: FATAL 28P01 after a SASL message, a
 // silent close after a password packet, as the client would get directly.
 func (s *session) refuseAuthMessage(cause error) error {
-	hdr, err := s.cr.r.Peek(5)
+	hdr, err := s.cr.peek(5)
 	if err != nil {
 		return clientErr(err)
 	}

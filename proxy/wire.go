@@ -78,6 +78,15 @@ func (m *msgReader) setBuffer(b []byte) {
 	m.buf = b
 }
 
+// peek returns the next n bytes (n <= the buffer's size) without consuming
+// them; they are valid until the next read.
+func (m *msgReader) peek(n int) ([]byte, error) {
+	if err := m.fill(n); err != nil {
+		return nil, err
+	}
+	return m.buf[m.r : m.r+n], nil
+}
+
 // fill reads until at least need bytes (need <= m.size) are buffered.
 func (m *msgReader) fill(need int) error {
 	for empty := 0; m.w-m.r < need; {
