@@ -123,6 +123,15 @@ func (m *msgReader) fill(need int) error {
 		}
 		m.full = n == len(m.buf)-m.w
 		m.w += n
+		if err != nil && isTimeout(err) {
+			// A deadline is not the end of the stream: the session sets
+			// and lifts deadlines (startup, the upstream watch during
+			// authentication), and a later read may succeed.
+			if m.w-m.r >= need {
+				return nil
+			}
+			return err
+		}
 		m.err = err
 		if n == 0 && err == nil {
 			if empty++; empty > 100 {
