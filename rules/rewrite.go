@@ -84,6 +84,7 @@ func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
 			return nil, &d
 		}
 		sp.version = tree.Version
+		sp.choosePrefix(tree, r.unicodeEscape(sql))
 		w.apply(tree, sp, changed)
 	}
 	if w.err != nil {

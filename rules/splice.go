@@ -34,7 +34,7 @@ import (
 // the client's statement however many fragments it gets: each distinct
 // fragment is parsed once on its own, as "SELECT (fragment)", and must give
 // the node it was printed from; and the statement is parsed with every
-// fragment replaced by a short placeholder, "(fN)", and
+// fragment replaced by a short placeholder, "(zqN)", and
 // must give the rewritten tree with the same placeholders in the fragments'
 // places. A parenthesised expression stands wherever a parenthesised name
 // does, and both start and end with a token that cannot join its
@@ -51,7 +51,8 @@ type splicer struct {
 	// frags caches rendered fragments by key: an N-row INSERT renders its
 	// stamp once, not N times.
 	frags   map[string]*fragInfo
-	version int32 // of the parse tree, which the deparser checks
+	prefix  string // of the placeholders' names (choosePrefix)
+	version int32  // of the parse tree, which the deparser checks
 	err     error
 }
 
@@ -388,7 +389,51 @@ func holeName(i int) string { return "fenceproxy_hole_" + strconv.Itoa(i) }
 func hole(i int) *pg.Node { return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(holeName(i))}, -1) }
 
 // placeholderName names the placeholder of fragment id in the checked text.
-func placeholderName(id int) string { return "f" + strconv.Itoa(id) }
+func (s *splicer) placeholderName(id int) string { return s.prefix + strconv.Itoa(id) }
+
+// placeholderPrefixes are candidates for the placeholders' names: short,
+// and rare in SQL.
+var placeholderPrefixes = []string{"zq", "qz", "xq", "qx", "zx", "xz", "jq", "qj", "vq", "qv", "zj", "jz"}
+
+// choosePrefix picks a placeholder prefix that no name of the client's
+// statement starts with, so that a placeholder can only be one of the
+// rewriter's: the checked text must then hold each of them exactly where
+// the rewritten tree has it. A name spelled with Unicode escapes is only
+// visible in the tree, which is searched too when the text has U&.
+func (s *splicer) choosePrefix(tree *pg.ParseResult, escaped bool) {
+	// Statements full of random text (encoded blobs) may hold every short
+	// candidate; longer ones, base followed by "j"s, are then tried.
+	for k := 0; k <= 6; k++ {
+		for _, base := range placeholderPrefixes {
+			p := base + strings.Repeat("j", k)
+			if containsFoldASCII(s.sql, p) {
+				continue
+			}
+			if escaped && treeHasNamePrefix(tree, p) {
+				continue
+			}
+			s.prefix = p
+			return
+		}
+	}
+	s.fail("no placeholder name is free in this statement")
+}
+
+// treeHasNamePrefix reports whether a string in tree starts with p,
+// ignoring ASCII case.
+func treeHasNamePrefix(tree *pg.ParseResult, p string) bool {
+	found := false
+	walkMessages(tree.ProtoReflect(), func(m protoreflect.Message) bool {
+		if found {
+			return false
+		}
+		if str, ok := m.Interface().(*pg.String); ok && hasPrefixFoldASCII(str.Sval, p) {
+			found = true
+		}
+		return !found
+	})
+	return found
+}
 
 // fragment returns the expression build makes, rendered (build is given
 // hole(i) for the i-th hole), and checked on its own: "SELECT (text)" must

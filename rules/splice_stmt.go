@@ -23,7 +23,7 @@ func quoteCol(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) +
 // expression.
 func (s *splicer) exprText(key string, node *pg.Node) txt {
 	f := s.fragment(key, 0, func([]*pg.Node) *pg.Node { return proto.Clone(node).(*pg.Node) })
-	name := placeholderName(f.id)
+	name := s.placeholderName(f.id)
 	node.Node = &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{pg.MakeStrNode(name)}, Location: -1}}
 	return txt{real: fill(f.pieces), check: "(" + name + ")"}
 }
@@ -32,7 +32,7 @@ func (s *splicer) exprText(key string, node *pg.Node) txt {
 // cached yet: it returns the placeholder node for the tree.
 func (s *splicer) leaf(key string, build func() *pg.Node) (*pg.Node, txt) {
 	if f, ok := s.frags[key]; ok {
-		name := placeholderName(f.id)
+		name := s.placeholderName(f.id)
 		return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(name)}, -1), txt{real: fill(f.pieces), check: "(" + name + ")"}
 	}
 	n := build()
@@ -45,7 +45,7 @@ func (s *splicer) leaf(key string, build func() *pg.Node) (*pg.Node, txt) {
 // with the client's expressions as arguments.
 func (s *splicer) withHoles(key string, build func(h []*pg.Node) *pg.Node, clients []*pg.Node, texts []string) (*pg.Node, txt) {
 	f := s.fragment(key, len(clients), build)
-	name := placeholderName(f.id)
+	name := s.placeholderName(f.id)
 	var b strings.Builder
 	b.WriteString("(" + name + "(")
 	for i, t := range texts {

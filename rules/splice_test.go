@@ -38,3 +38,30 @@ func TestSpliceUnusualText(t *testing.T) {
 		}
 	}
 }
+
+// The placeholders of the check must not be names the client uses: a
+// statement that spells them, even with Unicode escapes, is checked with
+// other names, and one that uses every candidate is refused, not guessed.
+func TestSplicePlaceholdersAvoidClientNames(t *testing.T) {
+	r := mustCompile(t, rules.Config{Tables: []rules.Table{{Table: "public.config"}}})
+	for _, sql := range []string{
+		"UPDATE config SET a = zq0 WHERE zq1 = 1",
+		`UPDATE config SET a = U&"\007Aq0" WHERE id = 1`,
+	} {
+		if d := r.Decide(sql); d.Action != rules.Rewrite {
+			t.Errorf("%s: %v %+v", sql, d.Action, d.Err)
+		}
+	}
+	// Random text holding every short candidate gets a longer one.
+	short := "UPDATE config SET a = 'zq qz xq qx zx xz jq qj vq qv zj jz' WHERE id = 1"
+	if d := r.Decide(short); d.Action != rules.Rewrite {
+		t.Errorf("every short candidate used: %v %+v", d.Action, d.Err)
+	}
+	var b strings.Builder
+	for _, base := range []string{"zq", "qz", "xq", "qx", "zx", "xz", "jq", "qj", "vq", "qv", "zj", "jz"} {
+		b.WriteString(base + "jjjjjj ")
+	}
+	if d := r.Decide("UPDATE config SET a = '" + b.String() + "' WHERE id = 1"); d.Action != rules.Refuse {
+		t.Errorf("every candidate used: %v", d.Action)
+	}
+}
