@@ -110,6 +110,14 @@ type Limits struct {
 
 // Shutdown controls graceful shutdown.
 type Shutdown struct {
+	// Delay is how long the proxy keeps accepting new connections after
+	// SIGTERM/SIGINT while /readyz already answers 503, so that load
+	// balancers and Kubernetes endpoints stop sending clients before it
+	// refuses them; the drain starts after it. Delay and DrainTimeout
+	// together must fit in the orchestrator's grace period (Docker's
+	// stop_grace_period, Kubernetes' terminationGracePeriodSeconds).
+	// Default 0s.
+	Delay time.Duration `yaml:"delay"`
 	// DrainTimeout is how long sessions may finish their transactions after
 	// SIGTERM/SIGINT before they are closed. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -276,6 +284,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.StartupTimeout <= 0 {
 		bad("limits.startup_timeout", "must be positive, got %v", c.Limits.StartupTimeout)
+	}
+	if c.Shutdown.Delay < 0 {
+		bad("shutdown.delay", "must not be negative, got %v", c.Shutdown.Delay)
 	}
 	if c.Shutdown.DrainTimeout < 0 {
 		bad("shutdown.drain_timeout", "must not be negative, got %v", c.Shutdown.DrainTimeout)
