@@ -25,7 +25,8 @@ import (
 
 // Config is the whole configuration file.
 type Config struct {
-	// Listen is the address clients connect to. Default "127.0.0.1:6432".
+	// Listen is the address clients connect to. Default "127.0.0.1:6432",
+	// PgBouncer's, so that the proxy drops in where a pooler was.
 	Listen string `yaml:"listen"`
 	// Upstream is the PostgreSQL server every session is relayed to.
 	Upstream Upstream `yaml:"upstream"`
@@ -134,8 +135,10 @@ type Log struct {
 
 // Admin configures the admin HTTP listener.
 type Admin struct {
-	// Listen is the admin address. Default "127.0.0.1:9187"; "" or "off"
-	// disables it.
+	// Listen is the admin address. Default "127.0.0.1:6438": outside
+	// Prometheus' exporter range (9100-9999, where 9187 is
+	// postgres_exporter's), and not the default of a tool that commonly
+	// runs beside PostgreSQL. "" or "off" disables it.
 	Listen string `yaml:"listen"`
 }
 
@@ -163,7 +166,7 @@ func Defaults() Config {
 		Limits:              Limits{MaxConnections: 1000, MaxMessageBytes: 64 << 20, StartupTimeout: 30 * time.Second},
 		Shutdown:            Shutdown{DrainTimeout: 30 * time.Second},
 		Log:                 Log{Format: "json", Level: "info"},
-		Admin:               Admin{Listen: "127.0.0.1:9187"},
+		Admin:               Admin{Listen: "127.0.0.1:6438"},
 		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
 		TokenSetting:        rules.DefaultTokenSetting,
 		RewriteCacheEntries: rules.DefaultCacheSize,

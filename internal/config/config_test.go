@@ -37,7 +37,7 @@ func TestMinimalFileGetsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Listen != "127.0.0.1:6432" || cfg.Limits.MaxConnections != 1000 || cfg.Shutdown.DrainTimeout != 30*time.Second ||
-		cfg.Shutdown.Delay != 0 || cfg.TokenSetting != "fence.token" || cfg.Admin.Listen != "127.0.0.1:9187" || cfg.Upstream.TLS.Mode != "disable" {
+		cfg.Shutdown.Delay != 0 || cfg.TokenSetting != "fence.token" || cfg.Admin.Listen != "127.0.0.1:6438" || cfg.Upstream.TLS.Mode != "disable" {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
 }
