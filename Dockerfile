@@ -11,6 +11,6 @@ FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 fenceproxy
 COPY --from=build /out/fenceproxy /usr/local/bin/fenceproxy
 USER fenceproxy
-EXPOSE 6432 9187
+EXPOSE 6432 6438
 ENTRYPOINT ["/usr/local/bin/fenceproxy"]
 CMD ["serve", "-c", "/etc/fenceproxy/fenceproxy.yaml"]

@@ -136,7 +136,9 @@ func (s *session) relayAuth(deadline time.Time) error {
 			if typ == 'K' && len(body) >= 4 {
 				// The key is kept to cancel a running statement when the
 				// session is closed by force (never logged); the process ID
-				// also attributes audit events to sessions.
+				// also attributes audit events to sessions. The key's
+				// length is the server's: 4 bytes in protocol 3.0, up to
+				// 256 in 3.2.
 				s.backendKey = append([]byte(nil), body...)
 				s.srv.mu.Lock() // read by SessionByBackendPID
 				s.info.BackendPID = binary.BigEndian.Uint32(body)

@@ -213,7 +213,10 @@ func (s *session) sendFatal(e *pgproto3.ErrorResponse) {
 }
 
 // forwardCancel relays a CancelRequest to the upstream. BackendKeyData was
-// relayed unchanged, so the key is the upstream's own.
+// relayed unchanged, so the key is the upstream's own. The packet goes as
+// it came, whatever its length: since protocol 3.2 (PostgreSQL 18) the key
+// is variable-length, up to 256 bytes, and the server, which ignores a
+// malformed request, is the judge (TestLongCancelKey).
 func (s *session) forwardCancel(pkt []byte) {
 	// Over TLS when the upstream connection uses it: the packet carries
 	// the backend's secret key.

@@ -14,7 +14,7 @@ import (
 // otherwise.
 func healthcheckMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("healthcheck", "healthcheck [--url URL] [--timeout D]", stdout, stderr)
-	url := c.fs.String("url", "http://127.0.0.1:9187/readyz", "readiness URL of the proxy's admin listener")
+	url := c.fs.String("url", "http://127.0.0.1:6438/readyz", "readiness URL of the proxy's admin listener")
 	timeout := c.fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
 	if code, ok := c.parse(args); !ok {
 		return code

@@ -25,7 +25,8 @@ import (
 
 // Config is the whole configuration file.
 type Config struct {
-	// Listen is the address clients connect to. Default "127.0.0.1:6432".
+	// Listen is the address clients connect to. Default "127.0.0.1:6432",
+	// PgBouncer's, so that the proxy drops in where a pooler was.
 	Listen string `yaml:"listen"`
 	// Upstream is the PostgreSQL server every session is relayed to.
 	Upstream Upstream `yaml:"upstream"`
@@ -110,6 +111,14 @@ type Limits struct {
 
 // Shutdown controls graceful shutdown.
 type Shutdown struct {
+	// Delay is how long the proxy keeps accepting new connections after
+	// SIGTERM/SIGINT while /readyz already answers 503, so that load
+	// balancers and Kubernetes endpoints stop sending clients before it
+	// refuses them; the drain starts after it. Delay and DrainTimeout
+	// together must fit in the orchestrator's grace period (Docker's
+	// stop_grace_period, Kubernetes' terminationGracePeriodSeconds).
+	// Default 0s.
+	Delay time.Duration `yaml:"delay"`
 	// DrainTimeout is how long sessions may finish their transactions after
 	// SIGTERM/SIGINT before they are closed. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -126,8 +135,10 @@ type Log struct {
 
 // Admin configures the admin HTTP listener.
 type Admin struct {
-	// Listen is the admin address. Default "127.0.0.1:9187"; "" or "off"
-	// disables it.
+	// Listen is the admin address. Default "127.0.0.1:6438": outside
+	// Prometheus' exporter range (9100-9999, where 9187 is
+	// postgres_exporter's), and not the default of a tool that commonly
+	// runs beside PostgreSQL. "" or "off" disables it.
 	Listen string `yaml:"listen"`
 }
 
@@ -155,7 +166,7 @@ func Defaults() Config {
 		Limits:              Limits{MaxConnections: 1000, MaxMessageBytes: 64 << 20, StartupTimeout: 30 * time.Second},
 		Shutdown:            Shutdown{DrainTimeout: 30 * time.Second},
 		Log:                 Log{Format: "json", Level: "info"},
-		Admin:               Admin{Listen: "127.0.0.1:9187"},
+		Admin:               Admin{Listen: "127.0.0.1:6438"},
 		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
 		TokenSetting:        rules.DefaultTokenSetting,
 		RewriteCacheEntries: rules.DefaultCacheSize,
@@ -276,6 +287,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.StartupTimeout <= 0 {
 		bad("limits.startup_timeout", "must be positive, got %v", c.Limits.StartupTimeout)
+	}
+	if c.Shutdown.Delay < 0 {
+		bad("shutdown.delay", "must not be negative, got %v", c.Shutdown.Delay)
 	}
 	if c.Shutdown.DrainTimeout < 0 {
 		bad("shutdown.drain_timeout", "must not be negative, got %v", c.Shutdown.DrainTimeout)

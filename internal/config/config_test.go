@@ -37,7 +37,7 @@ func TestMinimalFileGetsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Listen != "127.0.0.1:6432" || cfg.Limits.MaxConnections != 1000 || cfg.Shutdown.DrainTimeout != 30*time.Second ||
-		cfg.TokenSetting != "fence.token" || cfg.Admin.Listen != "127.0.0.1:9187" || cfg.Upstream.TLS.Mode != "disable" {
+		cfg.Shutdown.Delay != 0 || cfg.TokenSetting != "fence.token" || cfg.Admin.Listen != "127.0.0.1:6438" || cfg.Upstream.TLS.Mode != "disable" {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
 }
@@ -58,6 +58,7 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{"upstream: {address: 'h:5432'}\ntls: {require: true}", "tls.require"},
 		{"upstream: {address: 'h:5432'}\nlimits: {max_connections: 0}", "limits.max_connections"},
 		{"upstream: {address: 'h:5432'}\nlimits: {max_message_bytes: 10}", "limits.max_message_bytes"},
+		{"upstream: {address: 'h:5432'}\nshutdown: {delay: -1s}", "shutdown.delay"},
 		{"upstream: {address: 'h:5432'}\nlog: {format: xml}", "log.format"},
 		{"upstream: {address: 'h:5432'}\nlog: {level: loud}", "log.level"},
 		{"upstream: {address: 'h:5432'}\nadmin: {listen: nope}", "admin.listen"},

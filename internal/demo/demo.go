@@ -107,7 +107,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	n.step("Starting fenceproxy in front of PostgreSQL, protecting public.config")
 	cfg := config.Defaults()
 	cfg.Listen = freeOr(opts.Listen)
-	cfg.Admin.Listen = freeOr("127.0.0.1:9187")
+	cfg.Admin.Listen = freeOr("127.0.0.1:6438")
 	cfg.Upstream.Address = pg.Addr()
 	cfg.Tables = []rules.Table{{Table: "public.config"}}
 	if err := cfg.Validate(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"net"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,12 +47,16 @@ type Instance struct {
 	mu  sync.Mutex
 	cfg *config.Config
 
-	drainTimeout time.Duration
-	serveErr     chan error
-	adminCancel  context.CancelFunc
-	adminDone    chan struct{}
-	stopOnce     sync.Once
-	stopErr      error
+	shutdownDelay time.Duration
+	drainTimeout  time.Duration
+	// stopping is set when Shutdown begins, before the delay: /readyz
+	// fails from then on while the relay still accepts.
+	stopping    atomic.Bool
+	serveErr    chan error
+	adminCancel context.CancelFunc
+	adminDone   chan struct{}
+	stopOnce    sync.Once
+	stopErr     error
 }
 
 // Start builds and starts an instance from cfg. path is the config file
@@ -107,6 +112,7 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	in.srv, in.listener = srv, l
+	in.shutdownDelay = cfg.Shutdown.Delay
 	in.drainTimeout, in.serveErr, in.adminDone = cfg.Shutdown.DrainTimeout, make(chan error, 1), make(chan struct{})
 	if cfg.AdminEnabled() {
 		al, err := net.Listen("tcp", cfg.Admin.Listen)
@@ -150,7 +156,7 @@ func (in *Instance) AdminAddr() string {
 func (in *Instance) Server() *proxy.Server { return in.srv }
 
 func (in *Instance) ready(ctx context.Context) error {
-	if in.srv.Draining() {
+	if in.stopping.Load() || in.srv.Draining() {
 		return errors.New("shutting down")
 	}
 	in.mu.Lock()
@@ -235,10 +241,22 @@ func keep[T any](dst *T, running T) bool {
 // Wait blocks until the relay stops by itself (a listener failure).
 func (in *Instance) Wait() <-chan error { return in.serveErr }
 
-// Shutdown drains: stop accepting, let sessions finish their transaction,
-// and close what remains after the drain timeout.
-func (in *Instance) Shutdown() error {
+// Shutdown first waits for the shutdown delay, during which /readyz fails
+// but new clients are still served, so that load balancers and
+// Kubernetes endpoints (which act on readiness, not on the signal) stop
+// sending clients before the proxy refuses them. Then it drains: stop
+// accepting, let sessions finish their transaction, and close what
+// remains after the drain timeout.
+func (in *Instance) Shutdown() error { return in.stop(in.shutdownDelay) }
+
+// stop shuts down after delay (see Shutdown).
+func (in *Instance) stop(delay time.Duration) error {
 	in.stopOnce.Do(func() {
+		in.stopping.Store(true)
+		if delay > 0 {
+			in.log.Info("shutdown requested; not ready, still accepting", zap.Duration("delay", delay))
+			time.Sleep(delay)
+		}
 		in.log.Info("shutting down", zap.Duration("drain-timeout", in.drainTimeout),
 			zap.Int("sessions", in.srv.ActiveSessions()))
 		ctx, cancel := context.WithTimeout(context.Background(), in.drainTimeout)

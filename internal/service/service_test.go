@@ -419,3 +419,66 @@ func TestFrozenUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestShutdownDelay: during shutdown.delay after a shutdown request,
+// /readyz answers 503 while new clients are still served; after it, new
+// clients are refused.
+func TestShutdownDelay(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	writeConfig(t, path, cluster.Addr())
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const delay = 2 * time.Second
+	cfg.Shutdown.Delay = delay
+	in, err := service.Start(cfg, path, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	get(t, "http://"+in.AdminAddr()+"/readyz", http.StatusOK)
+
+	begun := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- in.Shutdown() }()
+	waitFor(t, func() bool {
+		resp, err := http.Get("http://" + in.AdminAddr() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	// Still accepting: a new client connects and runs a statement.
+	c := connect(t, in.Addr(), "")
+	var one int
+	if err := c.QueryRow(context.Background(), "SELECT 1").Scan(&one); err != nil {
+		t.Fatalf("query during the shutdown delay: %v", err)
+	}
+	c.Close(context.Background())
+	if time.Since(begun) >= delay {
+		t.Fatal("the test was too slow to check within the delay")
+	}
+
+	// After the delay, new clients are refused (57P01 while draining, or
+	// no listener).
+	time.Sleep(time.Until(begun.Add(delay)))
+	waitFor(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, "postgres://postgres@"+in.Addr()+"/postgres?sslmode=disable")
+		if err == nil {
+			c.Close(ctx)
+			return false
+		}
+		return true
+	})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Shutdown did not return")
+	}
+}

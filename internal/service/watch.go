@@ -79,7 +79,7 @@ func RunConfig(ctx context.Context, cfg *config.Config, cfgPath string, log *zap
 	go in.WatchReloads(wctx)
 	select {
 	case err := <-in.Wait():
-		_ = in.Shutdown()
+		_ = in.stop(0) // no listener: nothing to wait for
 		return err
 	case <-ctx.Done():
 	}
