@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
@@ -60,6 +61,11 @@ func removeStaleSocket(path string) error {
 	if err == nil {
 		_ = c.Close()
 		return fmt.Errorf("%s: another process is listening on it", path)
+	}
+	// Only a refused connection proves that nobody listens; a socket we
+	// may not connect to (EACCES) may well be alive.
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%s exists and cannot be checked for a listener: %w", path, err)
 	}
 	return os.Remove(path)
 }
