@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,8 +18,11 @@ import (
 // Options configure a Server. The zero value of each optional field means
 // the documented default.
 type Options struct {
-	// UpstreamAddr is host:port of the PostgreSQL server. Required.
+	// UpstreamAddr is host:port of the PostgreSQL server, or the path of
+	// its Unix socket when UpstreamNetwork is "unix". Required.
 	UpstreamAddr string
+	// UpstreamNetwork is "tcp" or "unix". Default "tcp".
+	UpstreamNetwork string
 	// UpstreamTLS, when non-nil, is used to negotiate TLS with the upstream
 	// (SSLRequest, then a TLS client handshake). nil means plaintext.
 	UpstreamTLS *tls.Config
@@ -28,7 +32,9 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// ClientTLS, when non-nil, is offered to clients that send SSLRequest.
 	ClientTLS *tls.Config
-	// RequireClientTLS refuses clients that do not negotiate TLS.
+	// RequireClientTLS refuses clients that do not negotiate TLS, except on
+	// a Unix socket, which has no TLS (as a hostssl line in pg_hba.conf
+	// does not match local connections).
 	RequireClientTLS bool
 	// MaxConnections bounds concurrent sessions. Default 1000.
 	MaxConnections int
@@ -70,6 +76,13 @@ var ErrServerClosed = errors.New("proxy: server closed")
 func NewServer(opts Options) (*Server, error) {
 	if opts.UpstreamAddr == "" {
 		return nil, errors.New("proxy: UpstreamAddr is required")
+	}
+	switch opts.UpstreamNetwork {
+	case "":
+		opts.UpstreamNetwork = "tcp"
+	case "tcp", "unix":
+	default:
+		return nil, fmt.Errorf("proxy: UpstreamNetwork must be tcp or unix, got %q", opts.UpstreamNetwork)
 	}
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 5 * time.Second

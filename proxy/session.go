@@ -100,7 +100,7 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 	s := &session{
 		srv:      srv,
 		client:   c,
-		info:     SessionInfo{ID: id, RemoteAddr: c.RemoteAddr().String()},
+		info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c)},
 		nonce:    hex.EncodeToString(n[:]),
 		refusals: make(map[uint64]*pgproto3.ErrorResponse),
 	}

@@ -51,7 +51,7 @@ func (s *session) startup() error {
 		s.forwardCancel(pkt)
 		return errSessionDone
 	case code>>16 == protocolMajor3:
-		if s.srv.opts.RequireClientTLS && !s.clientTLS() {
+		if s.srv.opts.RequireClientTLS && !s.clientTLS() && !overUnixSocket(s.client) {
 			s.sendFatal(fatal("28000", "fenceproxy: TLS is required (use sslmode=require)"))
 			return clientErr(errors.New("client did not negotiate TLS"))
 		}
@@ -97,7 +97,7 @@ func (s *session) negotiate() ([]byte, error) {
 			if sslDone {
 				return pkt, nil
 			}
-			if s.srv.opts.ClientTLS == nil || s.clientTLS() {
+			if !s.offersTLS() || s.clientTLS() {
 				if _, err := s.client.Write([]byte{'N'}); err != nil {
 					return nil, clientErr(err)
 				}
@@ -125,6 +125,25 @@ func (s *session) negotiate() ([]byte, error) {
 	}
 }
 
+// offersTLS reports whether the client may negotiate TLS: it is configured,
+// and the client is not on a Unix socket, where PostgreSQL answers
+// SSLRequest with 'N' (and takes no direct TLS) whatever its ssl setting.
+func (s *session) offersTLS() bool {
+	return s.srv.opts.ClientTLS != nil && !overUnixSocket(s.client)
+}
+
+// overUnixSocket reports whether c is a Unix-domain socket connection.
+func overUnixSocket(c net.Conn) bool { return c.LocalAddr().Network() == "unix" }
+
+// remoteAddr names the client's address in logs and SessionInfo: a Unix
+// socket's peer has no name, so it is "[local]", as in PostgreSQL's logs.
+func remoteAddr(c net.Conn) string {
+	if overUnixSocket(c) {
+		return "[local]"
+	}
+	return c.RemoteAddr().String()
+}
+
 // clientTLS reports whether the client connection uses TLS.
 func (s *session) clientTLS() bool {
 	_, ok := s.client.(*tls.Conn)
@@ -143,7 +162,7 @@ func (s *session) clientTLS() bool {
 // must not receive an error it does not expect.
 func (s *session) readFirstPacket() ([]byte, error) {
 	var r io.Reader = s.client
-	if !s.clientTLS() && s.srv.opts.ClientTLS != nil {
+	if !s.clientTLS() && s.offersTLS() {
 		var first [1]byte
 		if _, err := io.ReadFull(s.client, first[:]); err != nil {
 			return nil, clientErr(err)

@@ -19,12 +19,12 @@ type connectError struct{ err error }
 func (e *connectError) Error() string { return e.err.Error() }
 func (e *connectError) Unwrap() error { return e.err }
 
-// dialUpstreamRaw opens a plain TCP connection to the upstream. The
+// dialUpstreamRaw opens a plain TCP or Unix-socket connection to the upstream. The
 // connection must send its first byte within the connect timeout (see
 // answerConn).
 func (s *Server) dialUpstreamRaw() (*answerConn, error) {
 	d := net.Dialer{Timeout: s.opts.ConnectTimeout, KeepAlive: 30 * time.Second}
-	c, err := d.Dial("tcp", s.opts.UpstreamAddr)
+	c, err := d.Dial(s.opts.UpstreamNetwork, s.opts.UpstreamAddr)
 	if err != nil {
 		return nil, &connectError{fmt.Errorf("dial upstream: %w", err)}
 	}

@@ -41,16 +41,17 @@ func Handler(reg *prometheus.Registry, ready ReadyFunc) http.Handler {
 	return mux
 }
 
-// ProbeUpstream checks that PostgreSQL answers at addr: it sends an
-// SSLRequest and waits, until ctx is done, for the one-byte answer ('S' or
-// 'N'), then closes the connection. A successful TCP connect alone proves
+// ProbeUpstream checks that PostgreSQL answers at addr on network ("tcp",
+// or "unix" with the socket file's path): it sends an SSLRequest and
+// waits, until ctx is done, for the one-byte answer ('S' or 'N'), then
+// closes the connection. A successful TCP connect alone proves
 // little: a stopped postmaster's listen backlog still completes
 // handshakes. PostgreSQL logs nothing for a connection closed after a
 // refused SSLRequest; a server with TLS enabled may log the unfinished
 // handshake.
-func ProbeUpstream(ctx context.Context, addr string) error {
+func ProbeUpstream(ctx context.Context, network, addr string) error {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return err
 	}

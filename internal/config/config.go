@@ -14,7 +14,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,9 +27,16 @@ import (
 
 // Config is the whole configuration file.
 type Config struct {
-	// Listen is the address clients connect to. Default "127.0.0.1:6432",
-	// PgBouncer's, so that the proxy drops in where a pooler was.
+	// Listen is the address clients connect to: host:port for TCP, or an
+	// absolute directory (starting with "/") in which the proxy creates
+	// the Unix socket .s.PGSQL.<listen_port>, as PostgreSQL and PgBouncer
+	// name theirs, so that clients use host=<directory> as with libpq.
+	// Default "127.0.0.1:6432", PgBouncer's, so that the proxy drops in
+	// where a pooler was.
 	Listen string `yaml:"listen"`
+	// ListenPort is the port in the socket file's name when Listen is a
+	// directory; only used then. Default 6432.
+	ListenPort int `yaml:"listen_port"`
 	// Upstream is the PostgreSQL server every session is relayed to.
 	Upstream Upstream `yaml:"upstream"`
 	// TLS configures TLS between clients and the proxy. Default: off
@@ -61,8 +70,13 @@ type Config struct {
 
 // Upstream describes the PostgreSQL server.
 type Upstream struct {
-	// Address is host:port of the PostgreSQL server. Required.
+	// Address is host:port of the PostgreSQL server, or the directory of
+	// its Unix socket (starting with "/", as libpq's host), for example
+	// /var/run/postgresql for /var/run/postgresql/.s.PGSQL.5432. Required.
 	Address string `yaml:"address"`
+	// Port is the port in the socket file's name when Address is a
+	// directory; only used then. Default 5432.
+	Port int `yaml:"port"`
 	// ConnectTimeout bounds dialling, the TLS handshake and the upstream's
 	// first answer after connecting. Default 5s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
@@ -235,13 +249,47 @@ func (c *Config) Validate() error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
-	if err := checkHostPort(c.Listen); err != nil {
-		bad("listen", "%v", err)
+	if isSocketDir(c.Listen) {
+		if err := checkSocketPath(c.Listen, c.ListenPort, DefaultListenPort); err != nil {
+			bad("listen", "%v", err)
+		}
+		if c.ListenPort < 0 || c.ListenPort > 65535 {
+			bad("listen_port", "must be a number from 1 to 65535, got %d", c.ListenPort)
+		}
+		// PostgreSQL answers SSLRequest on a Unix socket with 'N'.
+		if c.TLS != (ClientTLS{}) {
+			bad("tls", "not used when listen is a Unix socket directory (there is no TLS over a Unix socket)")
+		}
+	} else {
+		if err := checkHostPort(c.Listen); err != nil {
+			bad("listen", "%v (or an absolute directory for a Unix socket)", err)
+		}
+		if c.ListenPort != 0 {
+			bad("listen_port", "only used when listen is a Unix socket directory; put the port in listen")
+		}
 	}
-	if c.Upstream.Address == "" {
-		bad("upstream.address", "required (host:port of the PostgreSQL server)")
-	} else if err := checkHostPort(c.Upstream.Address); err != nil {
-		bad("upstream.address", "%v", err)
+	switch {
+	case c.Upstream.Address == "":
+		bad("upstream.address", "required (host:port of the PostgreSQL server, or the directory of its Unix socket)")
+	case isSocketDir(c.Upstream.Address):
+		if err := checkSocketPath(c.Upstream.Address, c.Upstream.Port, DefaultUpstreamPort); err != nil {
+			bad("upstream.address", "%v", err)
+		}
+		if c.Upstream.Port < 0 || c.Upstream.Port > 65535 {
+			bad("upstream.port", "must be a number from 1 to 65535, got %d", c.Upstream.Port)
+		}
+		// libpq never negotiates TLS over a Unix socket, and PostgreSQL
+		// refuses it there.
+		if c.Upstream.TLS.Mode != "disable" {
+			bad("upstream.tls.mode", "must be disable when upstream.address is a Unix socket directory (there is no TLS over a Unix socket)")
+		}
+	default:
+		if err := checkHostPort(c.Upstream.Address); err != nil {
+			bad("upstream.address", "%v (or an absolute directory for a Unix socket)", err)
+		}
+		if c.Upstream.Port != 0 {
+			bad("upstream.port", "only used when upstream.address is a Unix socket directory; put the port in upstream.address")
+		}
 	}
 	if c.Upstream.ConnectTimeout <= 0 {
 		bad("upstream.connect_timeout", "must be positive, got %v", c.Upstream.ConnectTimeout)
@@ -349,8 +397,15 @@ func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
 	if dsn == "" {
 		// The upstream's own address and TLS settings: TLS is set below
 		// from UpstreamTLSConfig, the one the relay uses.
-		host, port, _ := net.SplitHostPort(c.Upstream.Address)
-		u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort(host, port), Path: "/", RawQuery: "sslmode=disable"}
+		u := url.URL{Scheme: "postgres", User: url.User("postgres"), Path: "/", RawQuery: "sslmode=disable"}
+		if dir, port, ok := c.Upstream.socketDir(); ok {
+			// pgconn, like libpq, takes a host starting with "/" for the
+			// directory of a Unix socket.
+			u.RawQuery = url.Values{"host": {dir}, "port": {strconv.Itoa(port)}, "sslmode": {"disable"}}.Encode()
+		} else {
+			host, port, _ := net.SplitHostPort(c.Upstream.Address)
+			u.Host = net.JoinHostPort(host, port)
+		}
 		dsn = u.String()
 	}
 	pc, err := pgconn.ParseConfig(dsn)
@@ -378,6 +433,66 @@ func (c *Config) AuditConnConfig(database string) (*pgconn.Config, error) {
 // AdminEnabled reports whether the admin listener is configured.
 func (c *Config) AdminEnabled() bool {
 	return c.Admin.Listen != "" && c.Admin.Listen != "off"
+}
+
+// Ports in the names of Unix sockets when listen_port and upstream.port
+// are not set.
+const (
+	DefaultListenPort   = 6432
+	DefaultUpstreamPort = 5432
+)
+
+// ListenNetwork returns the network and address to listen on: "tcp" and
+// host:port, or "unix" and the socket file's path.
+func (c *Config) ListenNetwork() (network, address string) {
+	if isSocketDir(c.Listen) {
+		return "unix", socketPath(c.Listen, c.ListenPort, DefaultListenPort)
+	}
+	return "tcp", c.Listen
+}
+
+// Dial returns the network and address to dial the upstream at: "tcp" and
+// host:port, or "unix" and the socket file's path.
+func (u *Upstream) Dial() (network, address string) {
+	if dir, port, ok := u.socketDir(); ok {
+		return "unix", socketPath(dir, port, DefaultUpstreamPort)
+	}
+	return "tcp", u.Address
+}
+
+// socketDir returns the socket directory and port when Address names one.
+func (u *Upstream) socketDir() (dir string, port int, ok bool) {
+	if !isSocketDir(u.Address) {
+		return "", 0, false
+	}
+	port = u.Port
+	if port == 0 {
+		port = DefaultUpstreamPort
+	}
+	return u.Address, port, true
+}
+
+// isSocketDir reports whether an address is a Unix socket directory, as
+// libpq decides for host: it starts with "/".
+func isSocketDir(s string) bool { return strings.HasPrefix(s, "/") }
+
+// socketPath is libpq's and PostgreSQL's name for the socket of a port.
+func socketPath(dir string, port, def int) string {
+	if port == 0 {
+		port = def
+	}
+	return filepath.Join(dir, ".s.PGSQL."+strconv.Itoa(port))
+}
+
+// maxSocketPath is the longest path a Unix socket may have: sun_path holds
+// 108 bytes on Linux (104 on the BSDs), including the terminating NUL.
+const maxSocketPath = 103
+
+func checkSocketPath(dir string, port, def int) error {
+	if p := socketPath(dir, port, def); len(p) > maxSocketPath {
+		return fmt.Errorf("socket path %q is longer than %d bytes, the limit of a Unix socket's name", p, maxSocketPath)
+	}
+	return nil
 }
 
 func checkHostPort(s string) error {

@@ -106,10 +106,10 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		aud.Close()
 		return nil, err
 	}
-	l, err := net.Listen("tcp", cfg.Listen)
+	l, err := listen(cfg)
 	if err != nil {
 		aud.Close()
-		return nil, fmt.Errorf("listen: %w", err)
+		return nil, err
 	}
 	in.srv, in.listener = srv, l
 	in.shutdownDelay = cfg.Shutdown.Delay
@@ -160,11 +160,12 @@ func (in *Instance) ready(ctx context.Context) error {
 		return errors.New("shutting down")
 	}
 	in.mu.Lock()
-	addr, timeout := in.cfg.Upstream.Address, in.cfg.Upstream.ConnectTimeout
+	network, addr := in.cfg.Upstream.Dial()
+	timeout := in.cfg.Upstream.ConnectTimeout
 	in.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := admin.ProbeUpstream(ctx, addr); err != nil {
+	if err := admin.ProbeUpstream(ctx, network, addr); err != nil {
 		return fmt.Errorf("upstream unreachable: %w", err)
 	}
 	return nil
@@ -224,6 +225,7 @@ var restartOnly = []struct {
 	keep func(reloaded, running *config.Config) bool
 }{
 	{"listen", func(r, o *config.Config) bool { return keep(&r.Listen, o.Listen) }},
+	{"listen_port", func(r, o *config.Config) bool { return keep(&r.ListenPort, o.ListenPort) }},
 	{"upstream", func(r, o *config.Config) bool { return keep(&r.Upstream, o.Upstream) }},
 	{"tls", func(r, o *config.Config) bool { return keep(&r.TLS, o.TLS) }},
 	{"limits", func(r, o *config.Config) bool { return keep(&r.Limits, o.Limits) }},
@@ -298,8 +300,10 @@ func auditTag() string {
 // ProxyOptions translates the config into relay options; TLS files are
 // loaded here so that errors name the config key.
 func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
+	network, addr := cfg.Upstream.Dial()
 	opts := proxy.Options{
-		UpstreamAddr:     cfg.Upstream.Address,
+		UpstreamNetwork:  network,
+		UpstreamAddr:     addr,
 		ConnectTimeout:   cfg.Upstream.ConnectTimeout,
 		MaxConnections:   cfg.Limits.MaxConnections,
 		MaxMessageBytes:  cfg.Limits.MaxMessageBytes,
