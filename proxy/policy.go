@@ -24,6 +24,16 @@ type AcceptHooks interface {
 	AcceptFailed(err error)
 }
 
+// TimingHooks is an optional Hooks extension for durations.
+// UpstreamConnected is called after each successful connection to the
+// upstream (dial and TLS negotiation, before the startup packet is sent);
+// SessionEnded when a session that SessionOpened announced ends, with the
+// time since it was accepted.
+type TimingHooks interface {
+	UpstreamConnected(took time.Duration)
+	SessionEnded(lasted time.Duration)
+}
+
 // Action is what the relay does with a statement.
 type Action uint8
 

@@ -59,7 +59,7 @@ func (s *session) redecide(def *stmtDef) (same bool, d Decision, err error) {
 	}
 	start := time.Now()
 	d = s.decide(lex, def.sql)
-	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
+	s.decided(&d, time.Since(start))
 	return decisionHash(&d, def.sql) == def.sent, d, nil
 }
 

@@ -217,7 +217,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		return err
 	}
 	d := s.decide(lex, sql)
-	s.srv.opts.Hooks.Statement(&s.info, &d, time.Since(start))
+	s.decided(&d, time.Since(start))
 	if s.ps != nil {
 		if err := s.trackPrepared(typ, &p, sql, gen, &d); err != nil {
 			return err

@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -209,6 +211,9 @@ func (s *Server) startSession(c net.Conn) {
 		defer func() {
 			s.active.Add(-1)
 			s.opts.Hooks.SessionClosed()
+			if h, ok := s.opts.Hooks.(TimingHooks); ok {
+				h.SessionEnded(time.Since(sess.since))
+			}
 			s.forget(sess)
 		}()
 		sess.run()
@@ -243,6 +248,44 @@ func (s *Server) SessionByBackendPID(pid uint32) (SessionInfo, bool) {
 		}
 	}
 	return SessionInfo{}, false
+}
+
+// SessionSnapshot describes one client session at a moment, for operators
+// (the admin /sessions endpoint), like PgBouncer's SHOW CLIENTS.
+type SessionSnapshot struct {
+	ID         uint64    `json:"conn_id"`
+	RemoteAddr string    `json:"remote_addr"`
+	Since      time.Time `json:"since"` // when the connection was accepted
+	// State is "startup" until authentication completes, then as
+	// pg_stat_activity.state says it: "idle", "active" (a statement or an
+	// unsynced extended-protocol batch is in flight), "idle in
+	// transaction" or "idle in transaction (aborted)".
+	State string `json:"state"`
+	// User, Database and ApplicationName are as the client's startup
+	// packet gave them; empty during startup.
+	User            string `json:"user"`
+	Database        string `json:"database"`
+	ApplicationName string `json:"application_name"`
+	// StatementsFenced and StatementsRefused count the Query and Parse
+	// messages the policy rewrote and refused.
+	StatementsFenced  uint64 `json:"statements_fenced"`
+	StatementsRefused uint64 `json:"statements_refused"`
+}
+
+// Sessions returns a snapshot of the sessions being served, oldest first.
+func (s *Server) Sessions() []SessionSnapshot {
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	s.mu.Unlock()
+	out := make([]SessionSnapshot, 0, len(sessions))
+	for _, sess := range sessions {
+		out = append(out, sess.snapshot())
+	}
+	slices.SortFunc(out, func(a, b SessionSnapshot) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }
 
 // Draining reports whether Shutdown has begun.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -26,7 +27,12 @@ const (
 type session struct {
 	srv  *Server
 	log  *zap.Logger
-	info SessionInfo
+	info SessionInfo // written during startup only; read by others once state.relaying
+	// since is when the connection was accepted.
+	since time.Time
+	// fenced and refused count the statements the policy rewrote and
+	// refused, for Server.Sessions.
+	fenced, refused atomic.Uint64
 
 	client   net.Conn
 	upstream net.Conn
@@ -101,6 +107,7 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 		srv:      srv,
 		client:   c,
 		info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c)},
+		since:    time.Now(),
 		nonce:    hex.EncodeToString(n[:]),
 		refusals: make(map[uint64]*pgproto3.ErrorResponse),
 	}
@@ -322,6 +329,46 @@ func (s *session) cancelUpstream() {
 	pkt := binary.BigEndian.AppendUint32(nil, uint32(8+len(s.backendKey)))
 	pkt = binary.BigEndian.AppendUint32(pkt, codeCancelRequest)
 	s.forwardCancel(append(pkt, s.backendKey...))
+}
+
+// decided counts a decision for the session's snapshot and reports it to
+// the hooks.
+func (s *session) decided(d *Decision, took time.Duration) {
+	switch d.Action {
+	case Rewrite:
+		s.fenced.Add(1)
+	case Refuse:
+		s.refused.Add(1)
+	}
+	s.srv.opts.Hooks.Statement(&s.info, d, took)
+}
+
+// snapshot describes the session for Server.Sessions.
+func (s *session) snapshot() SessionSnapshot {
+	snap := SessionSnapshot{
+		ID: s.info.ID, RemoteAddr: s.info.RemoteAddr, Since: s.since,
+		StatementsFenced: s.fenced.Load(), StatementsRefused: s.refused.Load(),
+	}
+	s.mu.Lock()
+	st := s.state
+	s.mu.Unlock()
+	if !st.relaying {
+		// The startup fields are still being written.
+		snap.State = "startup"
+		return snap
+	}
+	snap.User, snap.Database, snap.ApplicationName = s.info.User, s.info.Database, s.info.ApplicationName
+	switch {
+	case st.inFlight > 0 || st.unsynced:
+		snap.State = "active"
+	case st.txStatus == 'T':
+		snap.State = "idle in transaction"
+	case st.txStatus == 'E':
+		snap.State = "idle in transaction (aborted)"
+	default:
+		snap.State = "idle"
+	}
+	return snap
 }
 
 // logger returns the session's logger (replaced once the user is known).

@@ -273,11 +273,15 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 	s.log = log
 	s.mu.Unlock()
 
+	dialStart := time.Now()
 	up, err := s.srv.dialUpstream()
 	if err != nil {
 		s.srv.opts.Hooks.UpstreamConnectFailed()
 		s.sendFatal(fatal("08006", "fenceproxy: cannot connect to the upstream server"))
 		return upstreamErr(err)
+	}
+	if h, ok := s.srv.opts.Hooks.(TimingHooks); ok {
+		h.UpstreamConnected(time.Since(dialStart))
 	}
 	s.mu.Lock()
 	if s.closed {

@@ -1,29 +1,76 @@
 // Package admin serves fenceproxy's admin HTTP endpoints: Prometheus
-// /metrics, /healthz (the process is up) and /readyz (the upstream answers
-// and the proxy is not draining).
+// /metrics, /healthz (the process is up), /readyz (the upstream answers
+// and the proxy is not draining), /sessions (the client sessions), /rules
+// (the rules in force) and, when enabled, Go's profiler under
+// /debug/pprof/.
 package admin
 
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // ReadyFunc reports nil when the proxy can serve clients.
 type ReadyFunc func(ctx context.Context) error
 
+// Options say what the admin endpoints serve.
+type Options struct {
+	// Registry is served on /metrics.
+	Registry *prometheus.Registry
+	// Ready answers /readyz.
+	Ready ReadyFunc
+	// Sessions answers /sessions. nil: 404.
+	Sessions func() []proxy.SessionSnapshot
+	// Rules answers /rules. nil: 404.
+	Rules func() Rules
+	// Pprof serves net/http/pprof under /debug/pprof/.
+	Pprof bool
+}
+
+// Rules is the document /rules serves: the rules in force and the
+// configuration file they came from.
+type Rules struct {
+	// ConfigFile is the path of the configuration file ("" when the
+	// instance was started without one).
+	ConfigFile string `json:"config_file"`
+	// ConfigSHA256 is the hex SHA-256 of the file's bytes as last loaded.
+	ConfigSHA256 string `json:"config_sha256"`
+	// LoadedAt is when those rules were installed.
+	LoadedAt     time.Time `json:"loaded_at"`
+	TokenSetting string    `json:"token_setting"`
+	Tables       []Table   `json:"tables"`
+}
+
+// Table is one entry of the rules, with the defaults filled in.
+type Table struct {
+	Table        string      `json:"table"`
+	Column       string      `json:"column"`
+	Mode         string      `json:"mode"`
+	OnStale      string      `json:"on_stale"`
+	Strict       bool        `json:"strict"`
+	MissingToken string      `json:"missing_token"`
+	Scope        rules.Scope `json:"scope"`
+}
+
 // Handler returns the admin mux.
-func Handler(reg *prometheus.Registry, ready ReadyFunc) http.Handler {
+func Handler(opts Options) http.Handler {
 	mux := http.NewServeMux()
+	reg := opts.Registry
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
@@ -31,14 +78,39 @@ func Handler(reg *prometheus.Registry, ready ReadyFunc) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := ready(ctx); err != nil {
+		if err := opts.Ready(ctx); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	if opts.Sessions != nil {
+		mux.HandleFunc("GET /sessions", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, opts.Sessions())
+		})
+	}
+	if opts.Rules != nil {
+		mux.HandleFunc("GET /rules", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, opts.Rules())
+		})
+	}
+	if opts.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("POST /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }
 
 // ProbeUpstream checks that PostgreSQL answers at addr on network ("tcp",

@@ -123,7 +123,7 @@ func (a *Listener) listen(database string, l *dbListener) {
 	backoff := 100 * time.Millisecond
 	for a.ctx.Err() == nil {
 		conn, err := a.connect(database)
-		l.up.Store(err == nil)
+		a.setUp(database, l, err == nil)
 		if first {
 			close(l.ready)
 			first = false
@@ -150,8 +150,20 @@ func (a *Listener) listen(database string, l *dbListener) {
 				break
 			}
 		}
-		l.up.Store(false)
+		a.setUp(database, l, false)
 		_ = conn.Close(context.Background())
+	}
+}
+
+// setUp records whether the listener of database has its LISTEN in force.
+func (a *Listener) setUp(database string, l *dbListener, up bool) {
+	l.up.Store(up)
+	if a.opts.Metrics != nil {
+		v := 0.0
+		if up {
+			v = 1
+		}
+		a.opts.Metrics.AuditListenerUp.WithLabelValues(database).Set(v)
 	}
 }
 

@@ -48,7 +48,8 @@ type Config struct {
 	Shutdown Shutdown `yaml:"shutdown"`
 	// Log configures logging.
 	Log Log `yaml:"log"`
-	// Admin configures the HTTP listener for /metrics, /healthz and /readyz.
+	// Admin configures the HTTP listener for /metrics, /healthz, /readyz,
+	// /sessions, /rules and optionally /debug/pprof/.
 	Admin Admin `yaml:"admin"`
 	// Audit configures how the proxy hears about audited writes.
 	Audit Audit `yaml:"audit"`
@@ -154,6 +155,9 @@ type Admin struct {
 	// postgres_exporter's), and not the default of a tool that commonly
 	// runs beside PostgreSQL. "" or "off" disables it.
 	Listen string `yaml:"listen"`
+	// Pprof serves Go's profiler under /debug/pprof/ on the admin listener.
+	// Default false: profiles show memory contents such as statement text.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Audit configures the connection the proxy uses to LISTEN for the events

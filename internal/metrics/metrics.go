@@ -1,12 +1,14 @@
 // Package metrics defines fenceproxy's Prometheus metrics and implements
 // proxy.Hooks with them.
 //
-// Label values come only from the configuration (table names, reasons and
-// results from a fixed set), never from client input, so the number of
-// series is bounded by the config.
+// Label values come from the configuration (table names, reasons and
+// results from a fixed set) or from the build. The one exception is
+// fenceproxy_audit_listener_up{database}: database names come from
+// authenticated clients, and package audit bounds how many it listens in.
 package metrics
 
 import (
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,10 +25,13 @@ type Metrics struct {
 	ConnectionsTotal      prometheus.Counter
 	UpstreamConnectErrors prometheus.Counter
 	AcceptErrors          prometheus.Counter
-	StatementsInspected   prometheus.Counter
-	StatementsRewritten   prometheus.Counter
-	StatementsRefused     prometheus.Counter
-	RewriteSeconds        prometheus.Histogram
+	BuildInfo             *prometheus.GaugeVec // version, revision, goversion
+	ConfigLastReload      prometheus.Gauge
+	Statements            *prometheus.CounterVec // action (forwarded|rewritten|refused)
+	DecisionSeconds       prometheus.Histogram
+	UpstreamConnectSecs   prometheus.Histogram
+	SessionSeconds        prometheus.Histogram
+	AuditListenerUp       *prometheus.GaugeVec   // database
 	StaleRejections       *prometheus.CounterVec // table
 	MissingTokens         *prometheus.CounterVec // table, outcome (rejected|allowed)
 	AuditWouldReject      *prometheus.CounterVec // table, reason (stale|missing_token)
@@ -50,20 +55,36 @@ func New() *Metrics {
 		AcceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fenceproxy_accept_errors_total", Help: "Failed accepts of client connections that were retried (e.g. out of file descriptors).",
 		}),
-		StatementsInspected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fenceproxy_statements_inspected_total", Help: "Query and Parse messages given to the rewriter.",
+		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fenceproxy_build_info", Help: "Always 1; the labels say which build is running.",
+		}, []string{"version", "revision", "goversion"}),
+		ConfigLastReload: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenceproxy_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time of the last successful load of the configuration (at start or by a reload).",
 		}),
-		StatementsRewritten: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fenceproxy_statements_rewritten_total", Help: "Statements forwarded in fenced (rewritten) form.",
-		}),
-		StatementsRefused: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fenceproxy_statements_refused_total", Help: "Statements refused by the proxy without being executed.",
-		}),
-		RewriteSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "fenceproxy_rewrite_duration_seconds",
-			Help:    "Time taken to decide (and rewrite) one Query or Parse message.",
+		Statements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenceproxy_statements_total",
+			Help: "Query and Parse messages decided on, by action: forwarded unchanged, rewritten (fenced) or refused without being executed.",
+		}, []string{"action"}),
+		DecisionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fenceproxy_statement_decision_duration_seconds",
+			Help:    "Time taken to decide on (and rewrite) one Query or Parse message.",
 			Buckets: []float64{1e-6, 5e-6, 2e-5, 1e-4, 5e-4, 2e-3, 1e-2, 5e-2},
 		}),
+		UpstreamConnectSecs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fenceproxy_upstream_connect_duration_seconds",
+			Help:    "Time taken by successful connections to the upstream server (dial and TLS negotiation).",
+			Buckets: []float64{5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5},
+		}),
+		SessionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fenceproxy_session_duration_seconds",
+			Help:    "Lifetime of client sessions, from accept to close.",
+			Buckets: []float64{0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 24 * 3600},
+		}),
+		AuditListenerUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fenceproxy_audit_listener_up",
+			Help: "1 while the audit listener of a database has its LISTEN in force, 0 while audit events there are lost.",
+		}, []string{"database"}),
 		StaleRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceproxy_stale_rejections_total", Help: "Writes rejected because their fencing token was older than the row's watermark.",
 		}, []string{"table"}),
@@ -81,9 +102,14 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ConnectionsCurrent, m.ConnectionsTotal, m.UpstreamConnectErrors, m.AcceptErrors,
-		m.StatementsInspected, m.StatementsRewritten, m.StatementsRefused, m.RewriteSeconds,
+		m.BuildInfo, m.ConfigLastReload, m.Statements, m.DecisionSeconds,
+		m.UpstreamConnectSecs, m.SessionSeconds, m.AuditListenerUp,
 		m.StaleRejections, m.MissingTokens, m.AuditWouldReject, m.ConfigReloads,
 	)
+	m.BuildInfo.WithLabelValues(buildInfo()).Set(1)
+	for _, a := range []string{"forwarded", "rewritten", "refused"} {
+		m.Statements.WithLabelValues(a)
+	}
 	// Make the reload series visible before the first reload.
 	m.ConfigReloads.WithLabelValues("ok")
 	m.ConfigReloads.WithLabelValues("failed")
@@ -94,6 +120,11 @@ func New() *Metrics {
 func (m *Metrics) Hooks() proxy.Hooks { return hooks{m} }
 
 type hooks struct{ m *Metrics }
+
+var (
+	_ proxy.AcceptHooks = hooks{}
+	_ proxy.TimingHooks = hooks{}
+)
 
 func (h hooks) SessionOpened() {
 	h.m.ConnectionsCurrent.Inc()
@@ -106,13 +137,41 @@ func (h hooks) UpstreamConnectFailed() { h.m.UpstreamConnectErrors.Inc() }
 
 func (h hooks) AcceptFailed(error) { h.m.AcceptErrors.Inc() }
 
+func (h hooks) UpstreamConnected(took time.Duration) { h.m.UpstreamConnectSecs.Observe(took.Seconds()) }
+
+func (h hooks) SessionEnded(lasted time.Duration) { h.m.SessionSeconds.Observe(lasted.Seconds()) }
+
 func (h hooks) Statement(_ *proxy.SessionInfo, d *proxy.Decision, took time.Duration) {
-	h.m.StatementsInspected.Inc()
-	h.m.RewriteSeconds.Observe(took.Seconds())
+	h.m.DecisionSeconds.Observe(took.Seconds())
+	action := "forwarded"
 	switch d.Action {
 	case proxy.Rewrite:
-		h.m.StatementsRewritten.Inc()
+		action = "rewritten"
 	case proxy.Refuse:
-		h.m.StatementsRefused.Inc()
+		action = "refused"
 	}
+	h.m.Statements.WithLabelValues(action).Inc()
+}
+
+// buildInfo returns the module version, VCS revision and Go version the
+// binary was built with (go build records them), "unknown" for what is
+// missing.
+func buildInfo() (version, revision, goversion string) {
+	version, revision, goversion = "unknown", "unknown", "unknown"
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return
+	}
+	if bi.Main.Version != "" {
+		version = bi.Main.Version
+	}
+	if bi.GoVersion != "" {
+		goversion = bi.GoVersion
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && s.Value != "" {
+			revision = s.Value
+		}
+	}
+	return
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,11 @@ type Instance struct {
 
 	mu  sync.Mutex
 	cfg *config.Config
+	// cfgSHA256 and loadedAt describe the rules in force for /rules:
+	// the hex SHA-256 of the file they were read from ("" when they did not
+	// come from the file) and when they were installed. Guarded by mu.
+	cfgSHA256 string
+	loadedAt  time.Time
 
 	shutdownDelay time.Duration
 	drainTimeout  time.Duration
@@ -71,7 +77,14 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		return nil, err
 	}
 	m := metrics.New()
-	in := &Instance{log: log, path: path, metrics: m, cfg: cfg, auditTag: tag}
+	in := &Instance{log: log, path: path, metrics: m, cfg: cfg, auditTag: tag, loadedAt: time.Now()}
+	if path != "" {
+		// The caller loaded cfg from path; hash the file as it is now.
+		if data, err := os.ReadFile(path); err == nil {
+			in.cfgSHA256 = sha256Hex(data)
+		}
+	}
+	m.ConfigLastReload.Set(float64(in.loadedAt.UnixNano()) / 1e9)
 	var pol *policy.Policy
 	aud := audit.New(audit.Options{
 		Tag: tag,
@@ -124,7 +137,7 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		in.adminL = al
 		actx, cancel := context.WithCancel(context.Background())
 		in.adminCancel = cancel
-		h := admin.Handler(m.Registry, in.ready)
+		h := admin.Handler(in.adminOptions())
 		go func() {
 			defer close(in.adminDone)
 			if err := admin.Serve(actx, al, h); err != nil {
@@ -178,9 +191,19 @@ func (in *Instance) Reload() error {
 	if in.path == "" {
 		return errors.New("service: no config file to reload")
 	}
-	cfg, err := config.Load(in.path)
+	// Read once: the hash /rules shows must be of the bytes loaded.
+	data, err := os.ReadFile(in.path)
+	var cfg *config.Config
 	if err == nil {
-		err = in.Apply(cfg)
+		cfg, err = config.Parse(data)
+		if err != nil {
+			err = fmt.Errorf("config %s: %w", in.path, err)
+		}
+	} else {
+		err = fmt.Errorf("config: %w", err)
+	}
+	if err == nil {
+		err = in.apply(cfg, sha256Hex(data))
 	}
 	if err != nil {
 		in.metrics.ConfigReloads.WithLabelValues("failed").Inc()
@@ -191,7 +214,11 @@ func (in *Instance) Reload() error {
 }
 
 // Apply installs the rules of cfg (already validated).
-func (in *Instance) Apply(cfg *config.Config) error {
+func (in *Instance) Apply(cfg *config.Config) error { return in.apply(cfg, "") }
+
+// apply installs the rules of cfg, read from a file whose hex SHA-256 is
+// sum ("" when they were not read from the file).
+func (in *Instance) apply(cfg *config.Config, sum string) error {
 	rs, err := compileRules(cfg, in.auditTag)
 	if err != nil {
 		return err
@@ -207,12 +234,15 @@ func (in *Instance) Apply(cfg *config.Config) error {
 		}
 	}
 	in.cfg = &running
+	in.cfgSHA256, in.loadedAt = sum, time.Now()
+	loadedAt := in.loadedAt
 	in.mu.Unlock()
 	if len(changed) > 0 {
 		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
 	}
 	in.policy.Swap(rs, cfg.Notifies())
 	in.metrics.ConfigReloads.WithLabelValues("ok").Inc()
+	in.metrics.ConfigLastReload.Set(float64(loadedAt.UnixNano()) / 1e9)
 	in.log.Info("config reloaded", zap.Int("protected-tables", len(cfg.Tables)))
 	return nil
 }

@@ -182,25 +182,31 @@ func TestMetricsMove(t *testing.T) {
 		t.Fatalf("truncate: %v, want %s", err, rules.CodeRefused)
 	}
 
+	forwarded := metric(t, in, `fenceproxy_statements_total{action="forwarded"}`)
+	rewritten := metric(t, in, `fenceproxy_statements_total{action="rewritten"}`)
 	checks := map[string]float64{
 		"fenceproxy_connections_total":                                                 3,
 		`fenceproxy_stale_rejections_total{table="public.metrics_a"}`:                  1,
 		`fenceproxy_missing_tokens_total{outcome="rejected",table="public.metrics_a"}`: 1,
-		"fenceproxy_statements_refused_total":                                          1,
-		"fenceproxy_rewrite_duration_seconds_count":                                    metric(t, in, "fenceproxy_statements_inspected_total"),
+		`fenceproxy_statements_total{action="refused"}`:                                1,
+		"fenceproxy_statement_decision_duration_seconds_count":                         forwarded + rewritten + 1,
+		"fenceproxy_upstream_connect_duration_seconds_count":                           3,
+		"fenceproxy_session_duration_seconds_count":                                    0,
 	}
 	for sample, want := range checks {
 		if got := metric(t, in, sample); got != want {
 			t.Errorf("%s = %v, want %v", sample, got, want)
 		}
 	}
-	// pgx prepares each statement: inspected counts Parse and Query messages.
-	if got := metric(t, in, "fenceproxy_statements_inspected_total"); got < 5 {
-		t.Errorf("statements_inspected = %v, want >= 5", got)
+	// pgx prepares each statement: decisions count Parse and Query messages.
+	if forwarded+rewritten+1 < 5 {
+		t.Errorf("statements decided = %v, want >= 5", forwarded+rewritten+1)
 	}
-	if got := metric(t, in, "fenceproxy_statements_rewritten_total"); got < 3 {
-		t.Errorf("statements_rewritten = %v, want >= 3 (one accepted, one stale, one untokened)", got)
+	if rewritten < 3 {
+		t.Errorf("statements rewritten = %v, want >= 3 (one accepted, one stale, one untokened)", rewritten)
 	}
+	noTok.Close(ctx)
+	waitFor(t, func() bool { return metric(t, in, "fenceproxy_session_duration_seconds_count") == 1 })
 }
 
 func TestReadyzFollowsUpstream(t *testing.T) {

@@ -1,0 +1,107 @@
+package metrics_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/fenceproxy/fenceproxy/internal/metrics"
+	"github.com/fenceproxy/fenceproxy/proxy"
+)
+
+// TestHooksMoveMetrics: each hook moves the metric named for it.
+func TestHooksMoveMetrics(t *testing.T) {
+	m := metrics.New()
+	h := m.Hooks()
+	for _, a := range []proxy.Action{proxy.Forward, proxy.Forward, proxy.Rewrite, proxy.Refuse} {
+		h.Statement(&proxy.SessionInfo{}, &proxy.Decision{Action: a}, time.Microsecond)
+	}
+	th := h.(proxy.TimingHooks)
+	th.UpstreamConnected(3 * time.Millisecond)
+	th.SessionEnded(2 * time.Second)
+	h.(proxy.AcceptHooks).AcceptFailed(nil)
+
+	for action, want := range map[string]float64{"forwarded": 2, "rewritten": 1, "refused": 1} {
+		if got := value(t, m.Statements.WithLabelValues(action)); got != want {
+			t.Errorf("fenceproxy_statements_total{action=%q} = %v, want %v", action, got, want)
+		}
+	}
+	for name, want := range map[string]int{
+		"fenceproxy_statement_decision_duration_seconds": 4,
+		"fenceproxy_upstream_connect_duration_seconds":   1,
+		"fenceproxy_session_duration_seconds":            1,
+	} {
+		if got := sampleCount(t, m, name); got != want {
+			t.Errorf("%s_count = %d, want %d", name, got, want)
+		}
+	}
+	if got := value(t, m.AcceptErrors); got != 1 {
+		t.Errorf("fenceproxy_accept_errors_total = %v, want 1", got)
+	}
+	if got := series(t, m, "fenceproxy_build_info"); len(got) != 1 || got[0].GetGauge().GetValue() != 1 {
+		t.Errorf("fenceproxy_build_info = %v, want one series of 1", got)
+	}
+	m.AuditListenerUp.WithLabelValues("app").Set(1)
+	if got := value(t, m.AuditListenerUp.WithLabelValues("app")); got != 1 {
+		t.Errorf("fenceproxy_audit_listener_up = %v, want 1", got)
+	}
+}
+
+// TestMetricNamesLint: the metrics follow Prometheus' naming conventions.
+func TestMetricNamesLint(t *testing.T) {
+	m := metrics.New()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "fenceproxy_") {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+func sampleCount(t *testing.T, m *metrics.Metrics, name string) int {
+	t.Helper()
+	ss := series(t, m, name)
+	if len(ss) != 1 {
+		t.Fatalf("%s: %d series, want 1", name, len(ss))
+	}
+	return int(ss[0].GetHistogram().GetSampleCount())
+}
+
+func series(t *testing.T, m *metrics.Metrics, name string) []*dto.Metric {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()
+		}
+	}
+	t.Fatalf("%s not gathered", name)
+	return nil
+}
+
+// value reads one counter or gauge.
+func value(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := c.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}
