@@ -15,6 +15,16 @@ import (
 // statement of a multi-statement string) and either rewrites them all or
 // refuses the whole string.
 func (r *Rules) decide(sql string) Decision {
+	if len(sql) >= valuesFastMinBytes && r.tooDeep(sql) == nil {
+		if d, ok := r.decideValuesFast(sql); ok {
+			return d
+		}
+	}
+	return r.decideFull(sql)
+}
+
+// decideFull decides sql by parsing, rewriting and splicing all of it.
+func (r *Rules) decideFull(sql string) Decision {
 	res, final := r.rewrite(sql)
 	if final != nil {
 		return *final

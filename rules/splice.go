@@ -59,6 +59,7 @@ type splicer struct {
 type scanTok struct {
 	start, end int
 	tok        pg.Token
+	keyword    bool // a keyword of any kind (reserved or not)
 }
 
 type edit struct {
@@ -147,6 +148,8 @@ func scan(sql string) ([]scanTok, error) {
 				t.end = int(v)
 			case 4:
 				t.tok = pg.Token(v)
+			case 5:
+				t.keyword = v != uint64(pg.KeywordKind_NO_KEYWORD)
 			}
 		}
 		if t.tok == pg.Token_SQL_COMMENT || t.tok == pg.Token_C_COMMENT {
