@@ -110,7 +110,7 @@ func scan(sql string) ([]scanTok, error) {
 	if err != nil {
 		return nil, err
 	}
-	toks := make([]scanTok, 0, len(sql)/4)
+	toks := make([]scanTok, 0, len(b)/6+16) // a token takes 6 to 12 bytes of the scanner's output
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {

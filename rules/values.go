@@ -161,8 +161,15 @@ func (s *splicer) plainRow(open, close int) bool {
 	return close > open+1
 }
 
-// rowWidth counts the items of the row opened by token open.
+// rowWidth counts the items of the row opened by token open: its commas at
+// its own level, plus one.
 func (s *splicer) rowWidth(open int) int {
-	items, _ := s.groupItems(open)
-	return len(items)
+	n := 1
+	for j := open + 1; ; j++ {
+		j = s.level(j, s.is(pg.Token_ASCII_44))
+		if j >= len(s.toks) || s.toks[j].tok != pg.Token_ASCII_44 {
+			return n
+		}
+		n++
+	}
 }
