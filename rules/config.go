@@ -87,9 +87,9 @@ type Config struct {
 	AuditTag string `yaml:"-"`
 	// MaxCheckBytes bounds the size of a statement the rewriter parses:
 	// checking and rewriting a statement takes memory in proportion to it
-	// (about 200 times its size for a large multi-row INSERT), so a larger
-	// statement that may touch a protected table is refused (FP003)
-	// instead. 0 means DefaultMaxCheckBytes; statements that cannot touch a
+	// (up to about 200 times its size; about 50 for a long VALUES list of
+	// plain rows), so a larger statement that may touch a protected table
+	// is refused (FP003) instead. 0 means DefaultMaxCheckBytes; statements that cannot touch a
 	// protected table are never parsed and have no such limit.
 	MaxCheckBytes int `yaml:"-"`
 }
