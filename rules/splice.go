@@ -50,16 +50,19 @@ type splicer struct {
 	edits []edit
 	// frags caches rendered fragments by key: an N-row INSERT renders its
 	// stamp once, not N times.
-	frags   map[string]*fragInfo
-	prefix  string // of the placeholders' names (choosePrefix)
-	version int32  // of the parse tree, which the deparser checks
+	frags  map[string]*fragInfo
+	prefix string // of the placeholders' names (choosePrefix)
+	// copied: some fragment holds a copy of the client's text (a WHERE
+	// clause repeated in a check, a value kept in a dead branch).
+	copied  bool
+	version int32 // of the parse tree, which the deparser checks
 	err     error
 }
 
 type scanTok struct {
 	start, end int
 	tok        pg.Token
-	keyword    bool // a keyword of any kind (reserved or not)
+	kind       pg.KeywordKind // NO_KEYWORD for names, literals, punctuation
 }
 
 type edit struct {
@@ -149,7 +152,7 @@ func scan(sql string) ([]scanTok, error) {
 			case 4:
 				t.tok = pg.Token(v)
 			case 5:
-				t.keyword = v != uint64(pg.KeywordKind_NO_KEYWORD)
+				t.kind = pg.KeywordKind(v)
 			}
 		}
 		if t.tok == pg.Token_SQL_COMMENT || t.tok == pg.Token_C_COMMENT {
@@ -214,11 +217,13 @@ func (s *splicer) apply() (out, check string, err error) {
 	return b.String(), c.String(), nil
 }
 
-// text returns the client's text of tokens i..j-1.
+// text returns the client's text of tokens i..j-1, to be copied into a
+// fragment; copied records that it was.
 func (s *splicer) text(i, j int) string {
 	if i >= j {
 		return ""
 	}
+	s.copied = true
 	return s.sql[s.toks[i].start:s.toks[j-1].end]
 }
 

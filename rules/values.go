@@ -74,6 +74,12 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool) {
 	if err != nil || out != rd.SQL || sp.err != nil {
 		return Decision{}, false
 	}
+	if res.sp.copied {
+		// A fragment repeats some of the client's text (a DELETE's WHERE,
+		// a MERGE condition, a value kept): it may hold the list, whose
+		// copy would then lack the dropped rows.
+		return Decision{}, false
+	}
 	rowStart := sp.toks[vl.open[1]].start
 	stampAt := sp.endOf(vl.close[1]) // where a stamp is appended to row 2
 	stamp := ""
@@ -138,27 +144,59 @@ func (s *splicer) longestValuesList() (valuesList, bool) {
 	return best, len(best.open) >= 2
 }
 
-// plainRow reports whether the row between tokens open and close holds
-// only literals, parameters, NULL, DEFAULT, TRUE, FALSE, signs, commas and
-// casts to a one-word type name: nothing that could name, call or nest. (A
-// type name is resolved by the server like any cast, in every row alike.)
+// plainRow reports whether the row between tokens open and close is a
+// comma-separated list of plain items: DEFAULT, or signs before a literal,
+// a parameter, NULL, TRUE or FALSE, optionally cast to one-word type names
+// (1, -2.5, 'x', $3, NULL, $4::uuid, '1'::int::text). Such items hold
+// nothing that could name, call or nest, and a row of them parses whatever
+// its neighbours, so the rewriter need not see it.
 func (s *splicer) plainRow(open, close int) bool {
-	for j := open + 1; j < close; j++ {
-		switch s.toks[j].tok {
-		case pg.Token_ICONST, pg.Token_FCONST, pg.Token_SCONST, pg.Token_BCONST, pg.Token_XCONST,
-			pg.Token_PARAM, pg.Token_NULL_P, pg.Token_TRUE_P, pg.Token_FALSE_P, pg.Token_DEFAULT,
-			pg.Token_ASCII_43, pg.Token_ASCII_45, pg.Token_ASCII_44:
-		case pg.Token_TYPECAST:
-			// One word: a plain type name (int, text, uuid, jsonb).
-			if j+1 >= close || s.toks[j+1].tok != pg.Token_IDENT && !s.toks[j+1].keyword {
+	j := open + 1
+	for {
+		if j >= close {
+			return false // empty row, or a trailing comma
+		}
+		if s.toks[j].tok == pg.Token_DEFAULT {
+			j++
+		} else {
+			for j < close && (s.toks[j].tok == pg.Token_ASCII_43 || s.toks[j].tok == pg.Token_ASCII_45) {
+				j++
+			}
+			if j >= close {
 				return false
 			}
-			j++
-		default:
+			switch s.toks[j].tok {
+			case pg.Token_ICONST, pg.Token_FCONST, pg.Token_SCONST, pg.Token_BCONST, pg.Token_XCONST,
+				pg.Token_PARAM, pg.Token_NULL_P, pg.Token_TRUE_P, pg.Token_FALSE_P:
+				j++
+			default:
+				return false
+			}
+			for j+1 < close && s.toks[j].tok == pg.Token_TYPECAST && s.typeWord(j+1) {
+				j += 2
+			}
+		}
+		switch {
+		case j == close:
+			return true
+		case s.toks[j].tok != pg.Token_ASCII_44:
 			return false
 		}
+		j++
 	}
-	return close > open+1
+}
+
+// typeWord reports whether token j can be a one-word type name: a name, or
+// a keyword that may name a type (unreserved, or a column-name keyword
+// such as int or boolean).
+func (s *splicer) typeWord(j int) bool {
+	switch t := s.toks[j]; {
+	case t.tok == pg.Token_IDENT:
+		return true
+	case t.kind == pg.KeywordKind_UNRESERVED_KEYWORD || t.kind == pg.KeywordKind_COL_NAME_KEYWORD:
+		return true
+	}
+	return false
 }
 
 // rowWidth counts the items of the row opened by token open: its commas at
