@@ -48,3 +48,35 @@ func TestLargeInsert(t *testing.T) {
 		t.Fatalf("%d rows stored, %d with last_fence 42; want %d and %d", count, stamped, rows, rows)
 	}
 }
+
+// TestLargeListInFencedCondition: a long VALUES list inside a DELETE's
+// WHERE or a MERGE DELETE's condition, which the rewrite repeats in its
+// check, is fenced for every id of the list, not only the first ones
+// (the reduced-statement path for long VALUES lists must not apply).
+func TestLargeListInFencedCondition(t *testing.T) {
+	e := startEnv(t)
+	db := e.newDB(t)
+	d := direct(t, db)
+	c := e.connect(t, db)
+	ids := make([]string, 1000)
+	for i := range ids {
+		ids[i] = "(" + strconv.Itoa(i+1) + ")"
+	}
+	list := "(VALUES " + strings.Join(ids, ", ") + ")"
+	for _, sql := range []string{
+		"DELETE FROM acct WHERE id IN " + list,
+		"MERGE INTO acct t USING (SELECT g AS id FROM generate_series(1, 1000) g) s ON t.id = s.id WHEN MATCHED AND t.id IN " + list + " THEN DELETE",
+	} {
+		resetTable(t, d, tError)
+		// Row 3 holds the list's third id: the first one a reduced
+		// statement with two of the list's rows would leave out.
+		setFences(t, d, tError, map[int64]int64{3: 50})
+		before := snapshot(t, d, tError)
+		setTokenN(t, c, 42)
+		_, err := c.PgConn().Exec(ctxT(t), sql).ReadAll()
+		if sqlState(err) != "FP001" {
+			t.Errorf("%.40s…: %v, want FP001", sql, err)
+		}
+		wantUnchanged(t, d, tError, before)
+	}
+}
