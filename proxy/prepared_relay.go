@@ -82,17 +82,7 @@ func (s *session) waitEarlier(e *stmtEntry) (bool, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	timedOut := false
-	t := time.AfterFunc(lexWaitTimeout, func() {
-		s.mu.Lock()
-		timedOut = true
-		s.mu.Unlock()
-		s.idleCond.Broadcast()
-	})
-	defer t.Stop()
-	for len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg && !s.ps.lost && !s.state.finishing && !timedOut {
-		s.idleCond.Wait()
-	}
+	s.waitLocked(func() bool { return len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg && !s.ps.lost })
 	if s.state.finishing {
 		return false, errSessionDone
 	}

@@ -326,17 +326,7 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 	// Bounded: the bookkeeping can overcount (a Query discarded by a
 	// server skipping to Sync), and the server may be waiting for the
 	// client (copy-in); never block reading the client forever.
-	timedOut := false
-	t := time.AfterFunc(lexWaitTimeout, func() {
-		s.mu.Lock()
-		timedOut = true
-		s.mu.Unlock()
-		s.idleCond.Broadcast()
-	})
-	defer t.Stop()
-	for s.state.inFlight > 0 && !s.state.finishing && !s.state.copyIn && !timedOut {
-		s.idleCond.Wait()
-	}
+	s.waitLocked(func() bool { return s.state.inFlight > 0 && !s.state.copyIn })
 	if s.state.finishing {
 		return Lexing{}, errSessionDone
 	}
@@ -346,5 +336,23 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 	return lex, nil
 }
 
-// lexWaitTimeout bounds how long lexingFor waits for earlier statements.
+// lexWaitTimeout bounds how long the relay waits for earlier statements
+// (lexingFor, waitEarlier).
 var lexWaitTimeout = 5 * time.Second
+
+// waitLocked waits, with s.mu held, while pending reports true and the
+// session is not finishing, for at most lexWaitTimeout. The upstream-to-
+// client goroutine broadcasts idleCond when responses arrive.
+func (s *session) waitLocked(pending func() bool) {
+	timedOut := false
+	t := time.AfterFunc(lexWaitTimeout, func() {
+		s.mu.Lock()
+		timedOut = true
+		s.mu.Unlock()
+		s.idleCond.Broadcast()
+	})
+	defer t.Stop()
+	for pending() && !s.state.finishing && !timedOut {
+		s.idleCond.Wait()
+	}
+}

@@ -69,7 +69,7 @@ func TestSplicePreservesRewrittenTree(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, sql := range inputs {
-			res, final := r.rewrite(sql)
+			res, final := r.rewrite(sql, nil)
 			if final != nil {
 				continue
 			}

@@ -183,10 +183,8 @@ func (s *splicer) addStampColumn(sel *pg.SelectStmt, ncols int, f *fencer, t *ta
 		return s.addStampColumn(sel.Rarg, ncols, f, t)
 	}
 	if len(sel.ValuesLists) > 0 {
-		for _, row := range sel.ValuesLists {
-			if l := row.GetList(); l == nil || len(l.Items) != ncols {
-				return wrongLength(t)
-			}
+		if !rowsHaveLength(sel, ncols) {
+			return wrongLength(t)
 		}
 		rows := s.valuesRows(sel)
 		if s.err != nil {
@@ -247,6 +245,16 @@ func (s *splicer) tableCommand(sel *pg.SelectStmt) int {
 	return i
 }
 
+// rowsHaveLength reports whether every VALUES row of sel has n items.
+func rowsHaveLength(sel *pg.SelectStmt, n int) bool {
+	for _, row := range sel.ValuesLists {
+		if l := row.GetList(); l == nil || len(l.Items) != n {
+			return false
+		}
+	}
+	return true
+}
+
 func wrongLength(t *tableRule) *Error {
 	return refused(t, "fenceproxy: INSERT into protected table %s has a different number of values than columns", "", "")
 }
@@ -283,10 +291,8 @@ func (s *splicer) keepValue(key string, mkVal func() *pg.Node, client *pg.Node, 
 // which the client listed at positions idx.
 func (s *splicer) replaceStampColumn(sel *pg.SelectStmt, ncols int, idx []int, f *fencer, t *tableRule) *Error {
 	if len(sel.ValuesLists) > 0 && (sel.Op == pg.SetOperation_SETOP_NONE || sel.Op == pg.SetOperation_SET_OPERATION_UNDEFINED) {
-		for _, row := range sel.ValuesLists {
-			if l := row.GetList(); l == nil || len(l.Items) != ncols {
-				return wrongLength(t)
-			}
+		if !rowsHaveLength(sel, ncols) {
+			return wrongLength(t)
 		}
 		rows := s.valuesRows(sel)
 		if s.err != nil {

@@ -15,19 +15,25 @@ import (
 // statement of a multi-statement string) and either rewrites them all or
 // refuses the whole string.
 func (r *Rules) decide(sql string) Decision {
+	var toks []scanTok
 	if len(sql) >= valuesFastMinBytes && r.tooDeep(sql) == nil {
-		if d, ok := r.decideValuesFast(sql); ok {
+		var d Decision
+		var ok bool
+		if d, ok, toks = r.decideValuesFast(sql); ok {
 			return d
 		}
 	}
-	return r.decideFull(sql)
+	d, _ := r.decideFull(sql, toks)
+	return d
 }
 
-// decideFull decides sql by parsing, rewriting and splicing all of it.
-func (r *Rules) decideFull(sql string) Decision {
-	res, final := r.rewrite(sql)
+// decideFull decides sql by parsing, rewriting and splicing all of it;
+// toks, when not nil, are sql's tokens, already scanned. For a rewrite it
+// also returns the rewritten statement, whose splicer holds the edits.
+func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
+	res, final := r.rewrite(sql, toks)
 	if final != nil {
-		return *final
+		return *final, nil
 	}
 	out, check, err := res.sp.apply()
 	if err == nil {
@@ -36,11 +42,11 @@ func (r *Rules) decideFull(sql string) Decision {
 	if err != nil {
 		d := refuse(res.tables, fmt.Sprintf("fenceproxy: cannot rewrite this statement on %s", describeTables(res.tables)), err.Error(), "")
 		if allAudit(res.written) {
-			return Decision{Action: Forward, Tables: res.tables, AuditRefusal: d.Err}
+			return Decision{Action: Forward, Tables: res.tables, AuditRefusal: d.Err}, nil
 		}
-		return d
+		return d, nil
 	}
-	return Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
+	return Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}, res
 }
 
 // rewritten is a parse tree whose protected writes have been rewritten in
@@ -56,7 +62,7 @@ type rewritten struct {
 // rewrite parses sql and rewrites its protected writes. It returns a final
 // decision instead when there is nothing to rewrite (Forward) or the
 // statement is refused.
-func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
+func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 	if d := r.tooDeep(sql); d != nil {
 		return nil, d // parsing it could overflow the stack
 	}
@@ -89,7 +95,9 @@ func (r *Rules) rewrite(sql string) (*rewritten, *Decision) {
 	var sp *splicer
 	if w.err == nil && len(w.pending) > 0 {
 		var err error
-		if sp, err = newSplicer(sql); err != nil {
+		if toks != nil {
+			sp = &splicer{sql: sql, toks: toks, frags: map[string]*fragInfo{}}
+		} else if sp, err = newSplicer(sql); err != nil {
 			d := refuse(sortedUnique(w.tables), fmt.Sprintf("fenceproxy: cannot scan a statement that writes %s", describeTables(sortedUnique(w.tables))), err.Error(), "")
 			return nil, &d
 		}

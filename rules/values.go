@@ -38,20 +38,22 @@ type valuesList struct {
 
 // decideValuesFast decides sql through a reduced statement when it has a
 // long VALUES list of plain rows (see above). ok is false when it does not
-// apply, and the statement must take the usual path.
-func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool) {
+// apply, and the statement must take the usual path; toks are then sql's
+// tokens, for it to reuse.
+func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool, toks []scanTok) {
 	sp, err := newSplicer(sql)
 	if err != nil {
-		return Decision{}, false
+		return Decision{}, false, nil
 	}
+	no := func() (Decision, bool, []scanTok) { return Decision{}, false, sp.toks }
 	vl, ok := sp.longestValuesList()
 	if !ok || len(vl.open) < valuesFastMinRows {
-		return Decision{}, false
+		return no()
 	}
 	width := sp.rowWidth(vl.open[1])
 	for k := 2; k < len(vl.open); k++ {
 		if !sp.plainRow(vl.open[k], vl.close[k]) || sp.rowWidth(vl.open[k]) != width {
-			return Decision{}, false
+			return no()
 		}
 	}
 	// The reduced statement: rows 3..N dropped, with the comma before
@@ -59,27 +61,19 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool) {
 	p := sp.toks[vl.close[1]].end
 	q := sp.toks[vl.close[len(vl.close)-1]].end
 	reduced := sql[:p] + sql[q:]
-	rd := r.decide(reduced)
+	rd, res := r.decideFull(reduced, nil)
 	if rd.Action != Rewrite {
 		// Dropped rows cannot write, name or call anything: the decision
 		// is the whole statement's.
-		return rd, true
+		return rd, true, nil
 	}
-	// Where the reduced rewrite put row 2's stamp, if it stamped the list.
-	res, final := r.rewrite(reduced)
-	if final != nil {
-		return Decision{}, false
-	}
-	out, _, err := res.sp.apply()
-	if err != nil || out != rd.SQL || sp.err != nil {
-		return Decision{}, false
-	}
-	if res.sp.copied {
+	if sp.err != nil || res.sp.copied {
 		// A fragment repeats some of the client's text (a DELETE's WHERE,
 		// a MERGE condition, a value kept): it may hold the list, whose
 		// copy would then lack the dropped rows.
-		return Decision{}, false
+		return no()
 	}
+	out := rd.SQL
 	rowStart := sp.toks[vl.open[1]].start
 	stampAt := sp.endOf(vl.close[1]) // where a stamp is appended to row 2
 	stamp := ""
@@ -95,7 +89,7 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool) {
 		case e.start > p || e.start == p && e.end > p:
 			// after row 2's ")"
 		default:
-			return Decision{}, false // row 2 changed otherwise
+			return no() // row 2 changed otherwise
 		}
 	}
 	var b strings.Builder
@@ -111,7 +105,7 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool) {
 	b.WriteString(sql[pos:q])
 	b.WriteString(out[p+shift:])
 	rd.SQL = b.String()
-	return rd, true
+	return rd, true, nil
 }
 
 // longestValuesList finds the VALUES keyword followed by the most rows.

@@ -74,7 +74,7 @@ func TestValuesFastPathMatchesFullPath(t *testing.T) {
 			t.Fatal(err)
 		}
 		for name, sql := range cases {
-			_, taken := r.decideValuesFast(sql)
+			_, taken, _ := r.decideValuesFast(sql)
 			// Whether the copies cases may take it depends on the mode (the
 			// skip form repeats no text); equality is what counts there.
 			copies := strings.HasPrefix(name, "merge-") || name == "delete-in"
@@ -82,7 +82,7 @@ func TestValuesFastPathMatchesFullPath(t *testing.T) {
 			if !copies && taken != want {
 				t.Errorf("%s: fast path taken %v, want %v", name, taken, want)
 			}
-			full := r.decideFull(sql)
+			full, _ := r.decideFull(sql, nil)
 			got := r.decide(sql)
 			if !reflect.DeepEqual(full, got) {
 				t.Errorf("%s/%s: fast path differs:\n full %v %v\n got  %v %v", tbl.Mode+tbl.OnStale+tbl.MissingToken, name, full.Action, full.Err, got.Action, got.Err)
@@ -107,7 +107,7 @@ func TestValuesFastPathApplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain := func(i int) string { return fmt.Sprintf("(%d, 'x')", i) }
-	if _, ok := r.decideValuesFast("INSERT INTO config (id, payload) VALUES " + rowsOf(500, plain)); !ok {
+	if _, ok, _ := r.decideValuesFast("INSERT INTO config (id, payload) VALUES " + rowsOf(500, plain)); !ok {
 		t.Error("plain rows: not taken")
 	}
 	for name, sql := range map[string]string{
@@ -117,7 +117,7 @@ func TestValuesFastPathApplies(t *testing.T) {
 		"few":   "INSERT INTO config (id, payload) VALUES " + rowsOf(10, plain),
 		"uesc":  "INSERT INTO config (id, payload) VALUES " + rowsOf(300, plain) + ", (1, U&'\\0041')",
 	} {
-		if _, ok := r.decideValuesFast(sql); ok {
+		if _, ok, _ := r.decideValuesFast(sql); ok {
 			t.Errorf("%s: taken", name)
 		}
 	}
