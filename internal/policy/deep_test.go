@@ -9,13 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
-	"github.com/fenceproxy/fenceproxy/internal/policy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // TestDeepStatement sends the statement that used to kill the proxy with
@@ -26,14 +19,7 @@ import (
 // proxy cannot parse it to tell); on an unrelated table it is forwarded and
 // PostgreSQL answers. The proxy and the other session carry on.
 func TestDeepStatement(t *testing.T) {
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	e := startEnv(t)
 	db := e.newDB(t)
 	chain := " WHERE id = 1" + strings.Repeat(" + 1", 30000)
 

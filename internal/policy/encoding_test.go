@@ -11,12 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/internal/policy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -37,14 +32,11 @@ import (
 //
 // Each encoding works in a database of its own, as a parallel subtest.
 func TestEncodings(t *testing.T) {
+	e := startEnv(t)
 	rs, err := rules.Compile(testRules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)).Named("proxy"),
-	})}
 	ctx := ctxT(t)
 	admin := direct(t, "postgres")
 

@@ -8,12 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/internal/policy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -24,14 +19,7 @@ import (
 // harmless SELECT to a UTF-8, standard-strings parser hides an UPDATE.
 // Such statements are refused; ordinary ones still work.
 func TestLexingCannotSmuggleWrites(t *testing.T) {
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	e := startEnv(t)
 	db := e.newDB(t)
 	d := direct(t, db)
 	ctx := context.Background()
@@ -121,19 +109,12 @@ func TestLexingCannotSmuggleWrites(t *testing.T) {
 // statement carries no position (it would point into the proxy's SQL);
 // errors of statements forwarded as sent keep theirs.
 func TestErrorPositionOfRewrittenStatement(t *testing.T) {
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	e := startEnv(t)
 	db := e.newDB(t)
 	c := e.connect(t, db)
 	ctx := context.Background()
 	setToken(t, c, "5")
-	_, err = c.PgConn().Exec(ctx, "UPDATE acct SET nocol = 1 WHERE id = 1").ReadAll()
+	_, err := c.PgConn().Exec(ctx, "UPDATE acct SET nocol = 1 WHERE id = 1").ReadAll()
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "42703" {
 		t.Fatalf("rewritten statement: %v, want 42703", err)
