@@ -303,18 +303,21 @@ func (c *codeCheck) sql(s string, depth int) {
 // tree checks a parse tree: relations and qualified names naming a
 // protected table, string constants read as SQL, nested stored code.
 func (c *codeCheck) tree(m protoreflect.Message, depth int) {
-	if !m.IsValid() {
-		return
-	}
+	walkMessages(m, func(m protoreflect.Message) bool { return c.node(m, depth) })
+}
+
+// node checks one node of a tree for tree, and reports whether its
+// children are still to be looked at.
+func (c *codeCheck) node(m protoreflect.Message, depth int) bool {
 	switch n := m.Interface().(type) {
 	case *pg.RangeVar:
 		c.found = append(c.found, c.r.relMatches(n.Schemaname, n.Relname)...)
-		return
+		return false
 	case *pg.A_Const:
 		if s := n.GetSval(); s != nil {
 			c.constant(s.Sval, depth)
 		}
-		return
+		return false
 	case *pg.ColumnRef:
 		// The last field is a column (or variable) name, never a table;
 		// the ones before it may be.
@@ -323,29 +326,17 @@ func (c *codeCheck) tree(m protoreflect.Message, depth int) {
 				c.name(s.Sval)
 			}
 		}
-		return
+		return false
 	case *pg.String:
 		// An element of a qualified name (DROP TABLE, a function or type
 		// name, ...).
 		c.name(n.Sval)
-		return
+		return false
 	case *pg.DoStmt, *pg.CreateFunctionStmt:
 		c.stmt(n, depth+1)
-		return
+		return false
 	}
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.Message() == nil || fd.IsMap():
-		case fd.IsList():
-			l := v.List()
-			for i := 0; i < l.Len(); i++ {
-				c.tree(l.Get(i).Message(), depth)
-			}
-		default:
-			c.tree(v.Message(), depth)
-		}
-		return true
-	})
+	return true
 }
 
 // constant checks a string constant's value as SQL that may be executed

@@ -364,33 +364,13 @@ func (w *walker) ddl(m protoreflect.ProtoMessage) bool {
 // does not descend into nested statements (other than m itself).
 func visitRangeVars(m protoreflect.Message, intoStmts bool, f func(*pg.RangeVar)) {
 	top := m
-	var visit func(m protoreflect.Message)
-	visit = func(m protoreflect.Message) {
-		if !m.IsValid() {
-			return
-		}
+	walkMessages(m, func(m protoreflect.Message) bool {
 		if rv, ok := m.Interface().(*pg.RangeVar); ok {
 			f(rv)
-			return
+			return false
 		}
-		if !intoStmts && m != top && strings.HasSuffix(string(m.Descriptor().Name()), "Stmt") {
-			return
-		}
-		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-			switch {
-			case fd.Message() == nil || fd.IsMap():
-			case fd.IsList():
-				l := v.List()
-				for i := 0; i < l.Len(); i++ {
-					visit(l.Get(i).Message())
-				}
-			default:
-				visit(v.Message())
-			}
-			return true
-		})
-	}
-	visit(m)
+		return intoStmts || m == top || !strings.HasSuffix(string(m.Descriptor().Name()), "Stmt")
+	})
 }
 
 // dropStmt refuses DROP TABLE (VIEW, FOREIGN TABLE, ...) of a protected
