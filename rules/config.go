@@ -9,6 +9,7 @@ import (
 // Defaults applied by Compile.
 const (
 	DefaultTokenSetting = "fence.token"
+	DefaultLockSetting  = "fence.lock"
 	DefaultColumn       = "last_fence"
 	DefaultCacheSize    = 4096 // a good Config.CacheSize
 	// DefaultMaxCheckBytes is Config.MaxCheckBytes when it is 0: 1 MiB.
@@ -27,8 +28,16 @@ type Table struct {
 	// lower case, double-quoted parts ("My Schema"."Cfg") are taken exactly.
 	Table string `yaml:"table"`
 	// Column is the fence column (bigint NOT NULL DEFAULT 0). Default
-	// "last_fence"; same identifier rules as Table.
+	// "last_fence"; same identifier rules as Table. With Lock "required"
+	// it may be left empty: the table then has no fence column and lock
+	// fencing alone protects it.
 	Column string `yaml:"column"`
+	// Lock is how lock fencing applies to the table: "optional" (default:
+	// statements of sessions that name a lock register the session's token
+	// for that lock first; other sessions get row fencing only),
+	// "required" (a statement on the table from a session without a valid
+	// lock name and token fails with FP002) or "off" (row fencing only).
+	Lock string `yaml:"lock"`
 	// OnStale is what happens to a write whose token is older than the row's
 	// watermark: "error" (default) fails the statement with FP001, "skip"
 	// leaves the row untouched and uncounted. Ignored in audit mode.
@@ -73,6 +82,10 @@ type Config struct {
 	// token. Default "fence.token". It must be a valid custom setting name:
 	// two or more identifiers joined by dots.
 	TokenSetting string `yaml:"token_setting"`
+	// LockSetting is the custom session variable that carries the name of
+	// the lock the session holds. Default "fence.lock"; same rules as
+	// TokenSetting, and it must differ from it.
+	LockSetting string `yaml:"lock_setting"`
 	// Tables lists the protected tables.
 	Tables []Table `yaml:"tables"`
 	// CacheSize bounds the number of decisions cached by statement text,
@@ -122,12 +135,29 @@ type tableRule struct {
 	strict      bool
 	allow       bool // missing_token: allow
 	audit       bool // mode: audit
+	lock        lockMode
 }
+
+// lockMode is Table.Lock.
+type lockMode uint8
+
+const (
+	lockOptional lockMode = iota
+	lockRequired
+	lockOff
+)
+
+// Values of Table.Lock.
+const (
+	LockOptional = "optional"
+	LockRequired = "required"
+	LockOff      = "off"
+)
 
 // sameFencing reports whether two rules fence a write identically, which
 // lets an unqualified table name that matches both be rewritten.
 func (t *tableRule) sameFencing(o *tableRule) bool {
-	return t.column == o.column && t.skip == o.skip && t.strict == o.strict && t.allow == o.allow && t.audit == o.audit
+	return t.column == o.column && t.skip == o.skip && t.strict == o.strict && t.allow == o.allow && t.audit == o.audit && t.lock == o.lock
 }
 
 // Compile validates and normalises cfg. Errors name the offending key, e.g.
@@ -146,6 +176,17 @@ func Compile(cfg Config) (*Rules, error) {
 	// PostgreSQL looks setting names up case-insensitively and reports them
 	// in lower case.
 	setting = strings.ToLower(setting)
+	lockSetting := cfg.LockSetting
+	if lockSetting == "" {
+		lockSetting = DefaultLockSetting
+	}
+	if !validCustomSetting(lockSetting) {
+		return nil, fmt.Errorf("lock_setting: %q is not a valid custom setting name (two or more identifiers joined by dots, e.g. %q)", lockSetting, DefaultLockSetting)
+	}
+	lockSetting = strings.ToLower(lockSetting)
+	if lockSetting == setting {
+		return nil, fmt.Errorf("lock_setting: must differ from token_setting (both %q)", setting)
+	}
 	switch tag := cfg.AuditTag; {
 	case len(tag) > MaxAuditTagLen:
 		return nil, fmt.Errorf("audit_tag: must be at most %d bytes, got %d", MaxAuditTagLen, len(tag))
@@ -187,6 +228,7 @@ func Compile(cfg Config) (*Rules, error) {
 		cache = newDecisionCache(cfg.CacheSize)
 	}
 	r := newRoot(setting, cfg.AuditTag, order, cache)
+	r.lockSetting = lockSetting
 	r.maxCheck = cfg.MaxCheckBytes
 	if r.maxCheck == 0 {
 		r.maxCheck = DefaultMaxCheckBytes
@@ -226,7 +268,19 @@ func compileTable(key string, t Table) (*tableRule, string, string, error) {
 	tr := &tableRule{schema: parts[0], rel: parts[1]}
 	tr.display = quoteIdent(tr.schema) + "." + quoteIdent(tr.rel)
 
+	switch t.Lock {
+	case "", LockOptional:
+	case LockRequired:
+		tr.lock = lockRequired
+	case LockOff:
+		tr.lock = lockOff
+	default:
+		return nil, "", "", fmt.Errorf("%s.lock: must be \"optional\", \"required\" or \"off\", got %q", key, t.Lock)
+	}
 	tr.column = DefaultColumn
+	if t.Column == "" && tr.lock == lockRequired {
+		tr.column = "" // no row fencing: the lock protects the table
+	}
 	if t.Column != "" {
 		col, err := parseQualifiedName(t.Column)
 		if err != nil {
@@ -397,4 +451,47 @@ func quoteIdent(s string) string {
 		return s
 	}
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// TableSpec is one validated entry of a configuration, with its names
+// resolved as PostgreSQL resolves them, for tools that prepare or check
+// a database (fenceproxy setup and check).
+type TableSpec struct {
+	Index   int    // position in Config.Tables
+	Schema  string // exact (folded) names
+	Table   string
+	Display string // schema.table, quoted where needed
+	// Column is the exact fence column name; "" when the table has none
+	// (lock: required without a column).
+	Column string
+	Mode   string // ModeEnforce, ModeAudit or ModeOff
+	Lock   string // LockOptional, LockRequired or LockOff
+	Scope  Scope
+}
+
+// Specs validates cfg like Compile and lists its entries, mode off
+// included.
+func Specs(cfg Config) ([]TableSpec, error) {
+	if _, err := Compile(Config{TokenSetting: cfg.TokenSetting, LockSetting: cfg.LockSetting, Tables: cfg.Tables, MaxCheckBytes: cfg.MaxCheckBytes}); err != nil {
+		return nil, err
+	}
+	out := make([]TableSpec, 0, len(cfg.Tables))
+	for i, t := range cfg.Tables {
+		key := fmt.Sprintf("tables[%d]", i)
+		tr, schema, rel, err := compileTable(key, t)
+		if err != nil {
+			return nil, err
+		}
+		s := TableSpec{Index: i, Schema: schema, Table: rel, Display: quoteIdent(schema) + "." + quoteIdent(rel), Mode: ModeOff, Lock: LockOff, Scope: t.Scope}
+		if tr != nil {
+			s.Column = tr.column
+			s.Mode = ModeEnforce
+			if tr.audit {
+				s.Mode = ModeAudit
+			}
+			s.Lock = [...]string{LockOptional, LockRequired, LockOff}[tr.lock]
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }

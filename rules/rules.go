@@ -59,6 +59,7 @@ type Decision struct {
 // *Rules, which starts with an empty cache.
 type Rules struct {
 	tokenSetting string
+	lockSetting  string
 	auditTag     string
 	tables       []*tableRule // fenced in this set (enforce or audit)
 	byRel        map[string][]*tableRule
@@ -100,6 +101,9 @@ func newSet(setting, tag string, tables []*tableRule, cache *decisionCache, cach
 
 // TokenSetting is the normalised name of the token session variable.
 func (r *Rules) TokenSetting() string { return r.tokenSetting }
+
+// LockSetting is the normalised name of the lock-name session variable.
+func (r *Rules) LockSetting() string { return r.lockSetting }
 
 // AuditTag is Config.AuditTag, the "i" field of this rule set's audit
 // notifications.

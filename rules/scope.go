@@ -255,7 +255,7 @@ func (x *scopeIndex) derive(key []byte, match func(*entry) bool) *Rules {
 
 func (x *scopeIndex) newDerived(tables []*tableRule, cache *decisionCache, id uint32) *Rules {
 	s := newSet(x.root.tokenSetting, x.root.auditTag, tables, cache, id, x)
-	s.listed, s.audited, s.nonASCII, s.maxCheck = x.root.listed, x.root.audited, x.root.nonASCII, x.root.maxCheck
+	s.listed, s.audited, s.nonASCII, s.maxCheck, s.lockSetting = x.root.listed, x.root.audited, x.root.nonASCII, x.root.maxCheck, x.root.lockSetting
 	return s
 }
 

@@ -56,6 +56,9 @@ type Config struct {
 	// TokenSetting is the session variable that carries the fencing token.
 	// Default "fence.token".
 	TokenSetting string `yaml:"token_setting"`
+	// LockSetting is the session variable that carries the name of the
+	// lock the session holds (lock fencing).
+	LockSetting string `yaml:"lock_setting"`
 	// RewriteCacheEntries bounds the per-rule-set cache of rewrite decisions,
 	// keyed by statement text. Default 4096; 0 disables the cache.
 	RewriteCacheEntries int `yaml:"rewrite_cache_entries"`
@@ -187,6 +190,7 @@ func Defaults() Config {
 		Admin:               Admin{Listen: "127.0.0.1:6438"},
 		Audit:               Audit{PasswordEnv: "FENCEPROXY_AUDIT_PASSWORD"},
 		TokenSetting:        rules.DefaultTokenSetting,
+		LockSetting:         rules.DefaultLockSetting,
 		RewriteCacheEntries: rules.DefaultCacheSize,
 		MaxCheckBytes:       rules.DefaultMaxCheckBytes,
 	}
@@ -382,7 +386,7 @@ func (c *Config) Validate() error {
 
 // RulesConfig returns the rewriter's part of the configuration.
 func (c *Config) RulesConfig() rules.Config {
-	return rules.Config{TokenSetting: c.TokenSetting, Tables: c.Tables, CacheSize: c.RewriteCacheEntries, MaxCheckBytes: c.MaxCheckBytes}
+	return rules.Config{TokenSetting: c.TokenSetting, LockSetting: c.LockSetting, Tables: c.Tables, CacheSize: c.RewriteCacheEntries, MaxCheckBytes: c.MaxCheckBytes}
 }
 
 // Rules compiles the protected-table rules.

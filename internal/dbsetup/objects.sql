@@ -1,0 +1,170 @@
+-- fenceproxy database objects, version 1. Installed by `fenceproxy setup`
+-- in one transaction; every statement is idempotent.
+
+CREATE SCHEMA IF NOT EXISTS fenceproxy;
+GRANT USAGE ON SCHEMA fenceproxy TO PUBLIC;
+
+-- Version of the objects below, for later upgrades.
+CREATE TABLE IF NOT EXISTS fenceproxy.meta (
+	key   text PRIMARY KEY,
+	value text NOT NULL
+);
+
+-- The lock watermarks: for each lock name, the highest token registered.
+-- Rows are never deleted by fenceproxy.
+CREATE TABLE IF NOT EXISTS fenceproxy.locks (
+	name       text PRIMARY KEY,
+	token      bigint NOT NULL CHECK (token > 0),
+	registered timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+REVOKE ALL ON fenceproxy.meta, fenceproxy.locks FROM PUBLIC;
+GRANT SELECT ON fenceproxy.meta, fenceproxy.locks TO PUBLIC;
+
+-- register(lock_setting, token_setting, required, audit, tag, tables)
+-- registers the session's token for the session's lock, for the rest of
+-- the current transaction. The proxy calls it before every statement that
+-- reads or writes a lock-fenced table, in the same transaction.
+--
+--   - No lock name set: nothing, unless required (then FP002).
+--   - Lock name set, token invalid: FP002 if required; otherwise nothing
+--     (row fencing decides what a write without a token does).
+--   - The lock's watermark is newer than the token: FP001.
+--   - Equal: a shared advisory lock on the lock name until the transaction
+--     ends, so that no newer token can register meanwhile (sessions of the
+--     same token do not wait for each other).
+--   - Older or absent: an exclusive advisory lock (waiting for the
+--     transactions of older tokens to end), then the watermark becomes the
+--     token.
+--
+-- With audit true (every lock-fenced table of the statement in audit
+-- mode) nothing fails: what would have failed is reported with pg_notify
+-- on fenceproxy_audit, and the watermark still moves forward.
+--
+-- Under REPEATABLE READ and SERIALIZABLE the transaction's snapshot may be
+-- older than the lock's state: a wait for another holder, or a watermark
+-- changed since the snapshot, fails with 40001 (serialization_failure) so
+-- that the client retries the whole transaction.
+CREATE OR REPLACE PROCEDURE fenceproxy.register(
+	lock_setting text, token_setting text, required boolean, audit boolean,
+	tag text, tables text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+	lk text := current_setting(lock_setting, true);
+	tk text := current_setting(token_setting, true);
+	digits text;
+	tok bigint;
+	w bigint;
+	h integer;
+	rc boolean := current_setting('transaction_isolation') = 'read committed';
+	class constant integer := 1179667531; -- 'FPLK': advisory locks of fenceproxy
+BEGIN
+	IF lk IS NULL OR lk = '' THEN
+		IF required THEN
+			IF audit THEN
+				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+					'r', 'missing_lock', 't', tables, 'tok', substr(tk, 1, 32), 'w', NULL)::text);
+				RETURN;
+			END IF;
+			RAISE EXCEPTION USING ERRCODE = 'FP002',
+				MESSAGE = format('fenceproxy: no lock name: set %s to the name of the lock you hold (table %s requires one)', lock_setting, tables),
+				HINT = format('SET %s = ''<lock name>''; SET %s = ''<token>'';', lock_setting, token_setting);
+		END IF;
+		RETURN;
+	END IF;
+	IF octet_length(lk) > 1024 THEN
+		RAISE EXCEPTION USING ERRCODE = 'FP002',
+			MESSAGE = format('fenceproxy: the lock name in %s is longer than 1024 bytes', lock_setting);
+	END IF;
+	digits := ltrim(tk, '0');
+	IF tk IS NULL OR tk !~ '^[0-9]+$' OR digits = '' OR length(digits) > 19
+			OR (length(digits) = 19 AND digits COLLATE "C" > '9223372036854775807') THEN
+		IF required THEN
+			IF audit THEN
+				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+					'r', 'missing_token', 't', tables, 'l', substr(lk, 1, 256), 'tok', substr(tk, 1, 32), 'w', NULL)::text);
+				RETURN;
+			END IF;
+			RAISE EXCEPTION USING ERRCODE = 'FP002',
+				MESSAGE = format('fenceproxy: lock %s is set but %s is not a valid fencing token (%s)',
+					quote_literal(substr(lk, 1, 256)), token_setting, coalesce(quote_literal(substr(tk, 1, 32)), 'unset')),
+				HINT = 'A token is a decimal integer from 1 to 9223372036854775807.';
+		END IF;
+		RETURN;
+	END IF;
+	tok := digits::bigint;
+	h := hashtext(lk);
+
+	SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
+	IF w IS NOT NULL AND w >= tok THEN
+		-- The common case: the token is the lock's watermark. Hold it
+		-- shared, then read again: a newer holder may have registered
+		-- while we waited.
+		IF rc THEN
+			PERFORM pg_advisory_xact_lock_shared(class, h);
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
+		ELSE
+			IF NOT pg_try_advisory_xact_lock_shared(class, h) THEN
+				PERFORM pg_advisory_xact_lock_shared(class, h);
+				RAISE EXCEPTION USING ERRCODE = '40001',
+					MESSAGE = format('fenceproxy: could not serialize access: lock %s changed hands during this transaction', quote_literal(substr(lk, 1, 256)));
+			END IF;
+			-- FOR SHARE fails with 40001 if the watermark changed after the
+			-- transaction's snapshot.
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR SHARE;
+		END IF;
+		IF w = tok THEN
+			RETURN;
+		END IF;
+		IF w > tok THEN
+			IF audit THEN
+				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+					'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tk, 'w', w)::text);
+				RETURN;
+			END IF;
+			RAISE EXCEPTION USING ERRCODE = 'FP001',
+				MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
+				DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
+				HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
+		END IF;
+	END IF;
+
+	-- A newer token (or the lock's first): wait for the transactions that
+	-- registered older tokens, then move the watermark.
+	IF rc THEN
+		PERFORM pg_advisory_xact_lock(class, h);
+	ELSIF NOT pg_try_advisory_xact_lock(class, h) THEN
+		PERFORM pg_advisory_xact_lock(class, h);
+		RAISE EXCEPTION USING ERRCODE = '40001',
+			MESSAGE = format('fenceproxy: could not serialize access: lock %s was in use by an older holder', quote_literal(substr(lk, 1, 256)));
+	END IF;
+	SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR UPDATE;
+	IF NOT FOUND THEN
+		INSERT INTO fenceproxy.locks AS l (name, token) VALUES (lk, tok)
+			ON CONFLICT (name) DO UPDATE SET token = excluded.token, registered = pg_catalog.now()
+			WHERE l.token < excluded.token;
+		RETURN;
+	END IF;
+	IF w > tok THEN
+		IF audit THEN
+			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tk, 'w', w)::text);
+			RETURN;
+		END IF;
+		RAISE EXCEPTION USING ERRCODE = 'FP001',
+			MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
+			DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
+			HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
+	END IF;
+	IF w < tok THEN
+		UPDATE fenceproxy.locks SET token = tok, registered = pg_catalog.now() WHERE name = lk;
+	END IF;
+END
+$body$;
+REVOKE ALL ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) TO PUBLIC;
+
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '1')
+	ON CONFLICT (key) DO UPDATE SET value = excluded.value;
