@@ -53,6 +53,37 @@ type Decision struct {
 	SQL     string                  // for Rewrite
 	Refusal *pgproto3.ErrorResponse // for Refuse: ERROR severity, with a SQLSTATE
 	Tables  []string                // protected tables involved, for logs
+	// Lock, on a Forward or Rewrite, is the lock registration the
+	// statement needs in sessions that name a lock (see LockPolicy).
+	Lock *LockRegistration
+}
+
+// LockRegistration is a statement that must run in the same transaction
+// just before the client's statement, in sessions that may have named a
+// lock (LockPolicy.NamesLock) or always when Required. Its results are not
+// relayed; its error, if it fails, is the client's statement's error.
+type LockRegistration struct {
+	// Call is the statement to run before a single statement (a Parse's,
+	// at each Bind of it), without a semicolon.
+	Call string
+	// Query is the whole text to send instead of a simple Query's, with
+	// the registration statements in place, at the indexes Calls of its
+	// list of statements; each answers with one CommandComplete. With no
+	// Calls the text needs no registration now (it only prepares a
+	// statement that needs Call when it is executed).
+	Query string
+	Calls []int
+	// Required: the registration runs in every session.
+	Required bool
+}
+
+// LockPolicy is an optional Policy extension for lock fencing: a session
+// registers its lock only once it may have named one, which NamesLock
+// tells from the statement texts and startup parameters it sends.
+type LockPolicy interface {
+	// NamesLock reports, conservatively, whether text may set the
+	// session variable holding the lock's name (it mentions its name).
+	NamesLock(info *SessionInfo, text string) bool
 }
 
 // Policy is the hook where statements are inspected. Implementations must
@@ -117,8 +148,9 @@ const (
 type PreparedOp struct {
 	Kind PreparedOpKind
 	Name string // as the server stores it (unquoted names folded)
-	Stmt int    // index of the statement in the text
-	Text string // for OpPrepare: the PREPARE statement's own text
+	Stmt  int    // index of the statement in the text
+	Text  string // for OpPrepare: the PREPARE statement's own text
+	Stmts int    // number of statements in the text
 }
 
 // Lexing is what decides how PostgreSQL splits SQL text into tokens, as the

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"crypto/sha256"
+	"strconv"
 )
 
 // Prepared statements and rules reloads.
@@ -53,6 +54,9 @@ type stmtDef struct {
 	// ops: the SQL-level prepared-statement operations the text performs
 	// when it runs (a Parse of "PREPARE x AS ..." or "EXECUTE x").
 	ops []PreparedOp
+	// lock is the lock registration the statement needs when it runs
+	// (for a SQL-level definition, that of the statement it prepares).
+	lock *LockRegistration
 }
 
 // stmtEntry is what the server may have under one name.
@@ -124,6 +128,9 @@ type preparedState struct {
 	// Describe or Execute; it fails during parse analysis, so it is never
 	// created.
 	refusedName string
+	// registerName names the statement and portal of an injected lock
+	// registration (session.register).
+	registerName string
 }
 
 func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {
@@ -131,7 +138,8 @@ func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {
 		pol:         pol,
 		stmts:       make(map[string]*stmtEntry),
 		portals:     make(map[string]*portalEntry),
-		refusedName: "fenceproxy_refused_" + nonce,
+		refusedName:  "fenceproxy_refused_" + nonce,
+		registerName: "fenceproxy_register_" + nonce,
 	}
 }
 
@@ -147,11 +155,15 @@ func hashText(s string) [32]byte { return sha256.Sum256([]byte(s)) }
 
 // decisionHash identifies what a decision sends for sql.
 func decisionHash(d *Decision, sql string) [32]byte {
-	switch d.Action {
-	case Rewrite:
-		return hashText(d.SQL)
-	case Refuse:
+	if d.Action == Refuse {
 		return hashText("\x00refused")
+	}
+	if d.Action == Rewrite {
+		sql = d.SQL
+	}
+	if d.Lock != nil {
+		// A change of the registration alone is a change too.
+		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + d.Lock.Call + "\x00" + sql
 	}
 	return hashText(sql)
 }
@@ -178,6 +190,12 @@ func (ps *preparedState) expect(swallow byte, done func(outcome)) {
 // Query about to be sent.
 func (ps *preparedState) expectQuery(idx int, done func(outcome)) {
 	ps.fifo = append(ps.fifo, &pendingResp{seg: ps.sentSeg, idx: idx, query: true, done: done})
+}
+
+// swallowQuery registers the CommandComplete of statement idx of the Query
+// about to be sent, which the proxy inserted: the client must not see it.
+func (ps *preparedState) swallowQuery(idx int) {
+	ps.fifo = append(ps.fifo, &pendingResp{seg: ps.sentSeg, idx: idx, query: true, swallow: 'C'})
 }
 
 // minGen is the oldest generation among the definitions the server may
@@ -363,6 +381,9 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 		ps.recvExt++
 		if typ == 'C' {
 			for len(ps.fifo) > 0 && ps.fifo[0].seg == ps.recvSeg && ps.fifo[0].query && ps.fifo[0].idx == ps.recvCC {
+				if ps.fifo[0].swallow != 0 {
+					drop = true
+				}
 				ps.pop(outcomeOK)
 			}
 			ps.recvCC++

@@ -190,6 +190,15 @@ func (s *session) relayBind(body []byte) error {
 			return err
 		}
 	}
+	lock := s.bindLock(v.def, gen)
+	if lock.refuse != nil {
+		return s.sendRefusedInstead(lock.refuse)
+	}
+	if lock.call != "" {
+		if err := s.register(lock.call); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	pkey := serverKey(portal)
 	old := s.ps.portals[pkey]
@@ -372,6 +381,15 @@ func (s *session) forwardTracked(typ byte, body []byte) error {
 // refusal if one runs a statement decided under older rules that the rules
 // in force decide differently.
 func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, error) {
+	e, _, err := s.checkExecutesLock(ops, gen)
+	return e, err
+}
+
+// checkExecutesLock is checkExecutes that also returns the lock
+// registration the executed statements need in this session, if any; a
+// text that executes several such statements is refused.
+func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, *LockRegistration, error) {
+	var lock *LockRegistration
 	definedHere := make(map[string]bool)
 	for _, op := range ops {
 		key := serverKey(op.Name)
@@ -381,21 +399,33 @@ func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*pgproto3.ErrorRe
 		case OpDeallocate:
 			definedHere[key] = true // EXECUTE after it fails upstream
 		case OpDeallocateAll:
-			return nil, nil // every later EXECUTE fails upstream
+			return nil, lock, nil // every later EXECUTE fails upstream
 		case OpExecute:
 			if definedHere[key] {
+				// Prepared in this very text: its registration is unknown.
+				if s.lockNamed {
+					return refusePrepared(fmt.Sprintf("cannot tell whether prepared statement %q needs a lock registration: it is prepared and executed in one text", op.Name),
+						"Send PREPARE and EXECUTE as separate messages."), nil, nil
+				}
 				continue
 			}
 			v, err := s.checkStatement(op.Name, gen, true)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if v.refuse != nil {
-				return v.refuse, nil
+				return v.refuse, nil, nil
+			}
+			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (s.lockNamed || v.def.lock.Required) {
+				if lock != nil {
+					return refusePrepared("a text that executes several prepared statements on lock-fenced tables cannot be registered",
+						"Execute them in separate statements."), nil, nil
+				}
+				lock = v.def.lock
 			}
 		}
 	}
-	return nil, nil
+	return nil, lock, nil
 }
 
 // sqlOpDefs builds the definitions of the PREPAREs among ops, decided
@@ -410,12 +440,15 @@ func (s *session) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
 		}
 		lex, err := s.lexingNoWait(op.Text)
 		sent := hashText("\x00unknown")
+		var lock *LockRegistration
 		if err == nil {
 			d := s.decide(lex, op.Text)
 			sent = decisionHash(&d, op.Text)
+			lock = d.Lock
 		}
 		s.mu.Lock()
 		defs[i] = s.ps.newDef(op.Text, sent, gen, nil, true)
+		defs[i].lock = lock
 		s.mu.Unlock()
 	}
 	if s.ps.pol.Generation() != gen {
@@ -449,17 +482,46 @@ func (s *session) lexingNoWait(text string) (Lexing, error) {
 // be sent: as statements of a Query (query), or as the effects of the
 // Execute about to be sent. defs are from sqlOpDefs. Callers hold s.mu.
 func (s *session) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
-	for i, op := range ops {
-		switch op.Kind {
-		case OpPrepare:
-			s.ps.addStmtOp(op.Name, defs[i], false, 0, query, op.Stmt)
-		case OpDeallocate:
-			s.ps.addStmtOp(op.Name, nil, false, 0, query, op.Stmt)
-		case OpDeallocateAll:
-			for key := range s.ps.stmts {
-				s.ps.addStmtOp(key, nil, false, 0, query, op.Stmt)
+	s.registerSQLOpsWithCalls(ops, defs, query, nil)
+}
+
+// registerSQLOpsWithCalls is registerSQLOps for a Query into which the
+// proxy inserted statements, at calls (indexes in the text sent): the
+// client's statements move behind them, and their CommandCompletes are
+// swallowed. Callers hold s.mu.
+func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int) {
+	// sent maps a client statement index to its index in the text sent.
+	sent := func(k int) int {
+		for _, c := range calls {
+			if c <= k {
+				k++
 			}
 		}
+		return k
+	}
+	next := 0 // calls registered so far (the fifo is kept in order)
+	for i, op := range ops {
+		idx := op.Stmt
+		if query {
+			idx = sent(op.Stmt)
+			for next < len(calls) && calls[next] < idx {
+				s.ps.swallowQuery(calls[next])
+				next++
+			}
+		}
+		switch op.Kind {
+		case OpPrepare:
+			s.ps.addStmtOp(op.Name, defs[i], false, 0, query, idx)
+		case OpDeallocate:
+			s.ps.addStmtOp(op.Name, nil, false, 0, query, idx)
+		case OpDeallocateAll:
+			for key := range s.ps.stmts {
+				s.ps.addStmtOp(key, nil, false, 0, query, idx)
+			}
+		}
+	}
+	for ; next < len(calls); next++ {
+		s.ps.swallowQuery(calls[next])
 	}
 }
 
@@ -540,13 +602,32 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			}
 		}
 	}
+	var calls []int
+	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {
+		// Send the text with the lock registrations in place.
+		calls = d.Lock.Calls
+		*d = Decision{Action: Rewrite, SQL: d.Lock.Query, Tables: d.Tables, Lock: d.Lock}
+	}
 	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
-		e, err := s.checkExecutes(ops, gen)
+		e, lock, err := s.checkExecutesLock(ops, gen)
 		if err != nil {
 			return err
 		}
-		if e != nil {
+		switch {
+		case e != nil:
 			*d = Decision{Action: Refuse, Refusal: e}
+		case lock != nil && (calls != nil || ops[0].Stmts != 1):
+			*d = Decision{Action: Refuse, Refusal: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
+				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
+		case lock != nil:
+			out := sql
+			if d.Action == Rewrite {
+				out = d.SQL
+			}
+			// One statement: the registration goes before it, as the
+			// rewriter does for a single statement.
+			calls = []int{0}
+			*d = Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
 		}
 	}
 	if d.Action == Refuse {
@@ -565,7 +646,10 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	}
 	switch {
 	case typ == 'Q':
-		s.registerSQLOps(ops, defs, true)
+		if d.Action == Refuse {
+			calls = nil
+		}
+		s.registerSQLOpsWithCalls(ops, defs, true, calls)
 	case d.Action == Refuse:
 		if p.Name == "" {
 			// The refused Parse still drops the unnamed statement.
@@ -575,6 +659,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	default:
 		def := s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
 		def.ops = ops
+		def.lock = d.Lock
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}
 	return nil
@@ -612,4 +697,71 @@ func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) 
 		}
 	}
 	return n > maxTrackedStatements
+}
+
+// bindVerdict is the lock registration a Bind needs.
+type bindVerdict struct {
+	call   string
+	refuse *pgproto3.ErrorResponse
+}
+
+// bindLock returns the lock registration to run before a Bind of def:
+// its own, or that of the SQL-level statement it EXECUTEs.
+func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
+	if def == nil {
+		return bindVerdict{}
+	}
+	if l := def.lock; l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) {
+		return bindVerdict{call: l.Call}
+	}
+	if len(def.ops) == 0 {
+		return bindVerdict{}
+	}
+	e, l, err := s.checkExecutesLock(def.ops, gen)
+	switch {
+	case err != nil:
+		return bindVerdict{refuse: refusePrepared("cannot check the prepared statement this statement executes", "")}
+	case e != nil:
+		return bindVerdict{refuse: e}
+	case l != nil:
+		return bindVerdict{call: l.Call}
+	}
+	return bindVerdict{}
+}
+
+// register sends, before the client's Bind, the lock registration call
+// as its own short-lived prepared statement and portal (Parse, Bind,
+// Execute, Close), whose responses are not relayed. It runs in the same
+// transaction as the client's statement: nothing in between ends it. If
+// it fails, its error is the first the client sees, and the server skips
+// the client's messages up to the Sync.
+func (s *session) register(call string) error {
+	name := s.ps.registerName
+	msgs := []struct {
+		typ     byte
+		swallow byte
+		msg     encoder
+	}{
+		{'P', '1', &pgproto3.Parse{Name: name, Query: call}},
+		{'B', '2', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}},
+		{'E', 'C', &pgproto3.Execute{Portal: name}},
+		{'C', '3', &pgproto3.Close{ObjectType: 'S', Name: name}},
+	}
+	s.mu.Lock()
+	if s.state.finishing {
+		s.mu.Unlock()
+		return errSessionDone
+	}
+	for _, m := range msgs {
+		s.ps.expect(m.swallow, nil)
+		s.ps.countSent(m.typ)
+	}
+	s.state.rewrote = true
+	s.mu.Unlock()
+	for _, m := range msgs {
+		if err := writeMsg(s.uw, m.msg); err != nil {
+			return upstreamErr(err)
+		}
+	}
+	return nil
 }

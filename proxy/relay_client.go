@@ -212,6 +212,9 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		// change of generation later.
 		gen = s.ps.pol.Generation()
 	}
+	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok && !s.lockNamed && lp.NamesLock(&s.info, sql) {
+		s.lockNamed = true
+	}
 	lex, err := s.lexingFor(sql)
 	if err != nil {
 		return err
@@ -222,6 +225,9 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		if err := s.trackPrepared(typ, &p, sql, gen, &d); err != nil {
 			return err
 		}
+	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {
+		// The registration's results could not be told apart.
+		d = Decision{Action: Refuse, Refusal: refusePrepared("lock fencing needs a policy that tracks prepared statements", "")}
 	}
 	if !s.track(typ) {
 		return errSessionDone

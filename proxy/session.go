@@ -64,6 +64,11 @@ type session struct {
 	// idleCond is signalled (with mu) at each ReadyForQuery and at close;
 	// relaySQL waits on it for the server to catch up (see lexing).
 	idleCond *sync.Cond
+	// lockNamed: the session may have named a lock (LockPolicy), from its
+	// startup parameters or a statement it sent; from then on statements
+	// that need a lock registration get it. Written before the relay
+	// starts and then by the client-to-upstream goroutine only.
+	lockNamed bool
 	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
 	// by mu.
 	lex Lexing

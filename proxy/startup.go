@@ -268,6 +268,14 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		s.info.Database = s.info.User
 	}
 	s.info.ApplicationName = params["application_name"]
+	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok {
+		// options (-c fence.lock=...), PGOPTIONS, or the setting itself.
+		for k, v := range params {
+			if lp.NamesLock(&s.info, k) || lp.NamesLock(&s.info, v) {
+				s.lockNamed = true
+			}
+		}
+	}
 	log := s.logger().With(zap.String("user", s.info.User), zap.String("database", s.info.Database))
 	s.mu.Lock()
 	s.log = log

@@ -35,6 +35,8 @@ type PreparedOp struct {
 	// Text is the statement's own text, for OpPrepare: deciding on it
 	// alone gives what the proxy sends for it.
 	Text string
+	// Stmts is the number of statements in the text.
+	Stmts int
 }
 
 // PreparedOps lists the statements of sql that define, run or remove
@@ -79,6 +81,9 @@ func PreparedOps(sql string) ([]PreparedOp, error) {
 				ops = append(ops, PreparedOp{Kind: OpExecute, Name: name, Stmt: i})
 			}
 		}
+	}
+	for i := range ops {
+		ops[i].Stmts = len(tree.Stmts)
 	}
 	return ops, nil
 }

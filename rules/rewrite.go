@@ -46,7 +46,31 @@ func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
 		}
 		return d, nil
 	}
-	return Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}, res
+	d := Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
+	if res.lock != nil {
+		d = r.withLock(d, out, res.tree.Version, res.lock)
+	}
+	return d, res
+}
+
+// withLock adds the lock registration to a decision whose text to send is
+// final; if it cannot be prepared the statement is refused.
+func (r *Rules) withLock(d Decision, final string, version int32, uses []*lockUse) Decision {
+	lc, err := r.lockCall(final, version, uses)
+	if err != nil {
+		var tables []string
+		for _, u := range uses {
+			if u != nil {
+				tables = append(tables, u.enforce...)
+				tables = append(tables, u.audit...)
+			}
+		}
+		tables = sortedUnique(tables)
+		return refuse(tables, fmt.Sprintf("fenceproxy: cannot prepare the lock registration for a statement on %s", describeTables(tables)), err.Error(),
+			"Send the statement on its own, or report it as a fenceproxy bug.")
+	}
+	d.Lock = lc
+	return d
 }
 
 // rewritten is a parse tree whose protected writes have been rewritten in
@@ -56,7 +80,8 @@ type rewritten struct {
 	sp      *splicer // the edits of the client's text
 	tables  []string
 	written []*tableRule
-	audit   *Error // see Decision.AuditRefusal
+	audit   *Error     // see Decision.AuditRefusal
+	lock    []*lockUse // per statement; nil when none registers
 }
 
 // rewrite parses sql and rewrites its protected writes. It returns a final
@@ -108,14 +133,21 @@ func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 	if w.err != nil {
 		return nil, &Decision{Action: Refuse, Err: w.err, Tables: sortedUnique(w.errTables)}
 	}
+	var uses []*lockUse
+	if r.locks {
+		uses = r.lockUses(tree)
+	}
 	if !slices.Contains(changed, true) {
 		d := Decision{Action: Forward}
 		if w.audit != nil {
 			d.Tables, d.AuditRefusal = sortedUnique(w.auditTables), w.audit
 		}
+		if uses != nil {
+			d = r.withLock(d, sql, tree.Version, uses)
+		}
 		return nil, &d
 	}
-	return &rewritten{tree: tree, sp: sp, tables: sortedUnique(w.tables), written: w.written, audit: w.audit}, nil
+	return &rewritten{tree: tree, sp: sp, tables: sortedUnique(w.tables), written: w.written, audit: w.audit, lock: uses}, nil
 }
 
 // allAudit reports whether tables is not empty and all of them are in
@@ -423,6 +455,11 @@ func (w *walker) post(m protoreflect.ProtoMessage) {
 }
 
 func (w *walker) queue(t *tableRule, node proto.Message, apply func(sp *splicer) *Error) {
+	if t.column == "" {
+		// No fence column (lock: required): the lock registration that
+		// precedes the statement is the table's only fence.
+		return
+	}
 	w.tables = append(w.tables, t.display)
 	w.written = append(w.written, t)
 	w.pending = append(w.pending, pendingWrite{stmt: w.stmt, t: t, node: node, apply: apply})

@@ -44,6 +44,11 @@ type Decision struct {
 	// (schema.table), sorted, without duplicates. For a Forward with an
 	// AuditRefusal, it names the audit-mode tables the refusal concerns.
 	Tables []string
+	// Lock, on a Forward or Rewrite, is the registration of the session's
+	// token for its lock that must run before the statement in sessions
+	// that name a lock (always when Lock.Required). Nil when the statement
+	// reads and writes no lock-fenced table.
+	Lock *LockCall
 	// AuditRefusal, on a Forward or Rewrite, is the refusal (FP003) that
 	// enforce mode would have made: the statement writes audit-mode tables
 	// in a way fenceproxy cannot fence (TRUNCATE, COPY FROM, DELETE ...
@@ -62,6 +67,7 @@ type Rules struct {
 	lockSetting  string
 	auditTag     string
 	tables       []*tableRule // fenced in this set (enforce or audit)
+	locks        bool         // some table of the set has lock fencing
 	byRel        map[string][]*tableRule
 	// byFirst[c] lists the relation names (ASCII-lowered) whose first byte,
 	// lowered, is c: the needles MayTouch looks for.
@@ -78,6 +84,7 @@ type Rules struct {
 	audited  []string    // AuditTables(), shared with the root
 	scopes   *scopeIndex // nil when no entry has a scope
 	nonASCII bool        // HasNonASCIINames, shared with the root
+	anyLocks bool        // HasLocks, shared with the root
 	maxCheck int         // Config.MaxCheckBytes, shared with the root
 }
 
@@ -94,6 +101,7 @@ func newSet(setting, tag string, tables []*tableRule, cache *decisionCache, cach
 	}
 	for _, t := range tables {
 		r.byRel[t.rel] = append(r.byRel[t.rel], t)
+		r.locks = r.locks || t.lock != lockOff
 	}
 	r.buildNeedles()
 	return r

@@ -126,13 +126,14 @@ type scopeIndex struct {
 // newRoot builds the root rule set from the tables' entry groups.
 func newRoot(setting, tag string, groups []*group, cache *decisionCache) *Rules {
 	var listed, audited []string
-	hasScopes, nonASCII := false, false
+	hasScopes, nonASCII, anyLocks := false, false, false
 	for _, g := range groups {
 		fenced, audit := false, false
 		for _, e := range g.entries {
 			g.scoped = g.scoped || !e.scope.any()
 			if t := e.rule; t != nil {
 				fenced = true
+				anyLocks = anyLocks || t.lock != lockOff
 				audit = audit || t.audit
 				nonASCII = nonASCII || hasNonASCII(t.schema) || hasNonASCII(t.rel) || hasNonASCII(t.column)
 			}
@@ -152,7 +153,7 @@ func newRoot(setting, tag string, groups []*group, cache *decisionCache) *Rules 
 	// The root serves sessions that match no scoped entry: the first
 	// unscoped entry of each table applies.
 	r := newSet(setting, tag, pickRules(groups, func(e *entry) bool { return e.scope.any() }), cache, 0, x)
-	r.listed, r.audited, r.nonASCII = listed, audited, nonASCII
+	r.listed, r.audited, r.nonASCII, r.anyLocks = listed, audited, nonASCII, anyLocks
 	if x != nil {
 		x.root = r
 		x.rootKey = string(x.key(nil, func(e *entry) bool { return e.scope.any() }))
@@ -255,7 +256,7 @@ func (x *scopeIndex) derive(key []byte, match func(*entry) bool) *Rules {
 
 func (x *scopeIndex) newDerived(tables []*tableRule, cache *decisionCache, id uint32) *Rules {
 	s := newSet(x.root.tokenSetting, x.root.auditTag, tables, cache, id, x)
-	s.listed, s.audited, s.nonASCII, s.maxCheck, s.lockSetting = x.root.listed, x.root.audited, x.root.nonASCII, x.root.maxCheck, x.root.lockSetting
+	s.listed, s.audited, s.nonASCII, s.maxCheck, s.lockSetting, s.anyLocks = x.root.listed, x.root.audited, x.root.nonASCII, x.root.maxCheck, x.root.lockSetting, x.root.anyLocks
 	return s
 }
 

@@ -56,6 +56,15 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case rules.Rewrite:
 		fmt.Fprintf(stdout, "-- rewritten (protected: %s)\n", strings.Join(d.Tables, ", "))
 		fmt.Fprintln(stdout, d.SQL)
+	}
+	if d.Lock != nil {
+		when := "in sessions that name a lock"
+		if d.Lock.Required {
+			when = "always (lock: required)"
+		}
+		fmt.Fprintf(stdout, "-- lock registration, %s: sent as\n%s\n", when, d.Lock.Query)
+	}
+	switch d.Action {
 	case rules.Refuse:
 		fmt.Fprintf(stdout, "-- refused: ERROR %s: %s\n", d.Err.Code, d.Err.Message)
 		if d.Err.Detail != "" {

@@ -81,6 +81,7 @@ var (
 	_ proxy.Policy         = (*Policy)(nil)
 	_ proxy.MayTouchPolicy = (*Policy)(nil)
 	_ proxy.PreparedPolicy = (*Policy)(nil)
+	_ proxy.LockPolicy     = (*Policy)(nil)
 )
 
 // New returns a Policy enforcing rs (nil: forward everything). notifies
@@ -117,7 +118,7 @@ func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
 	}
 	out := make([]proxy.PreparedOp, len(ops))
 	for i, op := range ops {
-		out[i] = proxy.PreparedOp{Kind: preparedOpKinds[op.Kind], Name: op.Name, Stmt: op.Stmt, Text: op.Text}
+		out[i] = proxy.PreparedOp{Kind: preparedOpKinds[op.Kind], Name: op.Name, Stmt: op.Stmt, Text: op.Text, Stmts: op.Stmts}
 	}
 	return out, nil
 }
@@ -165,12 +166,32 @@ func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) p
 					zap.Uint64("conn-id", info.ID), zap.Error(err))
 			}
 		}
-		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables}
+		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock)}
 	case rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}
 	default:
-		return proxy.Decision{Tables: d.Tables}
+		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}
 	}
+}
+
+// lockRegistration converts the rewriter's registration for the relay.
+// Decisions are cached, so the conversion allocates once per decision
+// only when there is a registration.
+func lockRegistration(l *rules.LockCall) *proxy.LockRegistration {
+	if l == nil {
+		return nil
+	}
+	return &proxy.LockRegistration{Call: l.Call, Query: l.Query, Calls: l.Calls, Required: l.Required}
+}
+
+// NamesLock implements proxy.LockPolicy: text mentions the lock setting's
+// name (ASCII case ignored), so it may set it.
+func (p *Policy) NamesLock(info *proxy.SessionInfo, text string) bool {
+	rs := p.current.Load().rules
+	if rs == nil || !rs.HasLocks() {
+		return false
+	}
+	return rules.ContainsFold(text, rs.LockSetting())
 }
 
 // MayTouch implements proxy.MayTouchPolicy: whether sql may concern a

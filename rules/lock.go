@@ -1,0 +1,243 @@
+package rules
+
+import (
+	"fmt"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Lock fencing (docs/design.md, "Lock fencing"): before a statement that
+// reads or writes a lock-fenced table runs, the session's token is
+// registered for the session's lock by the procedure RegisterProc, in the
+// same transaction. The rewriter finds those statements and prepares the
+// registration; the proxy decides per session whether to send it.
+
+// RegisterProc is the procedure `fenceproxy setup` installs that registers
+// a session's token for its lock.
+const RegisterProc = "fenceproxy.register"
+
+// maxLockTablesArg bounds the table list passed to the procedure (it only
+// names tables in messages).
+const maxLockTablesArg = 200
+
+// LockCall is how a statement registers the session's token for the
+// session's lock before it runs. It is part of a cached Decision: treat it
+// as read-only.
+type LockCall struct {
+	// Call is the registration statement, without a semicolon, when the
+	// text is a single statement (as a Parse's text must be): the proxy
+	// runs it in the same transaction just before the statement.
+	Call string
+	// Query is the text to send instead for a simple Query: the decided
+	// text (Decision.SQL for a Rewrite, the client's otherwise) with a
+	// registration statement before each statement that needs one.
+	Query string
+	// Calls are the indexes, in Query's list of statements, of the
+	// registration statements, whose results the client must not see
+	// (each answers with one CommandComplete, "CALL"). Empty when the text
+	// only PREPAREs statements that register: Call is then the
+	// registration for when the prepared statement is executed (single
+	// PREPARE texts), and Query the text unchanged.
+	Calls []int
+	// Required: a table of the statement (or of the statement a PREPARE
+	// prepares) has lock: required, so the registration must run even in
+	// a session that never named a lock (it then fails with FP002).
+	Required bool
+	// Tables names the lock-fenced tables concerned, sorted.
+	Tables []string
+}
+
+// HasLocks reports whether some table of the configuration has lock
+// fencing (lock: optional or required) for some session.
+func (r *Rules) HasLocks() bool { return r.anyLocks }
+
+// ContainsFold reports whether s contains needle, ASCII letters of s
+// compared without case (needle in lower case). It does not allocate.
+func ContainsFold(s, needle string) bool { return containsFoldASCII(s, needle) }
+
+// lockUse is what one statement of a text needs from lock fencing.
+type lockUse struct {
+	enforce  []string // tables in mode enforce, display names
+	audit    []string // tables in mode audit
+	required bool     // some table has lock: required (enforce)
+	auditReq bool     // some audit-mode table has lock: required
+	// prepare: the statement is a PREPARE of a statement that registers;
+	// the registration is for when it is executed, not now.
+	prepare bool
+}
+
+// dataStatement reports whether a top-level statement reads or writes
+// table data, so that it registers: queries, writes, COPY, cursors,
+// EXPLAIN (ANALYZE runs the statement) and CREATE TABLE AS. DDL and
+// utility statements on protected tables do not register.
+func dataStatement(n *pg.Node) bool {
+	switch n.Node.(type) {
+	case *pg.Node_SelectStmt, *pg.Node_InsertStmt, *pg.Node_UpdateStmt, *pg.Node_DeleteStmt,
+		*pg.Node_MergeStmt, *pg.Node_CopyStmt, *pg.Node_ExplainStmt, *pg.Node_DeclareCursorStmt,
+		*pg.Node_CreateTableAsStmt:
+		return true
+	}
+	return false
+}
+
+// lockUses returns, for each statement of tree, what lock fencing it
+// needs (nil: none). Every relation a data statement names anywhere (FROM
+// lists, subqueries, CTEs, targets) counts; an unqualified name counts for
+// every protected table of that name.
+func (r *Rules) lockUses(tree *pg.ParseResult) []*lockUse {
+	var out []*lockUse
+	for i, raw := range tree.Stmts {
+		stmt, prepare := raw.Stmt, false
+		if p := stmt.GetPrepareStmt(); p != nil && p.Query != nil {
+			stmt, prepare = p.Query, true
+		}
+		if stmt == nil || !dataStatement(stmt) {
+			continue
+		}
+		var u *lockUse
+		walkMessages(stmt.ProtoReflect(), func(m protoreflect.Message) bool {
+			rv, ok := m.Interface().(*pg.RangeVar)
+			if !ok {
+				return true
+			}
+			for _, t := range r.byRel[rv.Relname] {
+				if t.lock == lockOff || (rv.Schemaname != "" && rv.Schemaname != t.schema) {
+					continue
+				}
+				if u == nil {
+					u = &lockUse{}
+				}
+				if t.audit {
+					u.audit = append(u.audit, t.display)
+					u.auditReq = u.auditReq || t.lock == lockRequired
+				} else {
+					u.enforce = append(u.enforce, t.display)
+					u.required = u.required || t.lock == lockRequired
+				}
+			}
+			return true
+		})
+		if u != nil {
+			u.prepare = prepare
+			if out == nil {
+				out = make([]*lockUse, len(tree.Stmts))
+			}
+			out[i] = u
+		}
+	}
+	return out
+}
+
+// callNode builds the registration statement for u.
+func (r *Rules) callNode(u *lockUse) *pg.Node {
+	tables := sortedUnique(append(append([]string(nil), u.enforce...), u.audit...))
+	list := strings.Join(tables, ", ")
+	if len(list) > maxLockTablesArg {
+		list = list[:maxLockTablesArg] + "..."
+	}
+	audit := len(u.enforce) == 0
+	required := u.required || (audit && u.auditReq)
+	return &pg.Node{Node: &pg.Node_CallStmt{CallStmt: &pg.CallStmt{
+		Funccall: &pg.FuncCall{
+			Funcname: []*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode("register")},
+			Args: []*pg.Node{
+				aStr(r.lockSetting), aStr(r.tokenSetting), aBool(required), aBool(audit),
+				aStr(r.auditTag), aStr(list),
+			},
+			Funcformat: pg.CoercionForm_COERCE_EXPLICIT_CALL,
+			Location:   -1,
+		},
+	}}}
+}
+
+// callText prints the registration statement for u and proves that it
+// parses back into itself.
+func (r *Rules) callText(u *lockUse, version int32) (string, *pg.RawStmt, error) {
+	raw := &pg.RawStmt{Stmt: r.callNode(u)}
+	tree := &pg.ParseResult{Version: version, Stmts: []*pg.RawStmt{raw}}
+	text, err := pg.Deparse(tree)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := verify(text, tree); err != nil {
+		return "", nil, err
+	}
+	return text, raw, nil
+}
+
+// lockCall prepares the registration for a decided text: final is the
+// text that will be sent (rewritten or not), uses what each statement of
+// the client's text needs (same statements, same order). It returns nil
+// and an error when the registration cannot be prepared; the caller
+// refuses the statement then.
+func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCall, error) {
+	lc := &LockCall{}
+	var tables []string
+	for _, u := range uses {
+		if u != nil {
+			lc.Required = lc.Required || u.required || (len(u.enforce) == 0 && u.auditReq)
+			tables = append(tables, u.enforce...)
+			tables = append(tables, u.audit...)
+		}
+	}
+	lc.Tables = sortedUnique(tables)
+	if len(uses) == 1 {
+		text, _, err := r.callText(uses[0], version)
+		if err != nil {
+			return nil, err
+		}
+		if uses[0].prepare {
+			lc.Call, lc.Query = text, final
+			return lc, nil
+		}
+		// The registration statement is ASCII and ends at its semicolon,
+		// after which the server's scanner is in its initial state
+		// whatever the session's settings: the client's text that follows
+		// is read exactly as it would be alone.
+		lc.Call, lc.Query, lc.Calls = text, text+";"+final, []int{0}
+		return lc, nil
+	}
+	// Several statements: each registration goes where the statement's
+	// text starts, just after the semicolon that ends the one before
+	// (PostgreSQL's statement locations), in the text as sent.
+	tree, err := pg.Parse(final)
+	if err != nil {
+		return nil, err
+	}
+	if len(tree.Stmts) != len(uses) {
+		return nil, fmt.Errorf("the statement count changed in the rewrite")
+	}
+	var b strings.Builder
+	expect := &pg.ParseResult{Version: tree.Version}
+	pos := 0
+	for i, raw := range tree.Stmts {
+		if u := uses[i]; u != nil && !u.prepare {
+			text, call, err := r.callText(u, tree.Version)
+			if err != nil {
+				return nil, err
+			}
+			loc := int(raw.StmtLocation)
+			if loc < pos || loc > len(final) {
+				return nil, fmt.Errorf("statement %d has no usable location", i)
+			}
+			b.WriteString(final[pos:loc])
+			b.WriteString(text)
+			b.WriteString(";")
+			pos = loc
+			lc.Calls = append(lc.Calls, len(expect.Stmts))
+			expect.Stmts = append(expect.Stmts, call)
+		}
+		expect.Stmts = append(expect.Stmts, raw)
+	}
+	b.WriteString(final[pos:])
+	lc.Query = b.String()
+	if len(lc.Calls) == 0 {
+		return lc, nil
+	}
+	if err := verify(lc.Query, expect); err != nil {
+		return nil, err
+	}
+	return lc, nil
+}
