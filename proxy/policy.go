@@ -146,8 +146,8 @@ const (
 // PreparedOp is one statement that defines, runs or removes a prepared
 // statement.
 type PreparedOp struct {
-	Kind PreparedOpKind
-	Name string // as the server stores it (unquoted names folded)
+	Kind  PreparedOpKind
+	Name  string // as the server stores it (unquoted names folded)
 	Stmt  int    // index of the statement in the text
 	Text  string // for OpPrepare: the PREPARE statement's own text
 	Stmts int    // number of statements in the text

@@ -135,9 +135,9 @@ type preparedState struct {
 
 func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {
 	return &preparedState{
-		pol:         pol,
-		stmts:       make(map[string]*stmtEntry),
-		portals:     make(map[string]*portalEntry),
+		pol:          pol,
+		stmts:        make(map[string]*stmtEntry),
+		portals:      make(map[string]*portalEntry),
 		refusedName:  "fenceproxy_refused_" + nonce,
 		registerName: "fenceproxy_register_" + nonce,
 	}

@@ -730,8 +730,8 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 }
 
 // register sends, before the client's Bind, the lock registration call
-// as its own short-lived prepared statement and portal (Parse, Bind,
-// Execute, Close), whose responses are not relayed. It runs in the same
+// as its own prepared statement and portal (Close, Parse, Bind, Execute),
+// whose responses are not relayed. It runs in the same
 // transaction as the client's statement: nothing in between ends it. If
 // it fails, its error is the first the client sees, and the server skips
 // the client's messages up to the Sync.
@@ -742,10 +742,14 @@ func (s *session) register(call string) error {
 		swallow byte
 		msg     encoder
 	}{
+		// What an earlier registration left (a failed one is not
+		// closed: the server skipped the rest); closing what does not
+		// exist is not an error.
+		{'C', '3', &pgproto3.Close{ObjectType: 'P', Name: name}},
+		{'C', '3', &pgproto3.Close{ObjectType: 'S', Name: name}},
 		{'P', '1', &pgproto3.Parse{Name: name, Query: call}},
 		{'B', '2', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}},
 		{'E', 'C', &pgproto3.Execute{Portal: name}},
-		{'C', '3', &pgproto3.Close{ObjectType: 'S', Name: name}},
 	}
 	s.mu.Lock()
 	if s.state.finishing {
