@@ -1,0 +1,330 @@
+package dbsetup
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// target is one protected table of the checked database, with what its
+// entries need of it.
+type target struct {
+	spec     rules.TableSpec // the first entry's names and index
+	columns  []string        // fence columns, exact names
+	lock     bool            // some entry uses lock fencing
+	explicit bool            // some entry's scope.databases names this database
+	// users limits the privilege check to these roles when every entry
+	// lists users; nil means every login role.
+	users    []string
+	allUsers bool
+}
+
+// targets groups the entries that apply in database db by table, in
+// configuration order.
+func targets(specs []rules.TableSpec, db string) []*target {
+	var out []*target
+	byName := map[[2]string]*target{}
+	for _, s := range specs {
+		if !appliesIn(s, db) {
+			continue
+		}
+		t := byName[[2]string{s.Schema, s.Table}]
+		if t == nil {
+			t = &target{spec: s}
+			byName[[2]string{s.Schema, s.Table}] = t
+			out = append(out, t)
+		}
+		if s.Column != "" && !slices.Contains(t.columns, s.Column) {
+			t.columns = append(t.columns, s.Column)
+		}
+		t.lock = t.lock || s.Lock != rules.LockOff
+		t.explicit = t.explicit || len(s.Scope.Databases) > 0
+		if len(s.Scope.Users) == 0 {
+			t.allUsers = true
+		}
+		t.users = append(t.users, s.Scope.Users...)
+	}
+	for _, t := range out {
+		if t.allUsers {
+			t.users = nil
+		} else {
+			slices.Sort(t.users)
+			t.users = slices.Compact(t.users)
+		}
+	}
+	return out
+}
+
+// Check reports, without changing anything, what keeps the database conn
+// is connected to from working with specs. Only entries that apply in this
+// database (mode not off, scope.databases empty or naming it) are checked:
+//
+//   - The table exists and is a table. A missing table is a problem only
+//     when an entry's scope.databases names this database; an entry without
+//     a database scope applies in every database the proxy serves, most of
+//     which need not have the table, so there it is a Note.
+//   - Each fence column exists, is bigint, NOT NULL and DEFAULT 0 (one
+//     problem each).
+//   - When an entry uses lock fencing (lock not off): the fenceproxy schema,
+//     its tables and the register procedure exist and fenceproxy.meta holds
+//     version Version.
+//   - Privileges: every login role that is not a superuser and may SELECT,
+//     INSERT, UPDATE or DELETE the table (restricted to the roles an
+//     entry's scope.users lists, when every entry lists some) has USAGE on
+//     schema fenceproxy and EXECUTE on the register procedure (lock
+//     fencing), and the fence-column privileges the rewritten writes use:
+//     UPDATE and SELECT for UPDATE (the new watermark is computed from the
+//     old), INSERT for INSERT, SELECT for DELETE (its condition reads the
+//     column).
+//
+// It runs in a read-only transaction. An error means the check could not
+// run; problems found are in the Report.
+func Check(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec) (Report, error) {
+	var rep Report
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return rep, fmt.Errorf("dbsetup: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := tx.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&rep.Database); err != nil {
+		return rep, fmt.Errorf("dbsetup: %w", err)
+	}
+	fail := func(err error) (Report, error) {
+		return Report{Database: rep.Database}, fmt.Errorf("dbsetup: check database %q: %w", rep.Database, err)
+	}
+	ts := targets(specs, rep.Database)
+	lock := slices.ContainsFunc(ts, func(t *target) bool { return t.lock })
+
+	obj, err := readObjects(ctx, tx)
+	if err != nil {
+		return fail(err)
+	}
+	rep.Version = obj.version
+	if lock {
+		rep.Problems = append(rep.Problems, objectProblems(obj)...)
+	}
+	for _, t := range ts {
+		ps, notes, err := checkTable(ctx, tx, t, obj, rep.Database)
+		if err != nil {
+			return fail(err)
+		}
+		rep.Problems = append(rep.Problems, ps...)
+		rep.Notes = append(rep.Notes, notes...)
+	}
+	return rep, nil
+}
+
+// objectProblems reports missing or outdated fenceproxy objects.
+func objectProblems(o objects) []Problem {
+	switch {
+	case !o.schema:
+		return []Problem{setupProblem("", "the fenceproxy schema is missing: lock fencing needs its lock watermarks and register procedure", "", "")}
+	case !o.meta || !o.locks || !o.register:
+		var missing []string
+		for _, m := range []struct {
+			ok   bool
+			name string
+		}{{o.meta, "table fenceproxy.meta"}, {o.locks, "table fenceproxy.locks"}, {o.register, "procedure " + registerSignature}} {
+			if !m.ok {
+				missing = append(missing, m.name)
+			}
+		}
+		return []Problem{setupProblem("", "the fenceproxy objects are incomplete: missing "+strings.Join(missing, ", "), "", "")}
+	case o.badVersion != nil:
+		return []Problem{setupProblem("", fmt.Sprintf("fenceproxy.meta holds version %q, not a version number", *o.badVersion), "", "")}
+	case !o.hasVersion:
+		return []Problem{setupProblem("", "fenceproxy.meta holds no version", "", "")}
+	case o.version < Version:
+		return []Problem{setupProblem("", fmt.Sprintf("the fenceproxy objects are version %d, older than this fenceproxy's version %d: run fenceproxy setup to upgrade them", o.version, Version), "", "")}
+	case o.version > Version:
+		return []Problem{{
+			Description: fmt.Sprintf("the fenceproxy objects are version %d, newer than this fenceproxy's version %d: this fenceproxy is older than the objects", o.version, Version),
+			Fix:         fmt.Sprintf("upgrade fenceproxy to a release that uses objects of version %d", o.version),
+		}}
+	}
+	return nil
+}
+
+// checkTable checks one protected table.
+func checkTable(ctx context.Context, tx pgx.Tx, t *target, obj objects, db string) ([]Problem, []Note, error) {
+	s := t.spec
+	rel, err := lookupTable(ctx, tx, s.Schema, s.Table)
+	if err != nil {
+		return nil, nil, err
+	}
+	if rel == nil {
+		if !t.explicit {
+			return nil, []Note{{Table: s.Display, Text: "not present in this database (the entry has no database scope: it applies wherever the table exists)"}}, nil
+		}
+		return []Problem{sqlProblem(s.Display,
+			fmt.Sprintf("the table does not exist, but tables[%d].scope.databases names database %q", s.Index, db),
+			fmt.Sprintf("create the table, or remove %q from the entry's scope.databases", db))}, nil, nil
+	}
+	if !rel.isTable() {
+		kind := kindName[rel.kind]
+		if kind == "" {
+			kind = "relkind " + rel.kind
+		}
+		return []Problem{sqlProblem(s.Display,
+			fmt.Sprintf("%s is %s, not a table: fenceproxy fences tables", rel.qualified, kind),
+			fmt.Sprintf("name the table that holds the data in tables[%d].table", s.Index))}, nil, nil
+	}
+	var ps []Problem
+	var cols []*column
+	for _, name := range t.columns {
+		col, err := lookupColumn(ctx, tx, rel, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		ps = append(ps, columnProblems(s.Display, rel, col)...)
+		if col.exists {
+			cols = append(cols, col)
+		}
+	}
+	pp, err := privilegeProblems(ctx, tx, t, rel, cols, obj)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(ps, pp...), nil, nil
+}
+
+// columnProblems checks a fence column's type, nullability and default.
+func columnProblems(table string, rel *relation, col *column) []Problem {
+	alter := "ALTER TABLE " + rel.qualified + " ALTER COLUMN " + col.quoted
+	if !col.exists {
+		if rel.isPartition {
+			return []Problem{sqlProblem(table,
+				fmt.Sprintf("fence column %s is missing; %s is a partition, which takes its columns from its partitioned table", col.quoted, rel.qualified),
+				fmt.Sprintf("add the column to the partitioned table: ALTER TABLE <partitioned table> ADD COLUMN %s bigint NOT NULL DEFAULT 0;", col.quoted))}
+		}
+		return []Problem{setupProblem(table, fmt.Sprintf("fence column %s is missing", col.quoted), " --add-columns",
+			addColumnSQL(rel, col)+";")}
+	}
+	var ps []Problem
+	if !col.bigint {
+		ps = append(ps, sqlProblem(table,
+			fmt.Sprintf("fence column %s is %s, not bigint", col.quoted, col.typ),
+			fmt.Sprintf("%s TYPE bigint USING %s::bigint;", alter, col.quoted)))
+	}
+	if !col.notNull {
+		ps = append(ps, sqlProblem(table,
+			fmt.Sprintf("fence column %s allows NULL: it must be NOT NULL", col.quoted),
+			fmt.Sprintf("UPDATE %s SET %s = 0 WHERE %s IS NULL; %s SET NOT NULL;", rel.qualified, col.quoted, col.quoted, alter)))
+	}
+	switch {
+	case col.generated != "":
+		ps = append(ps, sqlProblem(table,
+			fmt.Sprintf("fence column %s is a generated column: it must be a plain column with DEFAULT 0", col.quoted),
+			fmt.Sprintf("%s DROP EXPRESSION; %s SET DEFAULT 0;", alter, alter)))
+	case col.identity != "":
+		ps = append(ps, sqlProblem(table,
+			fmt.Sprintf("fence column %s is an identity column: it must be a plain column with DEFAULT 0", col.quoted),
+			fmt.Sprintf("%s DROP IDENTITY; %s SET DEFAULT 0;", alter, alter)))
+	case col.def == nil:
+		ps = append(ps, sqlProblem(table,
+			fmt.Sprintf("fence column %s has no default: it must be DEFAULT 0", col.quoted),
+			alter+" SET DEFAULT 0;"))
+	case !zeroDefaults[*col.def]:
+		ps = append(ps, sqlProblem(table,
+			fmt.Sprintf("fence column %s has DEFAULT %s: it must be DEFAULT 0", col.quoted, *col.def),
+			alter+" SET DEFAULT 0;"))
+	}
+	return ps
+}
+
+// privilegeProblems checks what the login roles that may use the table
+// need for fenced statements.
+func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *relation, cols []*column, obj objects) ([]Problem, error) {
+	attnums := make([]int16, len(cols))
+	for i, c := range cols {
+		attnums[i] = c.attnum
+	}
+	// The schema and procedure checks are skipped (true) when the objects
+	// are missing: objectProblems reports that once.
+	rows, err := tx.Query(ctx, `
+		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy'),
+		reg AS (SELECT p.oid FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+			WHERE p.proname = 'register' AND p.prokind = 'p' AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector)
+		SELECT r.rolname::text, format('%I', r.rolname),
+			has_any_column_privilege(r.oid, $1::oid, 'SELECT'),
+			has_any_column_privilege(r.oid, $1::oid, 'INSERT'),
+			has_any_column_privilege(r.oid, $1::oid, 'UPDATE'),
+			has_table_privilege(r.oid, $1::oid, 'DELETE'),
+			coalesce(has_schema_privilege(r.oid, (SELECT oid FROM ns), 'USAGE'), true),
+			coalesce(has_function_privilege(r.oid, (SELECT oid FROM reg), 'EXECUTE'), true),
+			ARRAY(SELECT has_column_privilege(r.oid, $1::oid, a, 'SELECT') FROM unnest($2::int2[]) WITH ORDINALITY AS u(a, i) ORDER BY i),
+			ARRAY(SELECT has_column_privilege(r.oid, $1::oid, a, 'INSERT') FROM unnest($2::int2[]) WITH ORDINALITY AS u(a, i) ORDER BY i),
+			ARRAY(SELECT has_column_privilege(r.oid, $1::oid, a, 'UPDATE') FROM unnest($2::int2[]) WITH ORDINALITY AS u(a, i) ORDER BY i)
+		FROM pg_catalog.pg_roles r
+		WHERE r.rolcanlogin AND NOT r.rolsuper AND ($3::text[] IS NULL OR r.rolname = ANY ($3::text[]))
+		ORDER BY r.rolname`, rel.oid, attnums, t.users)
+	if err != nil {
+		return nil, fmt.Errorf("read privileges on %s: %w", rel.qualified, err)
+	}
+	defer rows.Close()
+	var ps []Problem
+	for rows.Next() {
+		var role, quoted string
+		var sel, ins, upd, del, usage, execute bool
+		var colSel, colIns, colUpd []bool
+		if err := rows.Scan(&role, &quoted, &sel, &ins, &upd, &del, &usage, &execute, &colSel, &colIns, &colUpd); err != nil {
+			return nil, fmt.Errorf("read privileges on %s: %w", rel.qualified, err)
+		}
+		var may []string
+		for _, p := range []struct {
+			ok   bool
+			name string
+		}{{sel, "SELECT"}, {ins, "INSERT"}, {upd, "UPDATE"}, {del, "DELETE"}} {
+			if p.ok {
+				may = append(may, p.name)
+			}
+		}
+		if len(may) == 0 {
+			continue
+		}
+		var lacks, grants []string
+		if t.lock && obj.schema && !usage {
+			lacks = append(lacks, "USAGE on schema fenceproxy")
+			grants = append(grants, "GRANT USAGE ON SCHEMA fenceproxy TO "+quoted+";")
+		}
+		if t.lock && obj.register && !execute {
+			lacks = append(lacks, "EXECUTE on procedure fenceproxy.register")
+			grants = append(grants, "GRANT EXECUTE ON PROCEDURE "+registerSignature+" TO "+quoted+";")
+		}
+		for i, c := range cols {
+			var privs []string
+			if (upd || del) && !colSel[i] {
+				privs = append(privs, "SELECT")
+			}
+			if ins && !colIns[i] {
+				privs = append(privs, "INSERT")
+			}
+			if upd && !colUpd[i] {
+				privs = append(privs, "UPDATE")
+			}
+			if len(privs) == 0 {
+				continue
+			}
+			lacks = append(lacks, strings.Join(privs, ", ")+" on fence column "+c.quoted)
+			for j := range privs {
+				privs[j] += " (" + c.quoted + ")"
+			}
+			grants = append(grants, "GRANT "+strings.Join(privs, ", ")+" ON "+rel.qualified+" TO "+quoted+";")
+		}
+		if len(lacks) == 0 {
+			continue
+		}
+		ps = append(ps, sqlProblem(t.spec.Display,
+			fmt.Sprintf("login role %s may %s the table but lacks %s", quoted, strings.Join(may, ", "), strings.Join(lacks, " and ")),
+			strings.Join(grants, " ")))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read privileges on %s: %w", rel.qualified, err)
+	}
+	return ps, nil
+}

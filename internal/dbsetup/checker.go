@@ -1,0 +1,239 @@
+package dbsetup
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+const (
+	// checkTimeout bounds one check run, connecting included.
+	checkTimeout = 30 * time.Second
+	// checkRetry is how long after a failed run Ensure starts another.
+	checkRetry = 30 * time.Second
+	// maxCheckedDatabases bounds the databases a Checker keeps results
+	// for: database names come from clients (after they authenticated), so
+	// the map must not grow without limit.
+	maxCheckedDatabases = 256
+)
+
+// CheckMetrics receives the outcome of each check run, for metrics.
+type CheckMetrics interface {
+	// CheckProblems is called after each run in database: known is false
+	// when the check could not run (problems is then 0).
+	CheckProblems(database string, problems int, known bool)
+}
+
+// Checker runs Check in the background for the proxy: in each database the
+// first time a session uses it (Ensure), and again in every such database
+// when the configuration changes (Reload). Its methods are safe for
+// concurrent use.
+type Checker struct {
+	connect func(ctx context.Context, database string) (*pgx.Conn, error)
+	log     *zap.Logger
+	metrics CheckMetrics
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	mu      sync.Mutex
+	specs   []rules.TableSpec
+	loaded  bool // Reload was called: specs is the configuration
+	dbs     map[string]*checkedDB
+	tooMany bool // the limit was hit (logged once)
+}
+
+// checkedDB is the state of one database's checks, guarded by Checker.mu.
+type checkedDB struct {
+	running  bool // a goroutine is checking it
+	again    bool // specs changed during the run: run once more
+	done     chan struct{}
+	finished bool // done is closed: a first run finished
+	known    bool
+	problems map[string][]Problem
+	failedAt time.Time // end of the last run, if it failed
+}
+
+// NewChecker returns a Checker that opens its connections with connect
+// (given a context bounded by the check's timeout) and logs to log. m may be
+// nil. No check runs before the first Reload, which gives the
+// configuration; call Close to stop.
+func NewChecker(connect func(ctx context.Context, database string) (*pgx.Conn, error), log *zap.Logger, m CheckMetrics) *Checker {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Checker{connect: connect, log: log, metrics: m, ctx: ctx, cancel: cancel, dbs: map[string]*checkedDB{}}
+}
+
+// Ensure starts a check of database if it has not been checked yet, or if
+// its last check could not run and a while has passed since. It does not
+// wait: see Wait and Problems.
+func (c *Checker) Ensure(database string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx.Err() != nil {
+		return
+	}
+	d, ok := c.dbs[database]
+	if !ok {
+		if len(c.dbs) >= maxCheckedDatabases {
+			if !c.tooMany {
+				c.tooMany = true
+				c.log.Warn("database check skipped: too many databases", zap.String("database", database), zap.Int("limit", maxCheckedDatabases))
+			}
+			return
+		}
+		d = &checkedDB{done: make(chan struct{})}
+		c.dbs[database] = d
+		c.startLocked(database, d)
+		return
+	}
+	if !d.running && !d.known && d.finished && time.Since(d.failedAt) >= checkRetry {
+		c.startLocked(database, d)
+	}
+}
+
+// Reload sets the configuration and checks again every database seen.
+// Results of the previous configuration stay until the new ones are in.
+func (c *Checker) Reload(specs []rules.TableSpec) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx.Err() != nil {
+		return
+	}
+	c.specs, c.loaded = specs, true
+	for db, d := range c.dbs {
+		if d.running {
+			d.again = true
+		} else {
+			c.startLocked(db, d)
+		}
+	}
+}
+
+// Problems returns the problems found by the last check of database, by
+// table display name ("" for the database as a whole); the map must not be
+// modified. known is false while the first check runs, when it could not
+// run (the error is logged), and for a database Ensure was not called for.
+func (c *Checker) Problems(database string) (problems map[string][]Problem, known bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.dbs[database]
+	if !ok || !d.known {
+		return nil, false
+	}
+	return d.problems, true
+}
+
+// ErrNotChecked is Wait's error for a database Ensure was not called for
+// (or not accepted: too many databases).
+var ErrNotChecked = errors.New("dbsetup: database not being checked")
+
+// Wait waits until the first check of database has finished, whether or
+// not it could run, or until ctx ends.
+func (c *Checker) Wait(ctx context.Context, database string) error {
+	c.mu.Lock()
+	d, ok := c.dbs[database]
+	c.mu.Unlock()
+	if !ok {
+		return ErrNotChecked
+	}
+	select {
+	case <-d.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops the checks in progress and waits for them to end.
+func (c *Checker) Close() {
+	c.cancel()
+	c.wg.Wait()
+}
+
+// startLocked starts a goroutine that checks database, if the
+// configuration is known.
+func (c *Checker) startLocked(database string, d *checkedDB) {
+	if !c.loaded {
+		return
+	}
+	d.running = true
+	c.wg.Add(1)
+	go c.run(database, d)
+}
+
+// run checks database until no Reload asked for another run meanwhile.
+func (c *Checker) run(database string, d *checkedDB) {
+	defer c.wg.Done()
+	log := c.log.With(zap.String("database", database))
+	for {
+		c.mu.Lock()
+		specs := c.specs
+		c.mu.Unlock()
+
+		rep, err := c.checkOnce(database, specs)
+		var byTable map[string][]Problem
+		switch {
+		case err != nil && c.ctx.Err() != nil:
+			// Closing: no result, no log line.
+		case err != nil:
+			// Connection errors name host, user and database, never the
+			// password.
+			log.Warn("database check could not run; fenceproxy's objects and fence columns are unchecked", zap.Error(err))
+		default:
+			byTable = map[string][]Problem{}
+			for _, p := range rep.Problems {
+				byTable[p.Table] = append(byTable[p.Table], p)
+				log.Warn("database check: problem", zap.String("table", p.Table),
+					zap.String("problem", p.Description), zap.String("fix", p.Fix))
+			}
+			if len(rep.Problems) == 0 {
+				log.Info("database check passed")
+			}
+		}
+		if c.metrics != nil && c.ctx.Err() == nil {
+			c.metrics.CheckProblems(database, len(rep.Problems), err == nil)
+		}
+
+		c.mu.Lock()
+		d.known, d.problems = err == nil, byTable
+		if err != nil {
+			d.failedAt = time.Now()
+		}
+		if !d.finished {
+			d.finished = true
+			close(d.done)
+		}
+		again := d.again && c.ctx.Err() == nil
+		d.again = false
+		d.running = again
+		c.mu.Unlock()
+		if !again {
+			return
+		}
+	}
+}
+
+// checkOnce connects to database and runs Check, within checkTimeout.
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec) (Report, error) {
+	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
+	defer cancel()
+	conn, err := c.connect(ctx, database)
+	if err != nil {
+		return Report{}, err
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	return Check(ctx, conn, specs)
+}

@@ -1,0 +1,145 @@
+package dbsetup
+
+import (
+	_ "embed"
+	"slices"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// objectsSQL creates the fenceproxy schema, its tables and the register
+// procedure. Every statement in it is idempotent; Setup runs it in one
+// transaction.
+//
+//go:embed objects.sql
+var objectsSQL string
+
+// Version is the version of the objects in objects.sql, stored in
+// fenceproxy.meta under the key 'version'. Setup refuses to replace objects
+// of a newer version; the proxy needs objects of exactly this version.
+const Version = 1
+
+// registerSignature is the register procedure as GRANT and REVOKE name it.
+const registerSignature = "fenceproxy.register(text, text, boolean, boolean, text, text)"
+
+// Problem is something in a database that keeps fenceproxy from working as
+// configured, found by Check.
+type Problem struct {
+	// Table is the protected table (rules.TableSpec.Display), "" for a
+	// problem of the database as a whole.
+	Table string
+	// Description says what is wrong.
+	Description string
+	// Fix is the SQL to run (as the table's owner or a superuser, on a
+	// direct connection), or the fenceproxy command, that fixes it. In a
+	// command, FILE stands for the configuration file: see FixFor.
+	Fix string
+
+	setup bool   // `fenceproxy setup -c FILE` + setupFlags fixes it
+	flags string // "" or " --add-columns"
+	sql   string // the SQL alternative to the command, if any
+}
+
+// FixFor returns p.Fix with FILE replaced by configFile (quoted for a POSIX
+// shell when needed) in a `fenceproxy setup -c FILE` command.
+func (p Problem) FixFor(configFile string) string {
+	if !p.setup || configFile == "" {
+		return p.Fix
+	}
+	return setupFixText(shellQuote(configFile), p.flags, p.sql)
+}
+
+// sqlProblem returns a problem that SQL fixes.
+func sqlProblem(table, description, sql string) Problem {
+	return Problem{Table: table, Description: description, Fix: sql}
+}
+
+// setupProblem returns a problem that `fenceproxy setup` with flags fixes,
+// or the SQL sql when it is not "".
+func setupProblem(table, description, flags, sql string) Problem {
+	return Problem{Table: table, Description: description, Fix: setupFixText("FILE", flags, sql), setup: true, flags: flags, sql: sql}
+}
+
+func setupFixText(file, flags, sql string) string {
+	fix := "fenceproxy setup -c " + file + flags
+	if sql != "" {
+		fix += " (or in SQL: " + sql + ")"
+	}
+	return fix
+}
+
+// Note is information that is not a problem, e.g. that a table of an
+// entry without a database scope does not exist in this database.
+type Note struct {
+	Table string // as in Problem
+	Text  string
+}
+
+// Report is the outcome of Setup or Check in one database.
+type Report struct {
+	Database string // current_database() of the connection
+	// Version is the version of the fenceproxy objects found before Setup
+	// changed anything, or by Check; 0 when there were none.
+	Version int
+	// Actions lists what Setup changed, in order; empty when there was
+	// nothing to do. Check leaves it empty.
+	Actions []string
+	// Problems lists what Check found wrong; empty when the database is
+	// ready. Setup leaves it empty (run Check after it).
+	Problems []Problem
+	// Notes is information that needs no action.
+	Notes []Note
+}
+
+// OK reports whether Check found no problem.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+// Databases returns the databases that specs need set up or checked, sorted:
+// every database named in the scope of an entry that is not off, and
+// dsnDatabase when some such entry has no database scope (it applies in
+// every database; the connection's own database stands for them). When
+// dsnDatabase is "" and it is needed, the result holds "", so that a caller
+// can ask for a database to be named.
+func Databases(specs []rules.TableSpec, dsnDatabase string) []string {
+	var out []string
+	for _, s := range specs {
+		if s.Mode == rules.ModeOff {
+			continue
+		}
+		if len(s.Scope.Databases) == 0 {
+			out = append(out, dsnDatabase)
+			continue
+		}
+		out = append(out, s.Scope.Databases...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// appliesIn reports whether the entry s is checked in database db.
+func appliesIn(s rules.TableSpec, db string) bool {
+	return s.Mode != rules.ModeOff && (len(s.Scope.Databases) == 0 || slices.Contains(s.Scope.Databases, db))
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	plain := s != ""
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '/' || c == '.' || c == '_' || c == '-' || c == ':' || c == '@' || c == '+' || c == '=' || c == ',') {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return s
+	}
+	out := "'"
+	for _, c := range s {
+		if c == '\'' {
+			out += `'\''`
+		} else {
+			out += string(c)
+		}
+	}
+	return out + "'"
+}

@@ -1,0 +1,192 @@
+package dbsetup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// SetupOptions says what Setup may change besides the fenceproxy objects.
+// The zero value installs the objects only.
+type SetupOptions struct {
+	// AddColumns adds each missing fence column, as bigint NOT NULL
+	// DEFAULT 0, to the protected tables that exist in the database.
+	// Since PostgreSQL 11 this rewrites no rows, but ALTER TABLE waits for
+	// every transaction using the table, and holds up those that come
+	// after it meanwhile.
+	AddColumns bool
+}
+
+// setupLockKey is the advisory lock that serialises setups of a database:
+// without it two setups would both try to create the schema, and one would
+// fail on the other's row in pg_namespace. Keys of one bigint are a key
+// space apart from the register procedure's keys of two integers (pg_locks
+// tells them apart by objsubid), so the two cannot collide.
+const setupLockKey int64 = 0x4650_5345_5455_5031 // "FPSETUP1"
+
+// NewerError is Setup's refusal to replace fenceproxy objects of a newer
+// version than Version with older ones.
+type NewerError struct {
+	Database string
+	Found    int // the version in the database
+}
+
+func (e *NewerError) Error() string {
+	return fmt.Sprintf("dbsetup: database %q has fenceproxy objects of version %d, newer than this fenceproxy's version %d: not downgrading them (use a fenceproxy release that knows version %d)",
+		e.Database, e.Found, Version, e.Found)
+}
+
+// Setup prepares the database conn is connected to for specs, in one
+// transaction: it installs or upgrades the fenceproxy objects (objects.sql)
+// and, with opts.AddColumns, adds the missing fence columns of the entries
+// that apply in this database (mode not off, scope.databases empty or
+// naming it) whose table exists here. Running it again changes nothing and
+// reports no actions. Concurrent setups of one database wait for each
+// other. It returns a *NewerError, and changes nothing, when the database
+// has objects of a newer version.
+//
+// The connecting role must be able to create the schema (CREATE on the
+// database) and own, or be a superuser over, the tables it alters.
+func Setup(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts SetupOptions) (Report, error) {
+	var rep Report
+	// READ COMMITTED: after waiting for another setup, each statement must
+	// see what that setup committed.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return rep, fmt.Errorf("dbsetup: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock($1)", setupLockKey); err != nil {
+		return rep, fmt.Errorf("dbsetup: wait for other setups: %w", err)
+	}
+	if err := tx.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&rep.Database); err != nil {
+		return rep, fmt.Errorf("dbsetup: %w", err)
+	}
+	// On failure nothing was done: the report keeps only what was found.
+	fail := func(err error) (Report, error) {
+		return Report{Database: rep.Database, Version: rep.Version}, fmt.Errorf("dbsetup: database %q: %w", rep.Database, err)
+	}
+
+	if err := installObjects(ctx, tx, &rep); err != nil {
+		var newer *NewerError
+		if errors.As(err, &newer) {
+			return Report{Database: rep.Database, Version: rep.Version}, err
+		}
+		return fail(err)
+	}
+	if err := addColumns(ctx, tx, specs, opts, &rep); err != nil {
+		return fail(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fail(fmt.Errorf("commit: %w", err))
+	}
+	return rep, nil
+}
+
+// installObjects runs objects.sql. When that changes nothing (same version,
+// same definitions and grants), it is rolled back to a savepoint, so that a
+// second setup leaves even the catalog rows' versions alone.
+func installObjects(ctx context.Context, tx pgx.Tx, rep *Report) error {
+	before, err := readObjects(ctx, tx)
+	if err != nil {
+		return err
+	}
+	rep.Version = before.version
+	if before.version > Version {
+		return &NewerError{Database: rep.Database, Found: before.version}
+	}
+	fpBefore, err := fingerprint(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "SAVEPOINT fenceproxy_objects"); err != nil {
+		return err
+	}
+	// Without arguments pgx sends objects.sql as one simple Query, which
+	// may hold many statements; they run in this transaction.
+	if _, err := tx.Exec(ctx, objectsSQL); err != nil {
+		return fmt.Errorf("install the fenceproxy objects: %w", err)
+	}
+	fpAfter, err := fingerprint(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if slices.Equal(fpBefore, fpAfter) {
+		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT fenceproxy_objects")
+		return err
+	}
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT fenceproxy_objects"); err != nil {
+		return err
+	}
+	switch {
+	case !before.schema:
+		rep.Actions = append(rep.Actions, fmt.Sprintf("created the fenceproxy schema and objects (version %d)", Version))
+	case !before.hasVersion:
+		rep.Actions = append(rep.Actions, fmt.Sprintf("completed the fenceproxy objects (version %d)", Version))
+	case before.version < Version:
+		rep.Actions = append(rep.Actions, fmt.Sprintf("upgraded the fenceproxy objects from version %d to %d", before.version, Version))
+	default:
+		rep.Actions = append(rep.Actions, fmt.Sprintf("restored the fenceproxy objects' definitions and privileges (version %d)", Version))
+	}
+	return nil
+}
+
+// addColumns adds the missing fence columns (opts.AddColumns) or notes them.
+func addColumns(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, opts SetupOptions, rep *Report) error {
+	type key struct{ schema, table, column string }
+	seen := map[key]bool{}
+	rels := map[[2]string]*relation{}
+	for _, s := range specs {
+		if !appliesIn(s, rep.Database) {
+			continue
+		}
+		k := key{s.Schema, s.Table, s.Column}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		rel, ok := rels[[2]string{s.Schema, s.Table}]
+		if !ok {
+			var err error
+			if rel, err = lookupTable(ctx, tx, s.Schema, s.Table); err != nil {
+				return err
+			}
+			rels[[2]string{s.Schema, s.Table}] = rel
+			if rel == nil {
+				rep.Notes = append(rep.Notes, Note{Table: s.Display, Text: "not present in this database"})
+			}
+		}
+		if rel == nil || s.Column == "" {
+			continue
+		}
+		if !rel.isTable() || rel.isPartition {
+			continue // Check reports it
+		}
+		col, err := lookupColumn(ctx, tx, rel, s.Column)
+		if err != nil {
+			return err
+		}
+		if col.exists {
+			continue
+		}
+		if !opts.AddColumns {
+			rep.Notes = append(rep.Notes, Note{Table: s.Display,
+				Text: fmt.Sprintf("fence column %s is missing: setup adds it with --add-columns", col.quoted)})
+			continue
+		}
+		if _, err := tx.Exec(ctx, addColumnSQL(rel, col)); err != nil {
+			return fmt.Errorf("add column %s to %s: %w", col.quoted, rel.qualified, err)
+		}
+		rep.Actions = append(rep.Actions, fmt.Sprintf("added column %s bigint NOT NULL DEFAULT 0 to %s", col.quoted, rel.qualified))
+	}
+	return nil
+}
+
+func addColumnSQL(rel *relation, col *column) string {
+	return "ALTER TABLE " + rel.qualified + " ADD COLUMN " + col.quoted + " bigint NOT NULL DEFAULT 0"
+}
