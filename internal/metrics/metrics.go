@@ -35,6 +35,7 @@ type Metrics struct {
 	StaleRejections       *prometheus.CounterVec // table
 	MissingTokens         *prometheus.CounterVec // table, outcome (rejected|allowed)
 	AuditWouldReject      *prometheus.CounterVec // table, reason (stale|missing_token)
+	LockRejections        *prometheus.CounterVec // lock, reason (stale|missing_lock|missing_token)
 	ConfigReloads         *prometheus.CounterVec // result (ok|failed)
 }
 
@@ -97,6 +98,10 @@ func New() *Metrics {
 		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceproxy_config_reloads_total", Help: "Configuration reloads by result.",
 		}, []string{"result"}),
+		LockRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenceproxy_lock_rejections_total",
+			Help: "Statements on lock-fenced tables refused by the lock registration: a token older than the lock's watermark (stale), or no lock name or token where one is required. The lock label holds the first 100 lock names seen, then \"other\".",
+		}, []string{"lock", "reason"}),
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -105,6 +110,7 @@ func New() *Metrics {
 		m.BuildInfo, m.ConfigLastReload, m.Statements, m.DecisionSeconds,
 		m.UpstreamConnectSecs, m.SessionSeconds, m.AuditListenerUp,
 		m.StaleRejections, m.MissingTokens, m.AuditWouldReject, m.ConfigReloads,
+		m.LockRejections,
 	)
 	m.BuildInfo.WithLabelValues(buildInfo()).Set(1)
 	for _, a := range []string{"forwarded", "rewritten", "refused"} {

@@ -359,7 +359,7 @@ func testNoLockName(t *testing.T, e *lockEnv) {
 	setTokenN(t, p, 5)
 	mustExec(t, p, "SELECT pg_catalog.set_config('fence.lock', 'L', false)")
 	_, err := p.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = 1")
-	if err == nil || !strings.Contains(err.Error(), "fenceproxy setup") {
+	if err == nil || !strings.Contains(err.Error(), "lock fencing is not set up") {
 		t.Fatalf("a lock-named session in a database without the objects: %v", err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 // Policy implements proxy.Policy. The zero value is not usable; use New.
 type Policy struct {
 	current atomic.Pointer[ruleSet]
+	locks   lockLabels
 	swapMu  sync.Mutex // orders Swaps, so generations in force only grow
 	log     *zap.Logger
 	metrics *metrics.Metrics
@@ -209,6 +210,9 @@ func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
 
 // TranslateError implements proxy.Policy.
 func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
+	if p.lockError(info, e) {
+		return true
+	}
 	fe, ok := rules.TranslateError(e.Code, e.Message)
 	if !ok {
 		return false

@@ -1,0 +1,93 @@
+package policy
+
+import (
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// The lock registration procedure (rules.RegisterProc) raises FP001 and
+// FP002 itself, with the lock in the message and, for FP001, a DETAIL of
+// the form lock='<name>' token=<n> watermark=<n>. The policy counts and
+// logs them; it rewrites only the errors of a database where the
+// procedure is missing, to name the fix.
+
+// maxLockLabels bounds the distinct lock names used as metric labels:
+// lock names are per resource and may be unbounded.
+const maxLockLabels = 100
+
+type lockLabels struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (l *lockLabels) label(name string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[name] {
+		return name
+	}
+	if len(l.seen) >= maxLockLabels || name == "" {
+		return "other"
+	}
+	if l.seen == nil {
+		l.seen = make(map[string]bool)
+	}
+	l.seen[name] = true
+	return name
+}
+
+// lockDetail parses the DETAIL of a stale-lock FP001.
+func lockDetail(detail string) (lock, token, watermark string, ok bool) {
+	rest, ok := strings.CutPrefix(detail, "lock='")
+	if !ok {
+		return "", "", "", false
+	}
+	i := strings.LastIndex(rest, "' token=")
+	if i < 0 {
+		return "", "", "", false
+	}
+	lock = strings.ReplaceAll(rest[:i], "''", "'")
+	token, watermark, ok = strings.Cut(rest[i+len("' token="):], " watermark=")
+	return lock, token, watermark, ok
+}
+
+// lockError handles the errors of the lock registration. It reports
+// whether it rewrote e.
+func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
+	switch {
+	case e.Code == rules.CodeStaleToken && strings.HasPrefix(e.Message, "fenceproxy: stale token ") && strings.Contains(e.Message, " for lock "):
+		lock, token, watermark, ok := lockDetail(e.Detail)
+		if !ok {
+			return false
+		}
+		p.log.Info("stale lock token refused", zap.String("lock", lock), zap.String("token", token), zap.String("watermark", watermark),
+			zap.Uint64("conn-id", info.ID), zap.String("user", info.User), zap.String("database", info.Database))
+		if p.metrics != nil {
+			p.metrics.LockRejections.WithLabelValues(p.locks.label(lock), "stale").Inc()
+		}
+	case e.Code == rules.CodeMissingToken && strings.HasPrefix(e.Message, "fenceproxy: no lock name"):
+		if p.metrics != nil {
+			p.metrics.LockRejections.WithLabelValues("", "missing_lock").Inc()
+		}
+	case e.Code == rules.CodeMissingToken && strings.HasPrefix(e.Message, "fenceproxy: lock ") && strings.Contains(e.Message, "not a valid fencing token"):
+		if p.metrics != nil {
+			p.metrics.LockRejections.WithLabelValues("other", "missing_token").Inc()
+		}
+	case (e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`)) ||
+		(e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):
+		// The objects of `fenceproxy setup` are missing: the statement
+		// did not run (fail closed), and the client learns the fix.
+		e.Detail = "PostgreSQL: " + e.Message
+		e.Message = "fenceproxy: lock fencing is not set up in database " + info.Database + ": the procedure " + rules.RegisterProc + " is missing"
+		e.Hint = "Run `fenceproxy setup -c <config file>` for this database, or set lock: off for the table."
+		e.Position = 0
+		return true
+	}
+	return false
+}
