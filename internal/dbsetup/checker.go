@@ -25,9 +25,9 @@ const (
 
 // CheckMetrics receives the outcome of each check run, for metrics.
 type CheckMetrics interface {
-	// CheckProblems is called after each run in database: known is false
+	// CheckResult is called after each run in database: known is false
 	// when the check could not run (problems is then 0).
-	CheckProblems(database string, problems int, known bool)
+	CheckResult(database string, problems int, known bool)
 }
 
 // Checker runs Check in the background for the proxy: in each database the
@@ -200,7 +200,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 			}
 		}
 		if c.metrics != nil && c.ctx.Err() == nil {
-			c.metrics.CheckProblems(database, len(rep.Problems), err == nil)
+			c.metrics.CheckResult(database, len(rep.Problems), err == nil)
 		}
 
 		c.mu.Lock()

@@ -2,9 +2,11 @@
 // proxy.Hooks with them.
 //
 // Label values come from the configuration (table names, reasons and
-// results from a fixed set) or from the build. The one exception is
-// fenceproxy_audit_listener_up{database}: database names come from
-// authenticated clients, and package audit bounds how many it listens in.
+// results from a fixed set) or from the build. The exceptions are
+// fenceproxy_audit_listener_up{database} and
+// fenceproxy_check_problems{database}: database names come from
+// authenticated clients, and packages audit and dbsetup bound how many
+// databases they serve.
 package metrics
 
 import (
@@ -37,6 +39,7 @@ type Metrics struct {
 	AuditWouldReject      *prometheus.CounterVec // table, reason (stale|missing_token)
 	LockRejections        *prometheus.CounterVec // lock, reason (stale|missing_lock|missing_token)
 	ConfigReloads         *prometheus.CounterVec // result (ok|failed)
+	CheckProblems         *prometheus.GaugeVec   // database
 }
 
 // New creates the metrics in a fresh registry that also carries the Go and
@@ -98,6 +101,10 @@ func New() *Metrics {
 		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceproxy_config_reloads_total", Help: "Configuration reloads by result.",
 		}, []string{"result"}),
+		CheckProblems: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fenceproxy_check_problems",
+			Help: "Problems the last check of a database found (as fenceproxy check reports them: fence columns, fenceproxy objects, privileges); -1 when the last check could not run.",
+		}, []string{"database"}),
 		LockRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceproxy_lock_rejections_total",
 			Help: "Statements on lock-fenced tables refused by the lock registration: a token older than the lock's watermark (stale), or no lock name or token where one is required. The lock label holds the first 100 lock names seen, then \"other\".",
@@ -110,6 +117,7 @@ func New() *Metrics {
 		m.BuildInfo, m.ConfigLastReload, m.Statements, m.DecisionSeconds,
 		m.UpstreamConnectSecs, m.SessionSeconds, m.AuditListenerUp,
 		m.StaleRejections, m.MissingTokens, m.AuditWouldReject, m.ConfigReloads,
+		m.CheckProblems,
 		m.LockRejections,
 	)
 	m.BuildInfo.WithLabelValues(buildInfo()).Set(1)
@@ -157,6 +165,17 @@ func (h hooks) Statement(_ *proxy.SessionInfo, d *proxy.Decision, took time.Dura
 		action = "refused"
 	}
 	h.m.Statements.WithLabelValues(action).Inc()
+}
+
+// CheckResult records the outcome of a database check: the number of
+// problems found, or -1 when the check could not run (known false). It
+// implements dbsetup.CheckMetrics.
+func (m *Metrics) CheckResult(database string, problems int, known bool) {
+	v := float64(problems)
+	if !known {
+		v = -1
+	}
+	m.CheckProblems.WithLabelValues(database).Set(v)
 }
 
 // buildInfo returns the module version, VCS revision and Go version the

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
@@ -66,6 +67,24 @@ func TestMetricNamesLint(t *testing.T) {
 		if strings.HasPrefix(p.Metric, "fenceproxy_") {
 			t.Errorf("%s: %s", p.Metric, p.Text)
 		}
+	}
+}
+
+// TestCheckResult: a check's outcome sets fenceproxy_check_problems of its
+// database, -1 when the check could not run.
+func TestCheckResult(t *testing.T) {
+	m := metrics.New()
+	var cm dbsetup.CheckMetrics = m
+	cm.CheckResult("app", 3, true)
+	cm.CheckResult("other", 0, false)
+	for db, want := range map[string]float64{"app": 3, "other": -1} {
+		if got := value(t, m.CheckProblems.WithLabelValues(db)); got != want {
+			t.Errorf("fenceproxy_check_problems{database=%q} = %v, want %v", db, got, want)
+		}
+	}
+	cm.CheckResult("app", 0, true)
+	if got := value(t, m.CheckProblems.WithLabelValues("app")); got != 0 {
+		t.Errorf("fenceproxy_check_problems{database=\"app\"} = %v after a clean check, want 0", got)
 	}
 }
 
