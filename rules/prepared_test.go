@@ -2,6 +2,7 @@ package rules_test
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/fenceproxy/fenceproxy/rules"
@@ -31,6 +32,19 @@ func TestPreparedOps(t *testing.T) {
 		if err != nil {
 			t.Errorf("PreparedOps(%q): %v", tt.sql, err)
 			continue
+		}
+		stmts := 0
+		for i := range got {
+			if i == 0 {
+				stmts = got[i].Stmts
+			}
+			if got[i].Stmts != stmts || stmts < 1 {
+				t.Errorf("PreparedOps(%q): statement counts %+v", tt.sql, got)
+			}
+			got[i].Stmts = 0
+		}
+		if want := strings.Count(tt.sql, ";") + 1; len(got) > 0 && stmts != want {
+			t.Errorf("PreparedOps(%q): %d statements, want %d", tt.sql, stmts, want)
 		}
 		if !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("PreparedOps(%q) = %+v, want %+v", tt.sql, got, tt.want)
