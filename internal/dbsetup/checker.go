@@ -199,10 +199,6 @@ func (c *Checker) run(database string, d *checkedDB) {
 				log.Info("database check passed")
 			}
 		}
-		if c.metrics != nil && c.ctx.Err() == nil {
-			c.metrics.CheckResult(database, len(rep.Problems), err == nil)
-		}
-
 		c.mu.Lock()
 		d.known, d.problems = err == nil, byTable
 		if err != nil {
@@ -212,6 +208,14 @@ func (c *Checker) run(database string, d *checkedDB) {
 			d.finished = true
 			close(d.done)
 		}
+		c.mu.Unlock()
+		// Reported after the result is in place and while d.running keeps
+		// other runs of this database from reporting out of order.
+		if c.metrics != nil && c.ctx.Err() == nil {
+			c.metrics.CheckResult(database, len(rep.Problems), err == nil)
+		}
+
+		c.mu.Lock()
 		again := d.again && c.ctx.Err() == nil
 		d.again = false
 		d.running = again

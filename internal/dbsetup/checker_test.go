@@ -1,0 +1,128 @@
+package dbsetup_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+type checkResult struct {
+	database string
+	problems int
+	known    bool
+}
+
+// resultMetrics passes the check results on.
+type resultMetrics chan checkResult
+
+func (m resultMetrics) CheckResult(database string, problems int, known bool) {
+	m <- checkResult{database, problems, known}
+}
+
+func nextResult(t *testing.T, m resultMetrics) checkResult {
+	t.Helper()
+	select {
+	case r := <-m:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("no check result")
+		return checkResult{}
+	}
+}
+
+// TestChecker: a database is checked once the configuration is known and
+// the database used; problems are known after the run, logged once and
+// counted; a reload checks again; a database it cannot connect to stays
+// unknown.
+func TestChecker(t *testing.T) {
+	db := newDatabase(t)
+	conn := connect(t, db)
+	execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY)")
+	sp := specs(t, rules.Table{Table: "public.config"})
+	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	release := make(chan struct{})
+	connectDB := func(ctx context.Context, database string) (*pgx.Conn, error) {
+		if database == db {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return pgx.Connect(ctx, cluster.SuperuserDSN(database))
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	metrics := make(resultMetrics, 10)
+	c := dbsetup.NewChecker(connectDB, zap.New(core), metrics)
+	defer c.Close()
+
+	c.Ensure(db)
+	c.Reload(sp)
+	if _, known := c.Problems(db); known {
+		t.Error("problems known while the check is still connecting")
+	}
+	close(release)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.Wait(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	problems, known := c.Problems(db)
+	if !known || len(problems) != 1 || len(problems["public.config"]) != 1 ||
+		!strings.Contains(problems["public.config"][0].Description, "last_fence is missing") {
+		t.Fatalf("problems %+v, known %v; want the missing column", problems, known)
+	}
+	if r := nextResult(t, metrics); r != (checkResult{db, 1, true}) {
+		t.Errorf("metrics got %+v", r)
+	}
+	if n := logs.FilterMessage("database check: problem").FilterField(zap.String("table", "public.config")).Len(); n != 1 {
+		t.Errorf("problem logged %d times, want once:\n%v", n, logs.All())
+	}
+	for _, e := range logs.FilterMessage("database check: problem").All() {
+		if e.Level != zapcore.WarnLevel {
+			t.Errorf("problem logged at %v, want warn", e.Level)
+		}
+	}
+
+	// Fixed and reloaded: checked again, clean.
+	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{AddColumns: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.Reload(sp)
+	if r := nextResult(t, metrics); r != (checkResult{db, 0, true}) {
+		t.Errorf("metrics after the fix got %+v", r)
+	}
+	if problems, known := c.Problems(db); !known || len(problems) != 0 {
+		t.Errorf("after the fix: problems %+v, known %v", problems, known)
+	}
+
+	// A database that does not exist: the check cannot connect.
+	c.Ensure("no_such_database")
+	if err := c.Wait(ctx, "no_such_database"); err != nil {
+		t.Fatal(err)
+	}
+	if _, known := c.Problems("no_such_database"); known {
+		t.Error("problems known for a database the check could not connect to")
+	}
+	if r := nextResult(t, metrics); r != (checkResult{"no_such_database", 0, false}) {
+		t.Errorf("metrics for the failed check got %+v", r)
+	}
+	if logs.FilterMessageSnippet("could not run").FilterField(zap.String("database", "no_such_database")).Len() != 1 {
+		t.Errorf("failed check not logged once:\n%v", logs.All())
+	}
+	if err := c.Wait(ctx, "never_ensured"); err != dbsetup.ErrNotChecked {
+		t.Errorf("Wait for a database never ensured: %v", err)
+	}
+}

@@ -1,0 +1,206 @@
+package dbsetup_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// The register procedure, called as the proxy calls it, by a login role
+// that has only the privileges setup grants to PUBLIC.
+
+// registerDB returns a database with the fenceproxy objects, and the role
+// the sessions below connect as.
+func registerDB(t *testing.T) (db, role string) {
+	t.Helper()
+	db = newDatabase(t)
+	conn := connect(t, db)
+	if _, err := dbsetup.Setup(t.Context(), conn, specs(t, rules.Table{Table: "public.config"}), dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createRole(t, conn, "register_app")
+	return db, "register_app"
+}
+
+// session connects as role with fence.lock and fence.token set ("" leaves
+// a setting unset).
+func session(t *testing.T, db, role, lock, token string) *pgx.Conn {
+	t.Helper()
+	conn := connect(t, db, role)
+	for name, v := range map[string]string{"fence.lock": lock, "fence.token": token} {
+		if v == "" {
+			continue
+		}
+		if _, err := conn.Exec(t.Context(), "SELECT set_config($1, $2, false)", name, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return conn
+}
+
+// register calls the procedure as the proxy does before a statement on a
+// lock-fenced table.
+func register(ctx context.Context, conn *pgx.Conn, required bool) error {
+	_, err := conn.Exec(ctx, "CALL fenceproxy.register('fence.lock', 'fence.token', $1, false, 'test', 'public.config')", required)
+	return err
+}
+
+// sqlState returns err's SQLSTATE, "" for nil or a non-server error.
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// watermark reads lock's stored token, 0 when it has none.
+func watermark(t *testing.T, db, lock string) int64 {
+	t.Helper()
+	var w int64
+	err := connect(t, db).QueryRow(t.Context(), "SELECT coalesce((SELECT token FROM fenceproxy.locks WHERE name = $1), 0)", lock).Scan(&w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestRegisterStaleToken: once a token is registered, an older one gets
+// FP001; the same token again is fine.
+func TestRegisterStaleToken(t *testing.T) {
+	db, role := registerDB(t)
+	if err := register(t.Context(), session(t, db, role, "locks/config", "5"), false); err != nil {
+		t.Fatal(err)
+	}
+	err := register(t.Context(), session(t, db, role, "locks/config", "4"), false)
+	if sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale token 4") {
+		t.Errorf("older token: %v, want FP001 naming token 4", err)
+	}
+	if err := register(t.Context(), session(t, db, role, "locks/config", "5"), false); err != nil {
+		t.Errorf("same token: %v", err)
+	}
+	if err := register(t.Context(), session(t, db, role, "locks/other", "1"), false); err != nil {
+		t.Errorf("another lock's first token: %v", err)
+	}
+	if w := watermark(t, db, "locks/config"); w != 5 {
+		t.Errorf("watermark %d, want 5", w)
+	}
+}
+
+// TestRegisterRequired: without a lock name, or with a lock name and no
+// valid token, registration fails with FP002 when the table requires a
+// lock and does nothing otherwise.
+func TestRegisterRequired(t *testing.T) {
+	db, role := registerDB(t)
+	for _, tc := range []struct{ name, lock, token string }{
+		{"no lock", "", "5"},
+		{"no token", "locks/config", ""},
+		{"not a number", "locks/config", "abc"},
+		{"zero", "locks/config", "000"},
+		{"too large", "locks/config", "9223372036854775808"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn := session(t, db, role, tc.lock, tc.token)
+			if err := register(t.Context(), conn, true); sqlState(err) != "FP002" {
+				t.Errorf("required: %v, want FP002", err)
+			}
+			if err := register(t.Context(), conn, false); err != nil {
+				t.Errorf("optional: %v, want nothing", err)
+			}
+		})
+	}
+	if w := watermark(t, db, "locks/config"); w != 0 {
+		t.Errorf("watermark %d after invalid registrations, want none", w)
+	}
+}
+
+// TestRegisterEqualTokensShare: sessions of the lock's current token, in
+// open transactions, do not wait for each other.
+func TestRegisterEqualTokensShare(t *testing.T) {
+	db, role := registerDB(t)
+	if err := register(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
+		t.Fatal(err)
+	}
+	a := session(t, db, role, "locks/config", "7")
+	b := session(t, db, role, "locks/config", "7")
+	execSQL(t, a, "BEGIN")
+	execSQL(t, b, "BEGIN")
+	if err := register(t.Context(), a, false); err != nil {
+		t.Fatal(err)
+	}
+	// Were b to wait for a, this would time out: a's transaction stays open.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := register(ctx, b, false); err != nil {
+		t.Fatalf("second session of the same token: %v", err)
+	}
+	execSQL(t, a, "COMMIT")
+	execSQL(t, b, "COMMIT")
+}
+
+// TestRegisterNewerWaitsForOlder: a newer token's registration waits until
+// the transaction that registered the older token ends; once the newer
+// token's transaction commits, the older token gets FP001 (its session
+// waits for that commit rather than failing early or writing meanwhile).
+func TestRegisterNewerWaitsForOlder(t *testing.T) {
+	db, role := registerDB(t)
+	admin := connect(t, db)
+	if err := register(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
+		t.Fatal(err)
+	}
+	older := session(t, db, role, "locks/config", "7")
+	newer := session(t, db, role, "locks/config", "8")
+	execSQL(t, older, "BEGIN")
+	if err := register(t.Context(), older, false); err != nil {
+		t.Fatal(err)
+	}
+
+	execSQL(t, newer, "BEGIN")
+	newerDone := make(chan error, 1)
+	go func() { newerDone <- register(t.Context(), newer, false) }()
+	waitForLockWait(t, admin, newer.PgConn().PID())
+	select {
+	case err := <-newerDone:
+		t.Fatalf("the newer token registered while the older one's transaction was open (%v)", err)
+	default:
+	}
+	execSQL(t, older, "COMMIT")
+	if err := receive(t, newerDone); err != nil {
+		t.Fatalf("newer token after the older transaction ended: %v", err)
+	}
+
+	// The newer token's transaction is open: the older token waits for it,
+	// then is refused.
+	execSQL(t, older, "BEGIN")
+	olderDone := make(chan error, 1)
+	go func() { olderDone <- register(t.Context(), older, false) }()
+	waitForLockWait(t, admin, older.PgConn().PID())
+	execSQL(t, newer, "COMMIT")
+	if err := receive(t, olderDone); sqlState(err) != "FP001" {
+		t.Errorf("older token after the newer one committed: %v, want FP001", err)
+	}
+	execSQL(t, older, "ROLLBACK")
+	if w := watermark(t, db, "locks/config"); w != 8 {
+		t.Errorf("watermark %d, want 8", w)
+	}
+}
+
+// receive waits for a registration's result.
+func receive(t *testing.T, c <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-c:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("registration still waiting")
+		return nil
+	}
+}
