@@ -47,6 +47,34 @@ type LockCall struct {
 	Required bool
 	// Tables names the lock-fenced tables concerned, sorted.
 	Tables []string
+	// at and size: where in the decided text each registration was
+	// inserted and how many bytes it took (with its semicolon).
+	at, size []int
+}
+
+// growAt returns lc for a decided text into which n bytes were inserted at
+// byte pos, a place inside a statement (not where a registration goes).
+func (lc *LockCall) growAt(final string, pos, n int) *LockCall {
+	out := *lc
+	k := pos
+	for i, a := range lc.at {
+		if a <= pos {
+			k += lc.size[i]
+		}
+	}
+	out.at = make([]int, len(lc.at))
+	for i, a := range lc.at {
+		out.at[i] = a
+		if a > pos {
+			out.at[i] += n
+		}
+	}
+	if len(out.Calls) == 0 {
+		out.Query = final
+		return &out
+	}
+	out.Query = lc.Query[:k] + final[pos:pos+n] + lc.Query[k:]
+	return &out
 }
 
 // HasLocks reports whether some table of the configuration has lock
@@ -197,6 +225,7 @@ func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCal
 		// whatever the session's settings: the client's text that follows
 		// is read exactly as it would be alone.
 		lc.Call, lc.Query, lc.Calls = text, text+";"+final, []int{0}
+		lc.at, lc.size = []int{0}, []int{len(text) + 1}
 		return lc, nil
 	}
 	// Several statements: each registration goes where the statement's
@@ -226,6 +255,7 @@ func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCal
 			b.WriteString(text)
 			b.WriteString(";")
 			pos = loc
+			lc.at, lc.size = append(lc.at, loc), append(lc.size, len(text)+1)
 			lc.Calls = append(lc.Calls, len(expect.Stmts))
 			expect.Stmts = append(expect.Stmts, call)
 		}

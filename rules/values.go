@@ -66,15 +66,11 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool, toks []scanTo
 		// Dropped rows cannot write, name or call anything: the decision
 		// is the whole statement's.
 		if rd.Lock != nil {
-			if len(rd.Lock.Calls) != 1 || rd.Lock.Query != rd.Lock.Call+";"+reduced {
-				return no()
-			}
-			rd.Lock = &LockCall{Call: rd.Lock.Call, Query: rd.Lock.Call + ";" + sql, Calls: rd.Lock.Calls, Required: rd.Lock.Required, Tables: rd.Lock.Tables}
+			// The registrations of the reduced text, with the rows put
+			// back where they were dropped.
+			rd.Lock = rd.Lock.growAt(sql, p, q-p)
 		}
 		return rd, true, nil
-	}
-	if rd.Lock != nil && (len(rd.Lock.Calls) != 1 || rd.Lock.Query != rd.Lock.Call+";"+rd.SQL) {
-		return no()
 	}
 	if sp.err != nil || res.sp.copied {
 		// A fragment repeats some of the client's text (a DELETE's WHERE,
@@ -115,7 +111,7 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool, toks []scanTo
 	b.WriteString(out[p+shift:])
 	rd.SQL = b.String()
 	if rd.Lock != nil {
-		rd.Lock = &LockCall{Call: rd.Lock.Call, Query: rd.Lock.Call + ";" + rd.SQL, Calls: rd.Lock.Calls, Required: rd.Lock.Required, Tables: rd.Lock.Tables}
+		rd.Lock = rd.Lock.growAt(rd.SQL, p+shift, len(rd.SQL)-len(out))
 	}
 	return rd, true, nil
 }
