@@ -7,6 +7,8 @@
 //	fenceproxy rewrite --config FILE SQL show what the proxy would send for SQL
 //	fenceproxy healthcheck               probe a running proxy's /readyz
 //	fenceproxy lock KEY -- CMD     run CMD holding an etcd lock (FENCE_TOKEN)
+//	fenceproxy setup --config FILE       prepare the databases (objects, fence columns)
+//	fenceproxy check --config FILE       report what the databases lack
 package main
 
 import (
@@ -27,6 +29,10 @@ commands:
   healthcheck [--url URL]    exit 0 if a running proxy's admin /readyz answers 200
   lock    [flags] KEY -- COMMAND [ARGS]
                              run COMMAND holding an etcd lock; FENCE_TOKEN holds the token
+  setup   [--config FILE] [--dsn DSN] [--database D]... [--add-columns]
+                             install the fenceproxy objects (and fence columns) in the databases
+  check   [--config FILE] [--dsn DSN] [--database D]...
+                             report what the databases lack, with fixes; exit 1 if anything
   version                    print the version
 
 Run 'fenceproxy <command> --help' for the flags of a command. Every flag can
@@ -61,6 +67,10 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return rewriteMain(args[1:], stdin, stdout, stderr)
 	case "lock":
 		return lockMain(ctx, args[1:], stdout, stderr)
+	case "setup":
+		return setupMain(ctx, args[1:], stdout, stderr)
+	case "check":
+		return checkMain(ctx, args[1:], stdout, stderr)
 	case "demo":
 		// The demo links an embedded etcd server and throwaway-cluster code
 		// that the production binary leaves out.

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+)
+
+// runCommand runs `fenceproxy ARGS` in-process.
+func runCommand(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut strings.Builder
+	code = runMain(args, strings.NewReader(""), &out, &errOut)
+	t.Logf("fenceproxy %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
+	return code, out.String(), errOut.String()
+}
+
+func writeConfig(t *testing.T, name, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestSetupAndCheckCommands walks a database from nothing to ready with
+// fenceproxy setup, checking with fenceproxy check (and its exit status)
+// at each step.
+func TestSetupAndCheckCommands(t *testing.T) {
+	pg := pgtest.Start(t, pgcluster.Options{})
+	ctx := t.Context()
+	if err := pg.CreateDatabase(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.ExecDB(ctx, "app", "CREATE TABLE config (id int PRIMARY KEY, payload text)"); err != nil {
+		t.Fatal(err)
+	}
+	// Connected to like the audit connection: user postgres at
+	// upstream.address.
+	cfg := writeConfig(t, "fenceproxy.yaml", fmt.Sprintf(`
+upstream:
+  address: %s
+tables:
+  - table: public.config
+    scope:
+      databases: [app]
+`, pg.Addr()))
+
+	type step struct {
+		name     string
+		args     []string
+		sql      string // run in app before the command
+		wantCode int
+		want     []string // in stdout, in this order
+	}
+	for _, s := range []step{
+		{
+			name: "check before setup", args: []string{"check", "-c", cfg}, wantCode: 1,
+			want: []string{
+				"database app: 2 problems",
+				"(database): the fenceproxy schema is missing",
+				"fix: fenceproxy setup -c " + cfg + "\n",
+				"public.config: fence column last_fence is missing",
+				"fix: fenceproxy setup -c " + cfg + " --add-columns (or in SQL: ALTER TABLE public.config ADD COLUMN last_fence bigint NOT NULL DEFAULT 0;)",
+			},
+		},
+		{
+			name: "setup without columns", args: []string{"setup", "-c", cfg}, wantCode: 0,
+			want: []string{
+				"database app:\n  created the fenceproxy schema and objects (version 1)\n",
+				"note: public.config: fence column last_fence is missing: setup adds it with --add-columns",
+			},
+		},
+		{
+			name: "check: the column is missing", args: []string{"check", "-c", cfg}, wantCode: 1,
+			want: []string{"database app: 1 problem\n", "public.config: fence column last_fence is missing"},
+		},
+		{
+			name: "setup --add-columns", args: []string{"setup", "-c", cfg, "--add-columns"}, wantCode: 0,
+			want: []string{"database app:\n  added column last_fence bigint NOT NULL DEFAULT 0 to public.config\n"},
+		},
+		{
+			name: "setup again", args: []string{"setup", "-c", cfg, "--add-columns"}, wantCode: 0,
+			want: []string{"database app: nothing to do\n"},
+		},
+		{
+			name: "check passes", args: []string{"check", "-c", cfg}, wantCode: 0,
+			want: []string{"database app: ok\n"},
+		},
+		{
+			name: "check: a role lacks the register procedure",
+			sql: `CREATE ROLE worker LOGIN; GRANT SELECT, UPDATE ON config TO worker;
+				REVOKE EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) FROM PUBLIC`,
+			args: []string{"check", "-c", cfg}, wantCode: 1,
+			want: []string{
+				"public.config: login role worker may SELECT, UPDATE the table but lacks EXECUTE on procedure fenceproxy.register",
+				"fix: GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) TO worker;",
+			},
+		},
+		{
+			name: "check with --dsn and --database",
+			sql:  "GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) TO worker",
+			args: []string{"check", "-c", cfg, "--dsn", pg.SuperuserDSN("postgres"), "--database", "app"}, wantCode: 0,
+			want: []string{"database app: ok\n"},
+		},
+	} {
+		if s.sql != "" {
+			if err := pg.ExecDB(ctx, "app", s.sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		code, stdout, _ := runCommand(t, s.args...)
+		if code != s.wantCode {
+			t.Errorf("%s: exit %d, want %d", s.name, code, s.wantCode)
+		}
+		rest := stdout
+		for _, w := range s.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("%s: output lacks %q (in order):\n%s", s.name, w, stdout)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
+}
+
+// TestCheckCommandErrors: what keeps check from running exits 3 with a
+// message, and never prints the DSN.
+func TestCheckCommandErrors(t *testing.T) {
+	unreachable := writeConfig(t, "unreachable.yaml", `
+upstream:
+  address: 127.0.0.1:1
+tables:
+  - table: public.config
+    scope:
+      databases: [app]
+`)
+	rulesOnly := writeConfig(t, "rules.yaml", `
+tables:
+  - table: public.config
+`)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"connection refused", []string{"check", "-c", unreachable}, `fenceproxy check: database "app": cannot connect: `},
+		{"no upstream", []string{"check", "-c", rulesOnly}, "has no upstream.address or audit.dsn to connect with: give --dsn"},
+		{"no database", []string{"check", "-c", rulesOnly, "--dsn", "postgres://u:secret@127.0.0.1:1/?sslmode=disable"}, "name the database with --database (or in --dsn)"},
+		{"bad dsn", []string{"check", "-c", rulesOnly, "--dsn", "postgres://u:secret@127.0.0.1:x/"}, "--dsn: not a valid connection string"},
+		{"no config", []string{"check", "-c", filepath.Join(t.TempDir(), "absent.yaml")}, "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCommand(t, tc.args...)
+			if code != exitNotChecked || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitNotChecked, tc.want)
+			}
+			if strings.Contains(stderr, "secret") {
+				t.Errorf("stderr shows the password: %s", stderr)
+			}
+		})
+	}
+	if code, _, stderr := runCommand(t, "setup", "-c", unreachable); code != exitFailed || !strings.Contains(stderr, "cannot connect") {
+		t.Errorf("setup with the server unreachable: exit %d, %q", code, stderr)
+	}
+}
