@@ -1,0 +1,439 @@
+package dbsetup_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+)
+
+// indirectWant is one expected IndirectPath: every field but Via exactly,
+// Via by a part of it.
+type indirectWant struct {
+	schema, name, kind, target string
+	ops                        string // space-separated
+	via                        string // must occur in Via
+}
+
+// indirectProof shows that a path is real: running write directly on
+// PostgreSQL changes what check (a query on the protected table) returns.
+// Each proof runs in a transaction that is rolled back.
+type indirectProof struct {
+	write, check string
+}
+
+// TestIndirectPaths: each case creates objects in a database of its own,
+// lists the indirect paths to its protected tables, and for the main path
+// kinds writes through them on the server to show that they do write the
+// protected table.
+func TestIndirectPaths(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		setup  string
+		tables []dbsetup.Rel
+		want   []indirectWant
+		proofs []indirectProof
+	}{
+		{
+			name: "views",
+			setup: `
+				CREATE TABLE config (id int PRIMARY KEY, x int);
+				CREATE TABLE other (id int PRIMARY KEY, x int);
+				INSERT INTO config VALUES (1, 1); INSERT INTO other VALUES (1, 1);
+				CREATE VIEW v1 AS SELECT id, x FROM config WHERE x > 0;
+				CREATE VIEW v2 AS SELECT * FROM v1;
+				CREATE VIEW barrier WITH (security_barrier) AS SELECT * FROM config;
+				CREATE VIEW computed AS SELECT id + 1 AS next FROM config;
+				-- Not reported: not updatable, over an unprotected table, or
+				-- reading config without writing it.
+				CREATE VIEW distinct_x AS SELECT DISTINCT x FROM config;
+				CREATE VIEW joined AS SELECT c.id, o.x FROM config c JOIN other o USING (id);
+				CREATE VIEW over_other AS SELECT * FROM other;
+				CREATE VIEW other_filtered AS SELECT * FROM other WHERE id IN (SELECT id FROM config);
+				CREATE MATERIALIZED VIEW mat AS SELECT * FROM config;`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				{"public", "barrier", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE", "auto-updatable view public.barrier writes public.config"},
+				// No updatable column: only DELETE works.
+				{"public", "computed", dbsetup.PathView, "public.config", "DELETE", "auto-updatable view public.computed writes public.config"},
+				{"public", "v1", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE", "auto-updatable view public.v1 writes public.config"},
+				{"public", "v2", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE",
+					"auto-updatable view public.v2 writes public.v1; auto-updatable view public.v1 writes public.config"},
+			},
+			proofs: []indirectProof{
+				{"UPDATE v2 SET x = 5", "SELECT x FROM config"},
+				{"INSERT INTO v2 VALUES (2, 2)", "SELECT count(*) FROM config"},
+				{"DELETE FROM computed", "SELECT count(*) FROM config"},
+			},
+		},
+		{
+			name: "INSTEAD OF trigger",
+			setup: `
+				CREATE TABLE config (id int PRIMARY KEY, x int);
+				CREATE TABLE other (id int PRIMARY KEY, label text);
+				CREATE VIEW labelled AS SELECT c.id, c.x, o.label FROM config c JOIN other o USING (id);
+				CREATE FUNCTION labelled_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					INSERT INTO config VALUES (NEW.id, NEW.x);
+					INSERT INTO other VALUES (NEW.id, NEW.label);
+					RETURN NEW;
+				END $$;
+				CREATE TRIGGER labelled_insert INSTEAD OF INSERT ON labelled
+					FOR EACH ROW EXECUTE FUNCTION labelled_insert();`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				{"public", "labelled", dbsetup.PathView, "public.config", "INSERT",
+					"view public.labelled reads public.config and has INSTEAD OF trigger labelled_insert (INSERT, function public.labelled_insert), which runs instead of the write and can write anything"},
+			},
+			proofs: []indirectProof{
+				{"INSERT INTO labelled VALUES (1, 1, 'one')", "SELECT count(*) FROM config"},
+			},
+		},
+		{
+			name: "rules",
+			setup: `
+				CREATE TABLE config (id int PRIMARY KEY, x int);
+				CREATE TABLE requests (id int, x int);
+				CREATE TABLE purge (id int);
+				CREATE TABLE log (id int, x int);
+				CREATE TABLE reader (id int);
+				CREATE RULE apply AS ON INSERT TO requests DO ALSO INSERT INTO config VALUES (NEW.id, NEW.x);
+				-- The write hides in a data-modifying WITH of a SELECT action.
+				CREATE RULE purge_config AS ON INSERT TO purge
+					DO INSTEAD WITH d AS (DELETE FROM config RETURNING id) SELECT count(*) FROM d;
+				-- Reads config, writes log only: not reported.
+				CREATE RULE copy AS ON INSERT TO reader DO ALSO INSERT INTO log SELECT * FROM config;
+				-- A rule on a view that is not updatable by itself.
+				CREATE VIEW config_sum AS SELECT sum(x) AS total FROM config;
+				CREATE RULE reset AS ON UPDATE TO config_sum DO INSTEAD UPDATE config SET x = 0;
+				-- A disabled rule does not fire.
+				CREATE TABLE quiet (id int);
+				CREATE RULE quiet_rule AS ON DELETE TO quiet DO ALSO DELETE FROM config;
+				ALTER TABLE quiet DISABLE RULE quiet_rule;
+				INSERT INTO config VALUES (1, 1);`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				{"public", "config_sum", dbsetup.PathRule, "public.config", "UPDATE", "rule reset on public.config_sum (ON UPDATE DO INSTEAD) runs UPDATE on public.config"},
+				{"public", "purge", dbsetup.PathRule, "public.config", "INSERT", "rule purge_config on public.purge (ON INSERT DO INSTEAD) runs DELETE on public.config"},
+				{"public", "requests", dbsetup.PathRule, "public.config", "INSERT", "rule apply on public.requests (ON INSERT DO ALSO) runs INSERT on public.config"},
+			},
+			proofs: []indirectProof{
+				{"INSERT INTO requests VALUES (2, 2)", "SELECT count(*) FROM config"},
+				{"INSERT INTO purge VALUES (1)", "SELECT count(*) FROM config"},
+				{"UPDATE config_sum SET total = 1", "SELECT x FROM config"},
+			},
+		},
+		{
+			name: "partitions",
+			setup: `
+				CREATE TABLE root (region text, year int, x int) PARTITION BY LIST (region);
+				CREATE TABLE mid PARTITION OF root FOR VALUES IN ('eu') PARTITION BY RANGE (year);
+				CREATE TABLE leaf PARTITION OF mid FOR VALUES FROM (2020) TO (2030);
+				CREATE TABLE sibling PARTITION OF mid FOR VALUES FROM (2030) TO (2040);
+				CREATE TABLE us PARTITION OF root FOR VALUES IN ('us');
+				-- Partitions of a protected partitioned table hold its rows.
+				CREATE TABLE events (day int, x int) PARTITION BY RANGE (day);
+				CREATE TABLE events_1 PARTITION OF events FOR VALUES FROM (0) TO (100) PARTITION BY RANGE (day);
+				CREATE TABLE events_1a PARTITION OF events_1 FOR VALUES FROM (0) TO (50);`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "leaf"}, {Schema: "public", Name: "events"}},
+			want: []indirectWant{
+				{"public", "events_1", dbsetup.PathPartition, "public.events", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.events_1 is a partition of public.events"},
+				{"public", "events_1a", dbsetup.PathPartition, "public.events", "INSERT UPDATE DELETE MERGE TRUNCATE",
+					"public.events_1a is a partition of public.events_1; public.events_1 is a partition of public.events"},
+				{"public", "mid", dbsetup.PathPartition, "public.leaf", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.leaf is a partition of public.mid"},
+				{"public", "root", dbsetup.PathPartition, "public.leaf", "INSERT UPDATE DELETE MERGE TRUNCATE",
+					"public.mid is a partition of public.root; public.leaf is a partition of public.mid"},
+			},
+			proofs: []indirectProof{
+				{"INSERT INTO root VALUES ('eu', 2024, 1)", "SELECT count(*) FROM leaf"},
+				{"INSERT INTO events_1a VALUES (1, 1)", "SELECT count(*) FROM events"},
+			},
+		},
+		{
+			name: "inheritance",
+			setup: `
+				CREATE TABLE base (id int, x int);
+				CREATE TABLE config (extra int) INHERITS (base);
+				-- Rows of a protected parent's child are rows of the parent.
+				CREATE TABLE history (id int);
+				CREATE TABLE history_old () INHERITS (history);
+				-- A child of two parents: writing it through one parent
+				-- writes rows of the other.
+				CREATE TABLE drafts (id int);
+				CREATE TABLE history_draft () INHERITS (drafts, history);
+				INSERT INTO config VALUES (1, 1, 1); INSERT INTO history_draft VALUES (1);`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "history"}},
+			want: []indirectWant{
+				{"public", "base", dbsetup.PathInheritance, "public.config", "UPDATE DELETE MERGE TRUNCATE", "public.config inherits from public.base"},
+				{"public", "drafts", dbsetup.PathInheritance, "public.history", "UPDATE DELETE MERGE TRUNCATE",
+					"public.history_draft inherits from public.drafts; public.history_draft inherits from public.history"},
+				{"public", "history_draft", dbsetup.PathInheritance, "public.history", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.history_draft inherits from public.history"},
+				{"public", "history_old", dbsetup.PathInheritance, "public.history", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.history_old inherits from public.history"},
+			},
+			proofs: []indirectProof{
+				{"UPDATE base SET x = 2", "SELECT x FROM config"},
+				{"DELETE FROM drafts", "SELECT count(*) FROM history"},
+			},
+		},
+		{
+			name: "foreign keys",
+			setup: `
+				CREATE TABLE account (id int PRIMARY KEY);
+				CREATE TABLE project (id int PRIMARY KEY, account_id int REFERENCES account ON DELETE CASCADE);
+				CREATE TABLE owner (id int PRIMARY KEY);
+				CREATE TABLE audit (id int PRIMARY KEY);
+				CREATE TABLE config (
+					id int PRIMARY KEY,
+					project_id int REFERENCES project ON DELETE CASCADE,
+					owner_id int REFERENCES owner ON UPDATE SET NULL,
+					audit_id int REFERENCES audit -- NO ACTION
+				);
+				INSERT INTO account VALUES (1); INSERT INTO project VALUES (1, 1);
+				INSERT INTO owner VALUES (1); INSERT INTO audit VALUES (1);
+				INSERT INTO config VALUES (1, 1, 1, 1);`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				{"public", "account", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+					"ON DELETE CASCADE of foreign key project_account_id_fkey of public.project, which references public.account; ON DELETE CASCADE of foreign key config_project_id_fkey of public.config, which references public.project"},
+				{"public", "account", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.project, whose foreign key project_account_id_fkey references public.account; TRUNCATE ... CASCADE truncates public.config, whose foreign key config_project_id_fkey references public.project"},
+				// NO ACTION: no foreign key path, but TRUNCATE ... CASCADE.
+				{"public", "audit", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_audit_id_fkey references public.audit"},
+				{"public", "owner", dbsetup.PathForeignKey, "public.config", "INSERT UPDATE MERGE",
+					"ON UPDATE SET NULL of foreign key config_owner_id_fkey of public.config, which references public.owner"},
+				{"public", "owner", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey references public.owner"},
+				{"public", "project", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+					"ON DELETE CASCADE of foreign key config_project_id_fkey of public.config, which references public.project"},
+				{"public", "project", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_project_id_fkey references public.project"},
+			},
+			proofs: []indirectProof{
+				{"DELETE FROM account", "SELECT count(*) FROM config"},
+				{"UPDATE owner SET id = 2", "SELECT owner_id FROM config"},
+				// INSERT ... ON CONFLICT DO UPDATE is an UPDATE too.
+				{"INSERT INTO owner VALUES (1) ON CONFLICT (id) DO UPDATE SET id = 3", "SELECT owner_id FROM config"},
+				{"TRUNCATE audit CASCADE", "SELECT count(*) FROM config"},
+			},
+		},
+		{
+			name: "partitioned foreign keys",
+			setup: `
+				-- Referenced side partitioned: each partition has a clone of
+				-- the constraint (config_owner_id_fkey1), and deleting from
+				-- it cascades too.
+				CREATE TABLE owners (id int PRIMARY KEY) PARTITION BY RANGE (id);
+				CREATE TABLE owners_1 PARTITION OF owners FOR VALUES FROM (0) TO (100);
+				CREATE TABLE config (id int PRIMARY KEY, owner_id int REFERENCES owners ON DELETE CASCADE);
+				-- Referencing side partitioned, its partition protected.
+				CREATE TABLE teams (id int PRIMARY KEY);
+				CREATE TABLE items (id int, team_id int REFERENCES teams ON DELETE SET NULL) PARTITION BY LIST (id);
+				CREATE TABLE items_a PARTITION OF items FOR VALUES IN (1);
+				INSERT INTO owners VALUES (1); INSERT INTO config VALUES (1, 1);
+				INSERT INTO teams VALUES (1); INSERT INTO items VALUES (1, 1);`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "items_a"}},
+			want: []indirectWant{
+				{"public", "items", dbsetup.PathPartition, "public.items_a", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.items_a is a partition of public.items"},
+				{"public", "owners", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+					"ON DELETE CASCADE of foreign key config_owner_id_fkey of public.config, which references public.owners"},
+				{"public", "owners", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey references public.owners"},
+				{"public", "owners_1", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+					"ON DELETE CASCADE of foreign key config_owner_id_fkey1 of public.config, which references public.owners_1"},
+				{"public", "owners_1", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey1 references public.owners_1"},
+				{"public", "teams", dbsetup.PathForeignKey, "public.items_a", "DELETE MERGE",
+					"ON DELETE SET NULL of foreign key items_team_id_fkey of public.items, which references public.teams; public.items_a is a partition of public.items"},
+				{"public", "teams", dbsetup.PathTruncate, "public.items_a", "TRUNCATE",
+					"TRUNCATE ... CASCADE truncates public.items_a, whose foreign key items_team_id_fkey references public.teams"},
+			},
+			proofs: []indirectProof{
+				{"DELETE FROM owners_1", "SELECT count(*) FROM config"},
+				{"DELETE FROM teams", "SELECT team_id FROM items_a"},
+				{"TRUNCATE teams CASCADE", "SELECT count(*) FROM items_a"},
+			},
+		},
+		{
+			name: "steps combine",
+			setup: `
+				CREATE TABLE root (day int, x int) PARTITION BY RANGE (day);
+				CREATE TABLE config PARTITION OF root FOR VALUES FROM (0) TO (100);
+				CREATE VIEW recent AS SELECT * FROM root WHERE day > 10;
+				CREATE TABLE inbox (day int, x int);
+				CREATE RULE forward AS ON INSERT TO inbox DO INSTEAD INSERT INTO recent VALUES (NEW.day, NEW.x);
+				-- ONLY root: a DELETE through the view reaches no partition,
+				-- but an INSERT still routes.
+				CREATE VIEW root_only AS SELECT * FROM ONLY root;`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				{"public", "inbox", dbsetup.PathRule, "public.config", "INSERT",
+					"rule forward on public.inbox (ON INSERT DO INSTEAD) runs INSERT on public.recent; auto-updatable view public.recent writes public.root; public.config is a partition of public.root"},
+				{"public", "recent", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE",
+					"auto-updatable view public.recent writes public.root; public.config is a partition of public.root"},
+				{"public", "root", dbsetup.PathPartition, "public.config", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.config is a partition of public.root"},
+				{"public", "root_only", dbsetup.PathView, "public.config", "INSERT",
+					"auto-updatable view public.root_only writes public.root; public.config is a partition of public.root"},
+			},
+			proofs: []indirectProof{
+				{"INSERT INTO inbox VALUES (20, 1)", "SELECT count(*) FROM config"},
+				{"INSERT INTO root_only VALUES (20, 1)", "SELECT count(*) FROM config"},
+			},
+		},
+		{
+			name: "quoted names",
+			setup: `
+				CREATE SCHEMA "My Schema";
+				CREATE TABLE "My Schema"."Config" (id int PRIMARY KEY, "x""y" int);
+				-- Names full of the node tree's own punctuation.
+				CREATE VIEW "My Schema"."V (1)" AS SELECT id AS ":relid 99", "x""y" AS "}{)( \" FROM "My Schema"."Config";
+				CREATE TABLE "Parent" (id int PRIMARY KEY);
+				ALTER TABLE "My Schema"."Config" ADD CONSTRAINT "Fk" FOREIGN KEY (id) REFERENCES "Parent" ON DELETE CASCADE;
+				CREATE TABLE a$b (id int);
+				CREATE RULE "Rule!" AS ON INSERT TO a$b DO ALSO DELETE FROM "My Schema"."Config";
+				INSERT INTO "Parent" VALUES (1); INSERT INTO "My Schema"."Config" VALUES (1, 1);`,
+			tables: []dbsetup.Rel{{Schema: "My Schema", Name: "Config"}},
+			want: []indirectWant{
+				{"My Schema", "V (1)", dbsetup.PathView, `"My Schema"."Config"`, "INSERT UPDATE DELETE", `auto-updatable view "My Schema"."V (1)" writes "My Schema"."Config"`},
+				{"public", "Parent", dbsetup.PathForeignKey, `"My Schema"."Config"`, "DELETE MERGE",
+					`ON DELETE CASCADE of foreign key "Fk" of "My Schema"."Config", which references public."Parent"`},
+				{"public", "Parent", dbsetup.PathTruncate, `"My Schema"."Config"`, "TRUNCATE", `foreign key "Fk" references public."Parent"`},
+				{"public", "a$b", dbsetup.PathRule, `"My Schema"."Config"`, "INSERT", `rule "Rule!" on public.a$b (ON INSERT DO ALSO) runs DELETE on "My Schema"."Config"`},
+			},
+			proofs: []indirectProof{
+				{`UPDATE "My Schema"."V (1)" SET "}{)( \" = 7`, `SELECT "x""y" FROM "My Schema"."Config"`},
+				{`DELETE FROM "Parent"`, `SELECT count(*) FROM "My Schema"."Config"`},
+			},
+		},
+		{
+			name:   "missing table",
+			setup:  `CREATE TABLE t (id int); CREATE VIEW v AS SELECT * FROM t;`,
+			tables: []dbsetup.Rel{{Schema: "public", Name: "nosuch"}, {Schema: "public", Name: "t"}},
+			want:   []indirectWant{{"public", "v", dbsetup.PathView, "public.t", "INSERT UPDATE DELETE", "auto-updatable view public.v writes public.t"}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn := connect(t, newDatabase(t))
+			execSQL(t, conn, tc.setup)
+			got, err := dbsetup.IndirectPaths(t.Context(), conn, tc.tables)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkIndirect(t, got, tc.want)
+			for _, p := range tc.proofs {
+				indirectProve(t, conn, p)
+			}
+		})
+	}
+
+	// A long chain of foreign keys keeps its first and last steps in Via.
+	t.Run("long chain", func(t *testing.T) {
+		conn := connect(t, newDatabase(t))
+		var b strings.Builder
+		b.WriteString("CREATE TABLE t0 (id int PRIMARY KEY);")
+		for i := 1; i <= 10; i++ {
+			fmt.Fprintf(&b, "CREATE TABLE t%d (id int PRIMARY KEY REFERENCES t%d ON DELETE CASCADE);", i, i-1)
+		}
+		execSQL(t, conn, b.String())
+		got, err := dbsetup.IndirectPaths(t.Context(), conn, []dbsetup.Rel{{Schema: "public", Name: "t10"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		step := func(i int) string {
+			return fmt.Sprintf("ON DELETE CASCADE of foreign key t%d_id_fkey of public.t%d, which references public.t%d", i, i, i-1)
+		}
+		want := strings.Join([]string{step(1), step(2), step(3), step(4), "... 2 more steps ...", step(7), step(8), step(9), step(10)}, "; ")
+		if len(got) == 0 {
+			t.Fatal("no paths")
+		}
+		if len(got) != 20 || got[0].Name != "t0" || got[0].Kind != dbsetup.PathForeignKey || got[0].Via != want {
+			t.Fatalf("got %d paths, the first %+v; want 20, the first from t0 with Via %q", len(got), got[0], want)
+		}
+	})
+
+	// Inside the caller's transaction the catalog is read there
+	// (uncommitted objects included) and the transaction stays open.
+	t.Run("caller's transaction", func(t *testing.T) {
+		conn := connect(t, newDatabase(t))
+		execSQL(t, conn, "CREATE TABLE config (id int)")
+		tx, err := conn.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		if _, err := tx.Exec(t.Context(), "CREATE VIEW v AS SELECT * FROM config"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := dbsetup.IndirectPaths(t.Context(), conn, []dbsetup.Rel{{Schema: "public", Name: "config"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkIndirect(t, got, []indirectWant{{"public", "v", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE", "view public.v"}})
+		if s := conn.PgConn().TxStatus(); s != 'T' {
+			t.Fatalf("transaction status %q after IndirectPaths, want T", s)
+		}
+		if got, err := dbsetup.IndirectPaths(t.Context(), conn, nil); err != nil || len(got) != 0 {
+			t.Fatalf("no protected tables: got %v, %v; want nothing", got, err)
+		}
+	})
+}
+
+// checkIndirect compares got with want, in order.
+func checkIndirect(t *testing.T, got []dbsetup.IndirectPath, want []indirectWant) {
+	t.Helper()
+	ok := len(got) == len(want)
+	for i := 0; ok && i < len(got); i++ {
+		g, w := got[i], want[i]
+		ok = g.Schema == w.schema && g.Name == w.name && g.Kind == w.kind && g.Target == w.target &&
+			strings.Join(g.Ops, " ") == w.ops && strings.Contains(g.Via, w.via)
+	}
+	if !ok {
+		var b strings.Builder
+		for _, g := range got {
+			fmt.Fprintf(&b, "\t{%q, %q, %q, %q, %q, %q}\n", g.Schema, g.Name, g.Kind, g.Target, strings.Join(g.Ops, " "), g.Via)
+		}
+		t.Errorf("got %d paths:\n%swant %d:\n%v", len(got), b.String(), len(want), want)
+	}
+}
+
+// indirectProve runs p in a transaction it rolls back, and fails unless the
+// write changed what the check query returns.
+func indirectProve(t *testing.T, conn *pgx.Conn, p indirectProof) {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	read := func() string {
+		t.Helper()
+		rows, err := tx.Query(ctx, p.check)
+		if err != nil {
+			t.Fatalf("%s: %v", p.check, err)
+		}
+		var out []string
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				t.Fatalf("%s: %v", p.check, err)
+			}
+			out = append(out, fmt.Sprint(vals...))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatalf("%s: %v", p.check, err)
+		}
+		return strings.Join(out, ",")
+	}
+	before := read()
+	if _, err := tx.Exec(ctx, p.write); err != nil {
+		t.Fatalf("%s: %v", p.write, err)
+	}
+	if after := read(); after == before {
+		t.Errorf("%s did not change the protected table: %s returns %q before and after", p.write, p.check, before)
+	}
+}
