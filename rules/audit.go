@@ -42,6 +42,14 @@ const (
 	// AuditMissingToken: the write ran without a valid token; enforce with
 	// missing_token: reject would have failed it with FP002.
 	AuditMissingToken = "missing_token"
+	// AuditStaleLock: the session's token was older than its lock's
+	// watermark (lock fencing); enforce would have failed the statement
+	// with FP001. Sent by the lock registration, with Lock set.
+	AuditStaleLock = "stale_lock"
+	// AuditMissingLock: a statement on a table with lock: required ran in
+	// a session without a lock name; enforce would have failed it with
+	// FP002.
+	AuditMissingLock = "missing_lock"
 )
 
 // AuditEvent is the payload of a notification on AuditChannel, a JSON
@@ -72,8 +80,13 @@ type AuditEvent struct {
 	// was not set.
 	Token *string `json:"tok"`
 	// Watermark is the row's stored fence value for AuditStale (nil if the
-	// fence column was NULL), nil for AuditMissingToken.
+	// fence column was NULL), the lock's watermark for AuditStaleLock, nil
+	// otherwise.
 	Watermark *int64 `json:"w"`
+	// Lock is the first 256 bytes of the session's lock name, for the
+	// events of the lock registration (nil otherwise). For those, Table
+	// lists the statement's lock-fenced tables, joined by ", ".
+	Lock *string `json:"l,omitempty"`
 }
 
 // ParseAuditEvent decodes and validates a notification payload sent on
@@ -93,7 +106,7 @@ func ParseAuditEvent(payload string) (AuditEvent, error) {
 		return AuditEvent{}, fmt.Errorf("rules: audit payload: version %d, want %d", e.Version, AuditVersion)
 	case e.Mode != ModeAudit && e.Mode != ModeEnforce:
 		return AuditEvent{}, fmt.Errorf("rules: audit payload: unknown mode %q", e.Mode)
-	case e.Reason != AuditStale && e.Reason != AuditMissingToken:
+	case e.Reason != AuditStale && e.Reason != AuditMissingToken && e.Reason != AuditStaleLock && e.Reason != AuditMissingLock:
 		return AuditEvent{}, fmt.Errorf("rules: audit payload: unknown reason %q", e.Reason)
 	case e.Table == "":
 		return AuditEvent{}, errors.New("rules: audit payload: no table")

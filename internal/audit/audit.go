@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,6 +202,10 @@ func (a *Listener) handle(pid uint32, payload string) {
 		return // another proxy instance's statement
 	}
 	table := ev.Table
+	if ev.Lock != nil || ev.Reason == rules.AuditMissingLock {
+		// The lock registration lists the statement's tables.
+		table, _, _ = strings.Cut(table, ", ")
+	}
 	if a.opts.KnownTable != nil && !a.opts.KnownTable(table) {
 		table = "unknown"
 	}
@@ -213,6 +218,9 @@ func (a *Listener) handle(pid uint32, payload string) {
 	}
 	if ev.Watermark != nil {
 		fields = append(fields, zap.Int64("watermark", *ev.Watermark))
+	}
+	if ev.Lock != nil {
+		fields = append(fields, zap.String("lock", *ev.Lock))
 	}
 	if a.opts.Lookup != nil {
 		if info, ok := a.opts.Lookup(pid); ok {

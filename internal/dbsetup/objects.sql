@@ -65,7 +65,7 @@ BEGIN
 		IF required THEN
 			IF audit THEN
 				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-					'r', 'missing_lock', 't', tables, 'tok', substr(tk, 1, 32), 'w', NULL)::text);
+					'r', 'missing_lock', 't', tables, 'l', NULL, 'tok', substr(tk, 1, 32), 'w', NULL)::text);
 				RETURN;
 			END IF;
 			RAISE EXCEPTION USING ERRCODE = 'FP002',
@@ -121,7 +121,7 @@ BEGIN
 		IF w > tok THEN
 			IF audit THEN
 				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-					'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tk, 'w', w)::text);
+					'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', substr(tk, 1, 32), 'w', w)::text);
 				RETURN;
 			END IF;
 			RAISE EXCEPTION USING ERRCODE = 'FP001',
@@ -150,7 +150,7 @@ BEGIN
 	IF w > tok THEN
 		IF audit THEN
 			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tk, 'w', w)::text);
+				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', substr(tk, 1, 32), 'w', w)::text);
 			RETURN;
 		END IF;
 		RAISE EXCEPTION USING ERRCODE = 'FP001',

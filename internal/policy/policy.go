@@ -159,19 +159,28 @@ func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) p
 	}
 	switch d.Action {
 	case rules.Rewrite:
-		if set.notifies && p.auditor != nil {
-			// The listener must be in place before this statement can
-			// commit. Audit never blocks a write: on failure it is logged.
-			if err := p.auditor.Ensure(info.Database); err != nil {
-				p.log.Error("audit listener unavailable; audit events of this statement may be lost",
-					zap.Uint64("conn-id", info.ID), zap.Error(err))
-			}
-		}
+		p.ensureAuditor(set, info)
 		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock)}
 	case rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}
 	default:
+		if d.Lock != nil {
+			p.ensureAuditor(set, info) // the registration may report
+		}
 		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}
+	}
+}
+
+// ensureAuditor puts the audit listener in place, if statements of this
+// rule set may report, before a statement that may report can commit.
+func (p *Policy) ensureAuditor(set *ruleSet, info *proxy.SessionInfo) {
+	if !set.notifies || p.auditor == nil {
+		return
+	}
+	// Audit never blocks a write: a failure is logged.
+	if err := p.auditor.Ensure(info.Database); err != nil {
+		p.log.Error("audit listener unavailable; audit events of this statement may be lost",
+			zap.Uint64("conn-id", info.ID), zap.Error(err))
 	}
 }
 
