@@ -1,0 +1,139 @@
+package rules
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Writes that reach a protected table without naming it (through a view,
+// a rule, a partitioned or inheritance parent, a foreign key's cascading
+// action, TRUNCATE ... CASCADE) cannot be fenced by rewriting the text:
+// the proxy learns those relations from each database's catalog and
+// refuses such writes, unless a database guard fences the target.
+
+// Indirect is a relation through which some statement kinds write a
+// protected table.
+type Indirect struct {
+	Schema, Name string // exact names of the relation a statement names
+	// Ops are the statement kinds that reach Target through it: INSERT,
+	// UPDATE, DELETE, MERGE, TRUNCATE.
+	Ops    []string
+	Target string // the protected table reached, display form
+	Via    string // how, for the error's detail
+	// CascadeOnly: TRUNCATE reaches Target only with CASCADE.
+	CascadeOnly bool
+}
+
+// IndirectSet finds writes through Indirect relations. It is safe for
+// concurrent use.
+type IndirectSet struct {
+	byRel   map[string][]Indirect
+	needles []string // relation names, ASCII-lowered
+}
+
+// NewIndirectSet returns nil when paths is empty.
+func NewIndirectSet(paths []Indirect) *IndirectSet {
+	if len(paths) == 0 {
+		return nil
+	}
+	s := &IndirectSet{byRel: make(map[string][]Indirect)}
+	for _, p := range paths {
+		if len(s.byRel[p.Name]) == 0 {
+			n := asciiLower(p.Name)
+			s.needles = append(s.needles, n)
+			if strings.Contains(n, `"`) {
+				s.needles = append(s.needles, strings.ReplaceAll(n, `"`, `""`))
+			}
+		}
+		s.byRel[p.Name] = append(s.byRel[p.Name], p)
+	}
+	return s
+}
+
+// Check returns the refusal (FP003) for sql if it writes through one of
+// the set's relations, nil otherwise. A statement that names none of them
+// is not parsed. One that does and cannot be parsed is refused.
+func (s *IndirectSet) Check(sql string) *Error {
+	if s == nil {
+		return nil
+	}
+	found := slices.ContainsFunc(s.needles, func(n string) bool { return containsFoldASCII(sql, n) })
+	if !found && !(&Rules{}).unicodeEscape(sql) {
+		return nil
+	}
+	if len(sql) > DefaultMaxCheckBytes {
+		return &Error{Code: CodeRefused, Message: "fenceproxy: statement too large to check for writes through relations that reach protected tables"}
+	}
+	if (&Rules{}).tooDeep(sql) != nil {
+		return &Error{Code: CodeRefused, Message: "fenceproxy: statement too deeply nested to check for writes through relations that reach protected tables"}
+	}
+	tree, err := pg.Parse(sql)
+	if err != nil {
+		return &Error{Code: CodeRefused, Message: "fenceproxy: cannot parse a statement that may write through a relation that reaches a protected table", Detail: err.Error()}
+	}
+	var out *Error
+	for _, raw := range tree.Stmts {
+		walkMessages(raw.ProtoReflect(), func(m protoreflect.Message) bool {
+			if out != nil {
+				return false
+			}
+			switch n := m.Interface().(type) {
+			case *pg.InsertStmt:
+				out = s.hit(n.Relation, "INSERT", false)
+				if out == nil && n.OnConflictClause != nil && n.OnConflictClause.Action == pg.OnConflictAction_ONCONFLICT_UPDATE {
+					out = s.hit(n.Relation, "UPDATE", false)
+				}
+			case *pg.UpdateStmt:
+				out = s.hit(n.Relation, "UPDATE", false)
+			case *pg.DeleteStmt:
+				out = s.hit(n.Relation, "DELETE", false)
+			case *pg.MergeStmt:
+				out = s.hit(n.Relation, "MERGE", false)
+			case *pg.CopyStmt:
+				if n.IsFrom {
+					out = s.hit(n.Relation, "INSERT", false)
+				}
+			case *pg.TruncateStmt:
+				for _, r := range n.Relations {
+					if out = s.hit(r.GetRangeVar(), "TRUNCATE", n.Behavior == pg.DropBehavior_DROP_CASCADE); out != nil {
+						break
+					}
+				}
+			}
+			return out == nil
+		})
+		if out != nil {
+			break
+		}
+	}
+	return out
+}
+
+// hit returns the refusal for a write of kind op to rv, if rv may be one
+// of the set's relations (an unqualified name matches any schema).
+func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool) *Error {
+	if rv == nil {
+		return nil
+	}
+	for _, p := range s.byRel[rv.Relname] {
+		if rv.Schemaname != "" && rv.Schemaname != p.Schema {
+			continue
+		}
+		if !slices.Contains(p.Ops, op) || (op == "TRUNCATE" && p.CascadeOnly && !cascade) {
+			continue
+		}
+		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
+		return &Error{
+			Code:    CodeRefused,
+			Message: fmt.Sprintf("fenceproxy: %s on %s would write protected table %s without naming it, so it cannot be fenced", op, rel, p.Target),
+			Detail:  p.Via,
+			Hint:    "Write the protected table directly, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
+			Table:   p.Target,
+		}
+	}
+	return nil
+}
