@@ -100,6 +100,8 @@ var zeroDefaults = map[string]bool{"0": true, "0::bigint": true, "(0)::bigint": 
 // objects is the state of the fenceproxy schema's objects.
 type objects struct {
 	schema, meta, locks, register bool
+	// registerCurrent: the register procedure's source is objects.sql's.
+	registerCurrent bool
 	// version is fenceproxy.meta's version, if hasVersion; 0 without the
 	// table or the row.
 	version    int
@@ -110,18 +112,21 @@ type objects struct {
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	var o objects
+	var src *string
 	err := tx.QueryRow(ctx, `
 		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
 		SELECT EXISTS (SELECT FROM ns),
 			EXISTS (SELECT FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid WHERE c.relname = 'meta' AND c.relkind = 'r'),
 			EXISTS (SELECT FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid WHERE c.relname = 'locks' AND c.relkind = 'r'),
-			EXISTS (SELECT FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
 				WHERE p.proname = 'register' AND p.prokind = 'p'
 				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector)`). // text, text, bool, bool, text, text
-		Scan(&o.schema, &o.meta, &o.locks, &o.register)
+		Scan(&o.schema, &o.meta, &o.locks, &src)
 	if err != nil {
 		return o, fmt.Errorf("read the fenceproxy objects: %w", err)
 	}
+	o.register = src != nil
+	o.registerCurrent = src != nil && *src == registerBody
 	if !o.meta {
 		return o, nil
 	}

@@ -71,8 +71,8 @@ func targets(specs []rules.TableSpec, db string) []*target {
 //   - Each fence column exists, is bigint, NOT NULL and DEFAULT 0 (one
 //     problem each).
 //   - When an entry uses lock fencing (lock not off): the fenceproxy schema,
-//     its tables and the register procedure exist and fenceproxy.meta holds
-//     version Version.
+//     its tables and the register procedure exist, fenceproxy.meta holds
+//     version Version, and the procedure's source is objects.sql's.
 //   - Privileges: every login role that is not a superuser and may SELECT,
 //     INSERT, UPDATE or DELETE the table (restricted to the roles an
 //     entry's scope.users lists, when every entry lists some) has USAGE on
@@ -141,6 +141,8 @@ func objectProblems(o objects) []Problem {
 		return []Problem{setupProblem("", "fenceproxy.meta holds no version", "", "")}
 	case o.version < Version:
 		return []Problem{setupProblem("", fmt.Sprintf("the fenceproxy objects are version %d, older than this fenceproxy's version %d: run fenceproxy setup to upgrade them", o.version, Version), "", "")}
+	case o.version == Version && !o.registerCurrent:
+		return []Problem{setupProblem("", fmt.Sprintf("procedure fenceproxy.register is not this fenceproxy's (version %d): it was replaced, or installed by another build", Version), "", "")}
 	case o.version > Version:
 		return []Problem{{
 			Description: fmt.Sprintf("the fenceproxy objects are version %d, newer than this fenceproxy's version %d: this fenceproxy is older than the objects", o.version, Version),

@@ -103,6 +103,13 @@ func TestCheckProblems(t *testing.T) {
 			fix:             "setup",
 		},
 		{
+			name: "replaced procedure",
+			breakSQL: `CREATE OR REPLACE PROCEDURE fenceproxy.register(lock_setting text, token_setting text, required boolean, audit boolean, tag text, tables text)
+				LANGUAGE plpgsql AS $$BEGIN END$$`,
+			wantDescription: "procedure fenceproxy.register is not this fenceproxy's (version 1): it was replaced, or installed by another build",
+			fix:             "setup",
+		},
+		{
 			name:            "old version",
 			breakSQL:        "UPDATE fenceproxy.meta SET value = '0' WHERE key = 'version'",
 			wantDescription: "the fenceproxy objects are version 0, older than this fenceproxy's version 1: run fenceproxy setup to upgrade them",

@@ -3,6 +3,7 @@ package dbsetup
 import (
 	_ "embed"
 	"slices"
+	"strings"
 
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -18,6 +19,16 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy needs objects of exactly this version.
 const Version = 1
+
+// registerBody is the register procedure's source in objects.sql, the text
+// between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
+// them: a procedure replaced by hand, or installed by another build of the
+// same version, is reported.
+var registerBody = func() string {
+	_, rest, _ := strings.Cut(objectsSQL, "AS $body$")
+	body, _, _ := strings.Cut(rest, "$body$;")
+	return body
+}()
 
 // registerSignature is the register procedure as GRANT and REVOKE name it.
 const registerSignature = "fenceproxy.register(text, text, boolean, boolean, text, text)"
