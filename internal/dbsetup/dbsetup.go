@@ -46,7 +46,7 @@ type Problem struct {
 	// command, FILE stands for the configuration file: see FixFor.
 	Fix string
 
-	setup bool   // `fenceproxy setup -c FILE` + setupFlags fixes it
+	setup bool   // `fenceproxy setup -c FILE` + flags fixes it
 	flags string // "" or " --add-columns"
 	sql   string // the SQL alternative to the command, if any
 }
@@ -60,7 +60,8 @@ func (p Problem) FixFor(configFile string) string {
 	return setupFixText(shellQuote(configFile), p.flags, p.sql)
 }
 
-// sqlProblem returns a problem that SQL fixes.
+// sqlProblem returns a problem fixed by hand: fix is SQL, or says what to
+// change where no SQL can.
 func sqlProblem(table, description, sql string) Problem {
 	return Problem{Table: table, Description: description, Fix: sql}
 }
