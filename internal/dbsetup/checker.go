@@ -57,6 +57,7 @@ type checkedDB struct {
 	finished bool // done is closed: a first run finished
 	known    bool
 	problems map[string][]Problem
+	indirect []IndirectPath // to tables in mode enforce
 	failedAt time.Time // end of the last run, if it failed
 }
 
@@ -132,6 +133,19 @@ func (c *Checker) Problems(database string) (problems map[string][]Problem, know
 	return d.problems, true
 }
 
+// Indirect returns the relations through which writes reach a table in
+// mode enforce of database without naming it, as the last check found
+// them; known as for Problems. The slice must not be modified.
+func (c *Checker) Indirect(database string) (paths []IndirectPath, known bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.dbs[database]
+	if !ok || !d.known {
+		return nil, false
+	}
+	return d.indirect, true
+}
+
 // ErrNotChecked is Wait's error for a database Ensure was not called for
 // (or not accepted: too many databases).
 var ErrNotChecked = errors.New("dbsetup: database not being checked")
@@ -179,7 +193,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		specs := c.specs
 		c.mu.Unlock()
 
-		rep, err := c.checkOnce(database, specs)
+		rep, indirect, err := c.checkOnce(database, specs)
 		var byTable map[string][]Problem
 		switch {
 		case err != nil && c.ctx.Err() != nil:
@@ -200,7 +214,11 @@ func (c *Checker) run(database string, d *checkedDB) {
 			}
 		}
 		c.mu.Lock()
-		d.known, d.problems = err == nil, byTable
+		d.known, d.problems, d.indirect = err == nil, byTable, indirect
+		for _, p := range indirect {
+			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", pathRelName(p.Schema, p.Name)),
+				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
+		}
 		if err != nil {
 			d.failedAt = time.Now()
 		}
@@ -226,18 +244,36 @@ func (c *Checker) run(database string, d *checkedDB) {
 	}
 }
 
-// checkOnce connects to database and runs Check, within checkTimeout.
-func (c *Checker) checkOnce(database string, specs []rules.TableSpec) (Report, error) {
+// checkOnce connects to database and runs Check, then finds the indirect
+// paths to the tables in mode enforce there, within checkTimeout.
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec) (Report, []IndirectPath, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
 	defer cancel()
 	conn, err := c.connect(ctx, database)
 	if err != nil {
-		return Report{}, err
+		return Report{}, nil, err
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	return Check(ctx, conn, specs)
+	rep, err := Check(ctx, conn, specs)
+	if err != nil {
+		return rep, nil, err
+	}
+	var rels []Rel
+	for _, s := range specs {
+		if s.Mode == rules.ModeEnforce && appliesIn(s, database) {
+			rels = append(rels, Rel{Schema: s.Schema, Name: s.Table})
+		}
+	}
+	if len(rels) == 0 {
+		return rep, nil, nil
+	}
+	paths, err := IndirectPaths(ctx, conn, rels)
+	if err != nil {
+		return rep, nil, err
+	}
+	return rep, paths, nil
 }

@@ -8,6 +8,7 @@ package policy
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
@@ -25,6 +26,13 @@ type Policy struct {
 	log     *zap.Logger
 	metrics *metrics.Metrics
 	auditor Auditor
+	// checks, when set, are the database checks: writes to tables whose
+	// check failed, and writes through relations that reach protected
+	// tables unseen, are refused.
+	checks     Checks
+	checkWait  time.Duration
+	configFile string
+	checkCache checkCache
 }
 
 // ruleSet is a rule set with the lookups the policy needs.
@@ -76,6 +84,12 @@ type Options struct {
 	// Auditor, when set, listens for the events of rewritten statements
 	// (see rules.AuditChannel) in each database where they run.
 	Auditor Auditor
+	// Checks, when set, checks each database the first time a session
+	// uses it (the first statement waits for it, up to CheckWait, default
+	// 10s); ConfigFile is named in the fixes the refusals suggest.
+	Checks     Checks
+	CheckWait  time.Duration
+	ConfigFile string
 }
 
 var (
@@ -89,7 +103,13 @@ var (
 // says whether rs has tables in audit mode or with missing_token: allow,
 // whose statements report through rules.AuditChannel.
 func New(rs *rules.Rules, notifies bool, opts Options) *Policy {
-	p := &Policy{log: opts.Logger, metrics: opts.Metrics, auditor: opts.Auditor}
+	p := &Policy{log: opts.Logger, metrics: opts.Metrics, auditor: opts.Auditor, checks: opts.Checks, checkWait: opts.CheckWait, configFile: opts.ConfigFile}
+	if p.checkWait <= 0 {
+		p.checkWait = 10 * time.Second
+	}
+	if p.configFile == "" {
+		p.configFile = "fenceproxy.yaml"
+	}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
@@ -152,6 +172,11 @@ func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) p
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}
 	}
 	d := rs.Decide(sql)
+	if d.Action != rules.Refuse && p.checks != nil {
+		if e := p.checkRefusal(info, sql, &d); e != nil {
+			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}
+		}
+	}
 	if d.AuditRefusal != nil {
 		// Every table involved is in audit mode: the statement enforce would
 		// refuse is forwarded as sent, and only the proxy can record it.

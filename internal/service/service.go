@@ -20,12 +20,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/internal/admin"
 	"github.com/fenceproxy/fenceproxy/internal/audit"
 	"github.com/fenceproxy/fenceproxy/internal/config"
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/proxy"
@@ -39,6 +41,7 @@ type Instance struct {
 	srv      *proxy.Server
 	policy   *policy.Policy
 	auditor  *audit.Listener
+	checker  *dbsetup.Checker
 	auditTag string
 	metrics  *metrics.Metrics
 
@@ -105,8 +108,33 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		Metrics:        m,
 		ConnectTimeout: cfg.Upstream.ConnectTimeout,
 	})
-	pol = policy.New(rs, cfg.Notifies(), policy.Options{Logger: log, Metrics: m, Auditor: aud})
-	in.policy, in.auditor = pol, aud
+	checker := dbsetup.NewChecker(func(ctx context.Context, db string) (*pgx.Conn, error) {
+		in.mu.Lock()
+		c := in.cfg
+		in.mu.Unlock()
+		pc, err := c.AuditConnConfig(db)
+		if err != nil {
+			return nil, err
+		}
+		// A pgx configuration must come from ParseConfig; its connection
+		// part is the audit connection's.
+		cc, err := pgx.ParseConfig("")
+		if err != nil {
+			return nil, err
+		}
+		cc.Config = *pc
+		cc.RuntimeParams["application_name"] = "fenceproxy-check"
+		return pgx.ConnectConfig(ctx, cc)
+	}, log.Named("check"), m)
+	specs, err := rules.Specs(cfg.RulesConfig())
+	if err != nil {
+		aud.Close()
+		return nil, err
+	}
+	checker.Reload(specs)
+	pol = policy.New(rs, cfg.Notifies(), policy.Options{Logger: log, Metrics: m, Auditor: aud, Checks: checker, ConfigFile: path,
+		CheckWait: 2 * cfg.Upstream.ConnectTimeout})
+	in.policy, in.auditor, in.checker = pol, aud, checker
 	opts, err := ProxyOptions(cfg)
 	if err != nil {
 		return nil, err
@@ -241,6 +269,9 @@ func (in *Instance) apply(cfg *config.Config, sum string) error {
 		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
 	}
 	in.policy.Swap(rs, cfg.Notifies())
+	if specs, err := rules.Specs(cfg.RulesConfig()); err == nil {
+		in.checker.Reload(specs) // the databases seen are checked again
+	}
 	in.metrics.ConfigReloads.WithLabelValues("ok").Inc()
 	in.metrics.ConfigLastReload.Set(float64(loadedAt.UnixNano()) / 1e9)
 	in.log.Info("config reloaded", zap.Int("protected-tables", len(cfg.Tables)))
@@ -299,6 +330,7 @@ func (in *Instance) stop(delay time.Duration) error {
 		}
 		<-in.adminDone
 		in.auditor.Close()
+		in.checker.Close()
 		select {
 		case serr := <-in.serveErr:
 			if serr != nil && !errors.Is(serr, proxy.ErrServerClosed) {

@@ -1,0 +1,144 @@
+package policy
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// Checks is what the policy needs of the database checks
+// (dbsetup.Checker): per database, the problems found with the protected
+// tables and the relations through which writes reach them unseen.
+type Checks interface {
+	Ensure(database string)
+	Wait(ctx context.Context, database string) error
+	Problems(database string) (map[string][]dbsetup.Problem, bool)
+	Indirect(database string) ([]dbsetup.IndirectPath, bool)
+}
+
+// dbRefresh is how often a database's check results are read again.
+const dbRefresh = time.Second
+
+// dbChecks is the state of one database's checks, as the policy uses it.
+type dbChecks struct {
+	at       time.Time
+	known    bool
+	problems map[string][]dbsetup.Problem
+	paths    []dbsetup.IndirectPath
+	indirect *rules.IndirectSet
+}
+
+type checkCache struct {
+	byDB   sync.Map // database → *dbChecks; at most maxCheckedDBs
+	mu     sync.Mutex
+	n      int // entries in byDB
+	waited map[string]bool
+}
+
+// maxCheckedDBs bounds the databases whose results the policy keeps
+// (database names come from clients).
+const maxCheckedDBs = 4096
+
+// dbState returns the check results for database, starting its first
+// check if needed. The first statement of the first session of a database
+// waits (at most wait) for the first check, so that what it finds applies
+// from the start.
+func (p *Policy) dbState(database string) *dbChecks {
+	if p.checks == nil {
+		return nil
+	}
+	c := &p.checkCache
+	var st *dbChecks
+	if v, ok := c.byDB.Load(database); ok {
+		if st = v.(*dbChecks); time.Since(st.at) < dbRefresh {
+			return st
+		}
+	}
+	c.mu.Lock()
+	first := !c.waited[database]
+	if first {
+		if c.waited == nil {
+			c.waited = map[string]bool{}
+		}
+		if len(c.waited) < maxCheckedDBs {
+			c.waited[database] = true
+		}
+	}
+	c.mu.Unlock()
+
+	p.checks.Ensure(database)
+	if first {
+		ctx, cancel := context.WithTimeout(context.Background(), p.checkWait)
+		if err := p.checks.Wait(ctx, database); err != nil && err != dbsetup.ErrNotChecked {
+			p.log.Warn("database check still running; statements go on without its results", zap.String("database", database), zap.Error(err))
+		}
+		cancel()
+	}
+	problems, known := p.checks.Problems(database)
+	paths, _ := p.checks.Indirect(database)
+	next := &dbChecks{at: time.Now(), known: known, problems: problems, paths: paths}
+	if st != nil && samePaths(st.paths, paths) {
+		next.indirect = st.indirect
+	} else {
+		next.indirect = rules.NewIndirectSet(indirectRules(paths))
+	}
+	c.mu.Lock()
+	if st != nil || c.n < maxCheckedDBs {
+		if st == nil {
+			c.n++
+		}
+		c.byDB.Store(database, next)
+	}
+	c.mu.Unlock()
+	return next
+}
+
+func samePaths(a, b []dbsetup.IndirectPath) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+func indirectRules(paths []dbsetup.IndirectPath) []rules.Indirect {
+	out := make([]rules.Indirect, 0, len(paths))
+	for _, p := range paths {
+		out = append(out, rules.Indirect{
+			Schema: p.Schema, Name: p.Name, Ops: p.Ops, Target: p.Target, Via: p.Via,
+			CascadeOnly: p.Kind == dbsetup.PathTruncate,
+		})
+	}
+	return out
+}
+
+// checkRefusal returns the refusal of a statement that writes tables whose
+// check failed in this database, or that writes through a relation that
+// reaches a protected table. nil when the database is not checked.
+func (p *Policy) checkRefusal(info *proxy.SessionInfo, sql string, d *rules.Decision) *rules.Error {
+	st := p.dbState(info.Database)
+	if st == nil || !st.known {
+		return nil
+	}
+	if d.Action == rules.Rewrite {
+		for _, t := range d.Tables {
+			if probs := st.problems[t]; len(probs) > 0 {
+				var fixes []string
+				for _, pr := range probs {
+					fixes = append(fixes, pr.Description+": "+pr.FixFor(p.configFile))
+				}
+				return &rules.Error{
+					Code:    rules.CodeRefused,
+					Message: "fenceproxy: protected table " + t + " is not ready for fencing in database " + info.Database + ": " + probs[0].Description,
+					Detail:  strings.Join(fixes, "\n"),
+					Hint:    "Fix: " + probs[0].FixFor(p.configFile),
+					Table:   t,
+				}
+			}
+		}
+	}
+	return st.indirect.Check(sql)
+}
