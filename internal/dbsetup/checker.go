@@ -58,7 +58,7 @@ type checkedDB struct {
 	known    bool
 	problems map[string][]Problem
 	indirect []IndirectPath // to tables in mode enforce
-	failedAt time.Time // end of the last run, if it failed
+	failedAt time.Time      // end of the last run, if it failed
 }
 
 // NewChecker returns a Checker that opens its connections with connect
