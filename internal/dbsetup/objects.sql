@@ -75,6 +75,11 @@ BEGIN
 		RETURN;
 	END IF;
 	IF octet_length(lk) > 1024 THEN
+		IF audit THEN
+			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+				'r', 'missing_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', substr(tk, 1, 32), 'w', NULL)::text);
+			RETURN;
+		END IF;
 		RAISE EXCEPTION USING ERRCODE = 'FP002',
 			MESSAGE = format('fenceproxy: the lock name in %s is longer than 1024 bytes', lock_setting);
 	END IF;
@@ -98,7 +103,19 @@ BEGIN
 	h := hashtext(lk);
 
 	SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
-	IF w IS NOT NULL AND w >= tok THEN
+	IF w > tok THEN
+		-- Watermarks only grow: stale now, stale after any wait.
+		IF audit THEN
+			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
+			RETURN;
+		END IF;
+		RAISE EXCEPTION USING ERRCODE = 'FP001',
+			MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
+			DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
+			HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
+	END IF;
+	IF w = tok THEN
 		-- The common case: the token is the lock's watermark. Hold it
 		-- shared, then read again: a newer holder may have registered
 		-- while we waited.
@@ -121,7 +138,7 @@ BEGIN
 		IF w > tok THEN
 			IF audit THEN
 				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-					'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', substr(tk, 1, 32), 'w', w)::text);
+					'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
 				RETURN;
 			END IF;
 			RAISE EXCEPTION USING ERRCODE = 'FP001',
@@ -150,7 +167,7 @@ BEGIN
 	IF w > tok THEN
 		IF audit THEN
 			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', substr(tk, 1, 32), 'w', w)::text);
+				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
 			RETURN;
 		END IF;
 		RAISE EXCEPTION USING ERRCODE = 'FP001',

@@ -32,6 +32,7 @@ var lockRules = rules.Config{Tables: []rules.Table{
 	{Table: "public.acct"},
 	{Table: "public.jobs", Lock: rules.LockRequired},
 	{Table: "public.notes", Lock: rules.LockOff},
+	{Table: "public.aud", Mode: rules.ModeAudit},
 }}
 
 const lockSchema = `
@@ -40,6 +41,8 @@ INSERT INTO acct (id, payload) VALUES (1, 'a'), (2, 'b'), (3, 'c');
 CREATE TABLE jobs (id bigint PRIMARY KEY, state text NOT NULL);
 INSERT INTO jobs VALUES (1, 'queued');
 CREATE TABLE notes (id bigint PRIMARY KEY, body text, last_fence bigint NOT NULL DEFAULT 0);
+CREATE TABLE aud (id bigint PRIMARY KEY, body text, last_fence bigint NOT NULL DEFAULT 0);
+INSERT INTO aud VALUES (1, 'a', 0);
 `
 
 type lockEnv struct {
@@ -150,6 +153,10 @@ func TestLockFencing(t *testing.T) {
 	t.Run("repeatable read", func(t *testing.T) {
 		t.Parallel()
 		testLockRepeatableRead(t, e)
+	})
+	t.Run("audit mode", func(t *testing.T) {
+		t.Parallel()
+		testLockAudit(t, e)
 	})
 }
 
@@ -491,4 +498,36 @@ func testLockRepeatableRead(t *testing.T, e *lockEnv) {
 	if err == nil {
 		t.Fatal(errors.New("unreachable"))
 	}
+}
+
+func testLockAudit(t *testing.T, e *lockEnv) {
+	db := newLockDB(t, true)
+	ctx := ctxT(t)
+	listener := direct(t, db)
+	mustExec(t, listener, "LISTEN "+rules.AuditChannel)
+	old := e.holder(t, db, "A", 70, pgx.QueryExecModeCacheStatement)
+	mustExec(t, old, "SELECT 1 FROM acct")
+	nw := e.holder(t, db, "A", 71, pgx.QueryExecModeCacheStatement)
+	mustExec(t, nw, "SELECT 1 FROM acct")
+	// A statement on audit-mode tables only is never refused: it runs,
+	// and what enforce would have done is reported.
+	mustExec(t, old, "UPDATE aud SET body = 'stale but audited' WHERE id = 1")
+	n, err := listener.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := rules.ParseAuditEvent(n.Payload)
+	if err != nil {
+		t.Fatalf("payload %s: %v", n.Payload, err)
+	}
+	if ev.Reason != rules.AuditStaleLock || ev.Lock == nil || *ev.Lock != "A" || ev.Watermark == nil || *ev.Watermark != 71 || ev.Token == nil || *ev.Token != "70" {
+		t.Fatalf("event %+v", ev)
+	}
+	var body string
+	if err := listener.QueryRow(ctx, "SELECT body FROM aud WHERE id = 1").Scan(&body); err != nil || body != "stale but audited" {
+		t.Fatalf("aud: %q %v", body, err)
+	}
+	// With an enforced table in the same statement, enforce decides.
+	_, err = old.Exec(ctx, "UPDATE aud SET body = 'x' WHERE id IN (SELECT id FROM acct)")
+	wantCode(t, err, "FP001")
 }
