@@ -22,7 +22,8 @@ import (
 //   - public.counter_log, written by a trigger on public.counters for every
 //     committed row update, stamps included. Updates of one row are
 //     serialised by its row lock, so the log's sequence numbers give, per
-//     row, the commit order of every accepted write.
+//     row, the commit order of every accepted write;
+//   - for lock-fenced runs, the lock watermarks in fenceproxy.locks.
 
 // outcome is what a worker learnt about one operation.
 type outcome string
@@ -80,6 +81,16 @@ type checkInput struct {
 	// Fenced says writes went through fenceproxy, so history.last_fence
 	// must equal the token the worker held.
 	Fenced bool
+	// HistoryUnfenced says history had no fence column in the proxy's
+	// rules (lock fencing alone protected it): its last_fence is not
+	// compared.
+	HistoryUnfenced bool
+	// Stampless says no worker stamped: every accepted update of a
+	// counter must add one.
+	Stampless bool
+	// Watermarks, if not nil, are the lock watermarks of the run's locks
+	// (fenceproxy.locks), by key.
+	Watermarks map[int]int64
 }
 
 // keyReport summarises one counter row.
@@ -96,8 +107,10 @@ type keyReport struct {
 type checkReport struct {
 	Attempted, Acked, Fenced, Failed, Unknown int
 	UnknownCommitted                          int
-	Keys                                      []keyReport
-	Anomalies                                 []string
+	// FencedBy counts fenced operations by the phase that got FP001.
+	FencedBy  map[string]int
+	Keys      []keyReport
+	Anomalies []string
 }
 
 func (r *checkReport) anomaly(format string, args ...any) {
@@ -107,15 +120,25 @@ func (r *checkReport) anomaly(format string, args ...any) {
 // check compares the reports with the database. Every rule it applies
 // follows from the protocol being correct; see the comments inline.
 func check(in checkInput) *checkReport {
-	r := &checkReport{}
+	r := &checkReport{FencedBy: make(map[string]int)}
+	// A token is a holder key's creation revision: no two grants share
+	// one. A repeated token means two holders at once, or an etcd that
+	// moved its revisions backwards.
+	tokenOwner := make(map[int64]string)
 	for _, id := range slices.Sorted(maps.Keys(in.Ops)) {
 		op := in.Ops[id]
 		r.Attempted++
+		if other, dup := tokenOwner[op.Token]; dup {
+			r.anomaly("ops %s (key %d) and %s (key %d) were both granted token %d", other, in.Ops[other].Key, id, op.Key, op.Token)
+		}
+		tokenOwner[op.Token] = id
 		switch op.Outcome {
 		case acked:
 			r.Acked++
 		case fenced:
 			r.Fenced++
+			phase, _, _ := strings.Cut(op.Detail, " ")
+			r.FencedBy[phase]++
 		case failed:
 			r.Failed++
 		case unknown:
@@ -153,7 +176,7 @@ func check(in checkInput) *checkReport {
 			r.anomaly("history row %s = (key %d, token %d, value %d), worker reported (key %d, token %d, value %d)",
 				h.OpID, h.Key, h.Token, h.NewValue, op.Key, op.Token, op.NewValue)
 		}
-		if in.Fenced && h.Fence != h.Token {
+		if in.Fenced && !in.HistoryUnfenced && h.Fence != h.Token {
 			r.anomaly("history row %s: last_fence %d stamped by the proxy differs from the worker's token %d", h.OpID, h.Fence, h.Token)
 		}
 	}
@@ -184,7 +207,10 @@ func check(in checkInput) *checkReport {
 			}
 		}
 		checkHistory(r, c, hist)
-		kr.Stamps = checkLog(r, c, logByKey[c.Key], hist, in.Fenced)
+		kr.Stamps = checkLog(r, c, logByKey[c.Key], hist, in.Fenced, in.Stampless)
+		if in.Watermarks != nil {
+			checkWatermark(r, c.Key, in.Watermarks, hist)
+		}
 		// The final value is exactly the number of committed increments:
 		// the acknowledged ones plus those unknown ones that did commit.
 		if c.Value != int64(kr.Acked+kr.UnknownCommitted) {
@@ -240,8 +266,10 @@ func checkHistory(r *checkReport, c counterRow, hist []historyRow) {
 // each update either keeps the value (a stamp) or adds one (an increment
 // with a history row for that value, carrying the same token when the
 // writes were fenced); the last entry is the final row. It returns the
-// number of stamps.
-func checkLog(r *checkReport, c counterRow, log []logRow, hist []historyRow, fenced bool) (stamps int) {
+// number of stamps. Without stamps (stampless) an update that keeps the
+// value is a lost update: a write of the value the previous one wrote,
+// computed from the read before it.
+func checkLog(r *checkReport, c counterRow, log []logRow, hist []historyRow, fenced, stampless bool) (stamps int) {
 	tokenOfValue := make(map[int64][]int64)
 	for _, h := range hist {
 		tokenOfValue[h.NewValue] = append(tokenOfValue[h.NewValue], h.Token)
@@ -260,6 +288,9 @@ func checkLog(r *checkReport, c counterRow, log []logRow, hist []historyRow, fen
 		switch l.NewValue - l.OldValue {
 		case 0:
 			stamps++
+			if stampless {
+				r.anomaly("key %d: lost update: counter_log #%d wrote value %d over itself, and no worker stamps", c.Key, l.Seq, l.NewValue)
+			}
 		case 1:
 			increments++
 			tokens, ok := tokenOfValue[l.NewValue]
@@ -279,6 +310,23 @@ func checkLog(r *checkReport, c counterRow, log []logRow, hist []historyRow, fen
 		r.anomaly("key %d: counter_log has %d increments, history %d rows", c.Key, increments, len(hist))
 	}
 	return stamps
+}
+
+// checkWatermark checks that the lock of key has a watermark no older than
+// any committed token: every committed write registered its token for the
+// lock first (the read before it did too), and a watermark never moves
+// back.
+func checkWatermark(r *checkReport, key int, watermarks map[int]int64, hist []historyRow) {
+	w, ok := watermarks[key]
+	for _, h := range hist {
+		switch {
+		case !ok:
+			r.anomaly("key %d: op %s committed with token %d, but the lock has no watermark", key, h.OpID, h.Token)
+			return
+		case h.Token > w:
+			r.anomaly("key %d: op %s committed with token %d, above the lock's watermark %d", key, h.OpID, h.Token, w)
+		}
+	}
 }
 
 // summary is the one-line result.

@@ -41,35 +41,63 @@ func TestChecker(t *testing.T) {
 		}
 	}
 
+	// stampless is a correct lock-fenced run on key 1 (no stamps, history
+	// without a fence column): op a (token 10) writes 1, op b (token 20)
+	// writes 2, op c (token 15) is fenced at its read; the lock's
+	// watermark is b's token.
+	stampless := func() checkInput {
+		return checkInput{
+			Fenced:          true,
+			HistoryUnfenced: true,
+			Stampless:       true,
+			Ops: map[string]*opRecord{
+				"a": {ID: "a", Key: 1, Token: 10, NewValue: 1, Tried: true, Outcome: acked},
+				"b": {ID: "b", Key: 1, Token: 20, NewValue: 2, Tried: true, Outcome: acked},
+				"c": {ID: "c", Key: 1, Token: 15, Outcome: fenced, Detail: "read FP001"},
+			},
+			History: []historyRow{
+				{OpID: "a", Key: 1, Token: 10, NewValue: 1},
+				{OpID: "b", Key: 1, Token: 20, NewValue: 2},
+			},
+			Log: []logRow{
+				{Seq: 1, Key: 1, OldValue: 0, NewValue: 1, OldFence: 0, NewFence: 10},
+				{Seq: 2, Key: 1, OldValue: 1, NewValue: 2, OldFence: 10, NewFence: 20},
+			},
+			Counters:   []counterRow{{Key: 1, Value: 2, Fence: 20}},
+			Watermarks: map[int]int64{1: 20},
+		}
+	}
+
 	for _, tc := range []struct {
 		name   string
+		base   func() checkInput // nil: good
 		mutate func(*checkInput)
 		want   string // substring of an anomaly; "" for none
 	}{
-		{"correct history", func(*checkInput) {}, ""},
-		{"unknown op not committed", func(in *checkInput) {
+		{"correct history", nil, func(*checkInput) {}, ""},
+		{"unknown op not committed", nil, func(in *checkInput) {
 			in.History = in.History[:2]
 			in.Log = in.Log[:5]
 			in.Log = append(in.Log, logRow{Seq: 7, Key: 1, OldValue: 2, NewValue: 2, OldFence: 30, NewFence: 40})
 			in.Counters[0].Value = 2
 		}, ""},
-		{"acknowledged write lost", func(in *checkInput) {
+		{"acknowledged write lost", nil, func(in *checkInput) {
 			in.History = in.History[1:]
 		}, "acknowledged op a"},
-		{"fenced op committed", func(in *checkInput) {
+		{"fenced op committed", nil, func(in *checkInput) {
 			in.Ops["c"].NewValue, in.Ops["c"].Tried = 4, true
 			in.History = append(in.History, historyRow{OpID: "c", Key: 1, Token: 15, NewValue: 4, Fence: 15})
 			in.Log = append(in.Log, logRow{Seq: 8, Key: 1, OldValue: 3, NewValue: 4, OldFence: 40, NewFence: 15})
 			in.Counters[0] = counterRow{Key: 1, Value: 4, Fence: 15}
 		}, "operation reported fenced"},
-		{"stale write accepted", func(in *checkInput) {
+		{"stale write accepted", nil, func(in *checkInput) {
 			in.Ops["c"] = &opRecord{ID: "c", Key: 1, Token: 15, NewValue: 3, Tried: true, Outcome: acked}
 			in.History[2] = historyRow{OpID: "c", Key: 1, Token: 15, NewValue: 3, Fence: 15}
 			in.Ops["d"].Outcome = failed
 			in.Log[5] = logRow{Seq: 6, Key: 1, OldValue: 2, NewValue: 3, OldFence: 30, NewFence: 15}
 			in.Log[6] = logRow{Seq: 7, Key: 1, OldValue: 3, NewValue: 3, OldFence: 15, NewFence: 40}
 		}, "stale write accepted"},
-		{"lost update", func(in *checkInput) {
+		{"lost update", nil, func(in *checkInput) {
 			// b read 0, as a did, and both wrote 1.
 			in.Ops["b"].NewValue = 1
 			in.History[1].NewValue = 1
@@ -81,29 +109,50 @@ func TestChecker(t *testing.T) {
 			in.Log[6] = logRow{Seq: 7, Key: 1, OldValue: 2, NewValue: 2, OldFence: 30, NewFence: 40}
 			in.Counters[0].Value = 2
 		}, "lost update"},
-		{"watermark moved back by a stamp", func(in *checkInput) {
+		{"watermark moved back by a stamp", nil, func(in *checkInput) {
 			in.Log = append(in.Log, logRow{Seq: 8, Key: 1, OldValue: 3, NewValue: 3, OldFence: 40, NewFence: 12})
 			in.Counters[0].Fence = 12
 		}, "moved the watermark back"},
-		{"final value differs", func(in *checkInput) {
+		{"final value differs", nil, func(in *checkInput) {
 			in.Counters[0].Value = 5
 		}, "final value 5"},
-		{"history row of nobody", func(in *checkInput) {
+		{"history row of nobody", nil, func(in *checkInput) {
 			in.History = append(in.History, historyRow{OpID: "zz", Key: 1, Token: 50, NewValue: 4, Fence: 50})
 		}, "belongs to no reported operation"},
-		{"proxy stamped another token", func(in *checkInput) {
+		{"proxy stamped another token", nil, func(in *checkInput) {
 			in.History[0].Fence = 11
 		}, "last_fence 11 stamped by the proxy"},
-		{"write without history row", func(in *checkInput) {
+		{"write without history row", nil, func(in *checkInput) {
 			in.Log = append(in.Log, logRow{Seq: 8, Key: 1, OldValue: 3, NewValue: 4, OldFence: 40, NewFence: 40})
 			in.Counters[0].Value = 4
 		}, "history has tokens [] for it"},
-		{"worker saw something odd", func(in *checkInput) {
+		{"worker saw something odd", nil, func(in *checkInput) {
 			in.Ops["e"].Outcome, in.Ops["e"].Detail = abnormal, "stamp updated 0 rows, want 1"
 		}, "stamp updated 0 rows"},
+		{"token granted twice", nil, func(in *checkInput) {
+			in.Ops["f"] = &opRecord{ID: "f", Key: 2, Token: 20, Outcome: failed}
+		}, "both granted token 20"},
+		{"correct lock-fenced history", stampless, func(*checkInput) {}, ""},
+		{"lost update without stamps", stampless, func(in *checkInput) {
+			// b read 0, as a did, and wrote 1 over a's 1.
+			in.Ops["b"].NewValue = 1
+			in.History[1].NewValue = 1
+			in.Log[1] = logRow{Seq: 2, Key: 1, OldValue: 1, NewValue: 1, OldFence: 10, NewFence: 20}
+			in.Counters[0].Value = 1
+		}, "wrote value 1 over itself"},
+		{"committed token above the lock's watermark", stampless, func(in *checkInput) {
+			in.Watermarks[1] = 15
+		}, "above the lock's watermark 15"},
+		{"lock without a watermark", stampless, func(in *checkInput) {
+			delete(in.Watermarks, 1)
+		}, "the lock has no watermark"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			in := good()
+			base := tc.base
+			if base == nil {
+				base = good
+			}
+			in := base()
 			tc.mutate(&in)
 			r := check(in)
 			if tc.want == "" {
@@ -122,6 +171,9 @@ func TestChecker(t *testing.T) {
 	}
 
 	t.Run("counts", func(t *testing.T) {
+		if r := check(stampless()); r.Fenced != 1 || r.FencedBy["read"] != 1 || r.Keys[0].Stamps != 0 {
+			t.Fatalf("lock-fenced counts: %s, fenced by %v, key %+v", r.summary(), r.FencedBy, r.Keys[0])
+		}
 		r := check(good())
 		if r.Attempted != 5 || r.Acked != 2 || r.Fenced != 1 || r.Failed != 1 || r.Unknown != 1 || r.UnknownCommitted != 1 {
 			t.Fatalf("counts: %s", r.summary())

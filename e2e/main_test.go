@@ -24,7 +24,8 @@ import (
 
 // The tests share one PostgreSQL cluster, one single-member etcd and one
 // in-process fenceproxy, started on first use by getStack and stopped after
-// the last test. Worker processes reach them through the addresses passed in
+// the last test; the lock-fenced torture adds its own three-member etcd and
+// three proxies. Worker processes reach them through the addresses passed in
 // their environment.
 
 func TestMain(m *testing.M) {
@@ -55,6 +56,11 @@ var protectedTables = []rules.Table{
 	// which the checker compares with the token the worker believes it
 	// holds.
 	{Table: "public.history", OnStale: "error"},
+	// TestLockFencedTimeline: lock fencing with row fencing beside it
+	// (lock: optional, the default), and alone (lock: required, no fence
+	// column).
+	{Table: "public.lock_timeline_optional"},
+	{Table: "public.lock_timeline_required", Lock: rules.LockRequired},
 }
 
 // stack is the shared PostgreSQL, etcd and proxy.
@@ -102,19 +108,25 @@ func startStack(ctx context.Context) (_ *stack, err error) {
 	if s.etcdCli, err = s.etcd.Client(); err != nil {
 		return nil, err
 	}
-	cfg := config.Defaults()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Admin.Listen = "off"
-	cfg.Upstream.Address = s.pg.Addr()
-	cfg.Shutdown.DrainTimeout = 5 * time.Second
-	cfg.Tables = protectedTables
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if s.proxy, err = service.Start(&cfg, "", proxyLogger()); err != nil {
+	if s.proxy, err = startProxy(s.pg.Addr(), protectedTables, proxyLogger()); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// startProxy starts an in-process fenceproxy in front of the PostgreSQL at
+// upstream, protecting tables, listening on a free port.
+func startProxy(upstream string, tables []rules.Table, log *zap.Logger) (*service.Instance, error) {
+	cfg := config.Defaults()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Admin.Listen = "off"
+	cfg.Upstream.Address = upstream
+	cfg.Shutdown.DrainTimeout = 5 * time.Second
+	cfg.Tables = tables
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return service.Start(&cfg, "", log)
 }
 
 // proxyLogger logs errors to stderr, and everything from info up when
@@ -159,10 +171,19 @@ func stopStack() {
 // connections outlive Close until their read timeout (see etcdtest).
 const leakGrace = 10 * time.Second
 
+// stuckVersionHandler is a goroutine that an embedded etcd member of a
+// three-member cluster may leave behind when it stops (TestTortureLockFenced
+// kills one, and closes the others): its backend closes while its peer
+// listener still serves, a peer's /version request then reads the storage
+// version from the closed backend and panics with the backend's read lock
+// held (net/http recovers the panic), and the next /version request waits
+// for that lock forever. It is etcd's, not the code under test's.
+const stuckVersionHandler = "go.etcd.io/etcd/server/v3/etcdserver/api/etcdhttp.newPeerHandler.versionHandler.func1"
+
 func findLeaks() error {
 	deadline := time.Now().Add(leakGrace)
 	for {
-		err := goleak.Find()
+		err := goleak.Find(goleak.IgnoreAnyFunction(stuckVersionHandler))
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
@@ -171,8 +192,10 @@ func findLeaks() error {
 
 // proxyDSN is the superuser's DSN through the proxy. The superuser is
 // trusted from 127.0.0.1, so the DSN holds no password.
-func (s *stack) proxyDSN() string {
-	return "postgres://postgres@" + s.proxy.Addr() + "/postgres?sslmode=disable"
+func (s *stack) proxyDSN() string { return proxyDSN(s.proxy) }
+
+func proxyDSN(p *service.Instance) string {
+	return "postgres://postgres@" + p.Addr() + "/postgres?sslmode=disable"
 }
 
 // directDSN goes straight to PostgreSQL, bypassing the proxy: for setup,

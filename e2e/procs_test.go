@@ -40,6 +40,10 @@ type workerConfig struct {
 	Etcd []string `json:"etcd"`
 
 	// Torture workers only.
+	//
+	// DSNs are the proxies (or the database) a torture worker connects
+	// to, one picked at random for each new connection; it ignores DSN.
+	DSNs           []string      `json:"dsns"`
 	KeyPrefix      string        `json:"key_prefix"`
 	Keys           int           `json:"keys"`
 	TTL            time.Duration `json:"ttl"`
@@ -48,6 +52,20 @@ type workerConfig struct {
 	TxThinkOdds    float64       `json:"tx_think_odds"` // chance of thinking before COMMIT too
 	SimpleProtocol bool          `json:"simple_protocol"`
 	Seed           uint64        `json:"seed"`
+	// SkipBusyOdds is the chance that a worker that finds the lock of the
+	// key it picked taken moves on to another key instead of waiting in
+	// line. Default 0: always wait.
+	SkipBusyOdds float64 `json:"skip_busy_odds"`
+	// NameLock selects the lock-fencing protocol: the session names its
+	// lock in fence.lock as well as its token in fence.token, and the
+	// operation has no stamp. Otherwise the worker sets fence.token only
+	// and stamps the row before reading it.
+	NameLock bool `json:"name_lock"`
+	// LockViaStartup (with NameLock) hands each grant to PostgreSQL as
+	// startup parameters, with Lease.ConfigurePgx on a fresh connection
+	// per operation, closed after it. Otherwise the worker keeps its
+	// connection and sets both settings with set_config.
+	LockViaStartup bool `json:"lock_via_startup"`
 }
 
 // proc is a running worker process.

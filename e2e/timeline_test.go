@@ -43,7 +43,7 @@ func TestStaleHolderTimeline(t *testing.T) {
 			a := startClient(t, st, "A")
 			b := startClient(t, st, "B")
 
-			tokenA, ttlA := a.lock(t, key, leaseTTL)
+			tokenA, ttlA := a.lock(t, key, leaseTTL, "token")
 			t.Logf("A holds %s with token %d (lease %v, no keep-alive)", key, tokenA, ttlA)
 			a.wantRows(t, 1, "stamp %s 1", tc.table)
 			if got := a.ok(t, "read %s 1", tc.table); got != "v1" {
@@ -54,7 +54,7 @@ func TestStaleHolderTimeline(t *testing.T) {
 			t.Log("A stopped (SIGSTOP); waiting for etcd to delete its lock key")
 			st.waitKeyGone(t, key)
 
-			tokenB, _ := b.lock(t, key, 30*time.Second)
+			tokenB, _ := b.lock(t, key, 30*time.Second, "token")
 			t.Logf("B holds %s with token %d", key, tokenB)
 			if tokenB <= tokenA {
 				t.Fatalf("B's token %d is not larger than A's %d", tokenB, tokenA)
@@ -129,7 +129,7 @@ func TestStampOrdersStaleWrite(t *testing.T) {
 			a := startClient(t, st, "A")
 			b := startClient(t, st, "B")
 
-			tokenA, _ := a.lock(t, key, leaseTTL)
+			tokenA, _ := a.lock(t, key, leaseTTL, "token")
 			if tc.stamp {
 				a.wantRows(t, 1, "stamp %s 1", tc.table)
 			}
@@ -137,7 +137,7 @@ func TestStampOrdersStaleWrite(t *testing.T) {
 			a.pause(t)
 			st.waitKeyGone(t, key)
 
-			tokenB, _ := b.lock(t, key, 30*time.Second)
+			tokenB, _ := b.lock(t, key, 30*time.Second, "token")
 			if tc.stamp {
 				b.wantRows(t, 1, "stamp %s 1", tc.table)
 			}
@@ -233,10 +233,12 @@ func (c clientProc) wantRows(t *testing.T, n int, format string, args ...any) {
 	}
 }
 
-// lock takes key with ttl and returns the token and the granted TTL.
-func (c clientProc) lock(t *testing.T, key string, ttl time.Duration) (int64, time.Duration) {
+// lock takes key with ttl, hands the grant to the session the way how
+// says (token, set or startup: see runClient), and returns the token and
+// the granted TTL.
+func (c clientProc) lock(t *testing.T, key string, ttl time.Duration, how string) (int64, time.Duration) {
 	t.Helper()
-	f := strings.Fields(c.ok(t, "lock %s %s", key, ttl))
+	f := strings.Fields(c.ok(t, "lock %s %s %s", key, ttl, how))
 	if len(f) != 2 {
 		t.Fatalf("%s: lock reply %q", c.name, f)
 	}

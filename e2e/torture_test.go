@@ -47,7 +47,15 @@ const (
 // accepted, no lost update, final state equal to the committed history.
 func TestTorture(t *testing.T) {
 	st := getStack(t)
-	res := torture(t, st, st.proxyDSN(), true)
+	res := torture(t, st, tortureSpec{
+		dsns:     []string{st.proxyDSN()},
+		via:      "fenceproxy",
+		etcd:     st.etcdEndpoints(),
+		size:     tortureParams(t, stampedSize()),
+		minThink: tortureMinThink,
+		maxThink: tortureMaxThink,
+		fenced:   true,
+	})
 	if len(res.Anomalies) > 0 {
 		t.Errorf("%d anomalies:\n%s", len(res.Anomalies), res.details(50))
 	}
@@ -68,30 +76,49 @@ func TestTortureUnfencedControl(t *testing.T) {
 		t.Skip("set FENCEPROXY_E2E_CONTROL=1 to run the unfenced control")
 	}
 	st := getStack(t)
-	res := torture(t, st, st.directDSN(), false)
+	res := torture(t, st, tortureSpec{
+		dsns:     []string{st.directDSN()},
+		via:      "PostgreSQL directly (unfenced)",
+		etcd:     st.etcdEndpoints(),
+		size:     tortureParams(t, stampedSize()),
+		minThink: tortureMinThink,
+		maxThink: tortureMaxThink,
+	})
 	t.Logf("without fencing the checker found %d anomalies:\n%s", len(res.Anomalies), res.details(20))
 }
 
-// tortureParams reads the run's size from the environment.
-func tortureParams(t *testing.T) (duration time.Duration, workers, keys int) {
-	t.Helper()
-	duration = 40 * time.Second
+// tortureSize is how long a torture runs, with how many workers on how
+// many counter rows.
+type tortureSize struct {
+	duration      time.Duration
+	workers, keys int
+}
+
+// stampedSize is the default size of TestTorture and its control: 40s
+// (10s under -short), 8 workers, 3 keys.
+func stampedSize() tortureSize {
+	size := tortureSize{duration: 40 * time.Second, workers: 8, keys: 3}
 	if testing.Short() {
-		duration = 10 * time.Second
+		size.duration = 10 * time.Second
 	}
+	return size
+}
+
+// tortureParams returns size with what the environment overrides.
+func tortureParams(t *testing.T, size tortureSize) tortureSize {
+	t.Helper()
 	if s := os.Getenv("FENCEPROXY_TORTURE_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
 			t.Fatalf("FENCEPROXY_TORTURE_DURATION=%q: want a positive Go duration like 40s or 10m", s)
 		}
-		duration = d
+		size.duration = d
 	}
-	workers, keys = 8, 3
 	for _, v := range []struct {
 		env string
 		n   *int
 		min int
-	}{{"FENCEPROXY_TORTURE_WORKERS", &workers, 2}, {"FENCEPROXY_TORTURE_KEYS", &keys, 1}} {
+	}{{"FENCEPROXY_TORTURE_WORKERS", &size.workers, 2}, {"FENCEPROXY_TORTURE_KEYS", &size.keys, 1}} {
 		if s := os.Getenv(v.env); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < v.min {
@@ -100,7 +127,47 @@ func tortureParams(t *testing.T) (duration time.Duration, workers, keys int) {
 			*v.n = n
 		}
 	}
-	return duration, workers, keys
+	return size
+}
+
+// tortureSpec describes one torture run.
+type tortureSpec struct {
+	dsns []string // workers connect to one of these, picked per connection
+	via  string   // what dsns lead to, for the log
+	etcd []string // every member's client URL
+	size tortureSize
+	// Think time between the read and the write.
+	minThink, maxThink time.Duration
+	// skipBusyOdds: see workerConfig.SkipBusyOdds.
+	skipBusyOdds float64
+	// fenced: counters and history are row-fenced by the proxy, so their
+	// last_fence columns carry the writers' tokens.
+	fenced bool
+	// nameLock: workers follow the lock-fencing protocol (fence.lock set,
+	// no stamp); see workerConfig.NameLock.
+	nameLock bool
+	// historyUnfenced: history has no fence column in the proxy's rules
+	// (lock fencing alone protects it), so its last_fence stays 0.
+	historyUnfenced bool
+	// watermarks: read the lock watermarks from fenceproxy.locks and check
+	// them against the committed tokens.
+	watermarks bool
+	// midRun, if set, is called once halfway through the run, while the
+	// workers run and pauses go on; what it returns is logged.
+	midRun func() string
+	// resumeOnRead: a paused lock holder is resumed as soon as a newer
+	// holder of the same lock reports its read, rather than only at the
+	// end of its pause, so that its write races the newer holder's think
+	// time: the gap between a read and its write that a stale write must
+	// not land in.
+	resumeOnRead bool
+}
+
+// tortureResult is the checker's report and what the run itself saw.
+type tortureResult struct {
+	*checkReport
+	// ackedAfterMid counts operations acknowledged after midRun returned.
+	ackedAfterMid int
 }
 
 const tortureSchema = `
@@ -142,18 +209,25 @@ CREATE TRIGGER counters_log AFTER UPDATE ON public.counters
 // tortureRun is the parent's view of a running torture: the operations as
 // reported, which workers hold a lock, which are paused.
 type tortureRun struct {
-	mu      sync.Mutex
-	ops     map[string]*opRecord
-	holding []bool
-	paused  []bool
-	ttl     time.Duration // largest TTL granted so far
-	pauses  int
-	onHold  int // pauses that hit a lock holder
-	bad     []string
+	mu            sync.Mutex
+	procs         []*proc
+	ops           map[string]*opRecord
+	holding       []bool
+	current       []*opRecord // each worker's operation between lock and unlock
+	paused        []bool
+	pauseGen      []int         // counts each worker's pauses, so that a timed resume resumes its own pause only
+	ttl           time.Duration // largest TTL granted so far
+	pauses        int
+	onHold        int // pauses that hit a lock holder
+	resumeOnRead  bool
+	earlyResumes  int // pauses ended by a newer holder's read
+	bad           []string
+	midDone       bool // spec.midRun has returned
+	ackedAfterMid int
 }
 
-func torture(t *testing.T, st *stack, dsn string, fenced bool) *checkReport {
-	duration, nWorkers, nKeys := tortureParams(t)
+func torture(t *testing.T, st *stack, spec tortureSpec) *tortureResult {
+	duration, nWorkers, nKeys := spec.size.duration, spec.size.workers, spec.size.keys
 	st.exec(t, tortureSchema)
 	var values []string
 	for k := 1; k <= nKeys; k++ {
@@ -162,31 +236,46 @@ func torture(t *testing.T, st *stack, dsn string, fenced bool) *checkReport {
 	st.exec(t, "INSERT INTO public.counters (id, value) VALUES "+strings.Join(values, ", "))
 
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("torture: %d workers, %d keys, %v, lease TTL %v without keep-alive, seed %d, through %s",
-		nWorkers, nKeys, duration, tortureTTL, seed, map[bool]string{true: "fenceproxy", false: "PostgreSQL directly (unfenced)"}[fenced])
+	protocol := "stamp, read, write"
+	if spec.nameLock {
+		protocol = "fence.lock and fence.token, read, write (no stamp)"
+	}
+	t.Logf("torture: %d workers, %d keys, %v, lease TTL %v without keep-alive, think %v..%v, seed %d; %s; through %s",
+		nWorkers, nKeys, duration, tortureTTL, spec.minThink, spec.maxThink, seed, protocol, spec.via)
 	run := &tortureRun{
-		ops:     make(map[string]*opRecord),
-		holding: make([]bool, nWorkers),
-		paused:  make([]bool, nWorkers),
-		ttl:     tortureTTL,
+		ops:          make(map[string]*opRecord),
+		holding:      make([]bool, nWorkers),
+		current:      make([]*opRecord, nWorkers),
+		paused:       make([]bool, nWorkers),
+		pauseGen:     make([]int, nWorkers),
+		ttl:          tortureTTL,
+		resumeOnRead: spec.resumeOnRead,
 	}
 	keyPrefix := fmt.Sprintf("e2e/torture/%d/", runSeq.Add(1))
 	procs := make([]*proc, nWorkers)
+	run.procs = procs
 	var readers sync.WaitGroup
 	for i := range procs {
 		procs[i] = startProc(t, roleTorture, workerConfig{
-			Name:        fmt.Sprintf("w%d", i),
-			DSN:         dsn,
-			Etcd:        st.etcdEndpoints(),
-			KeyPrefix:   keyPrefix,
-			Keys:        nKeys,
-			TTL:         tortureTTL,
-			MinThink:    tortureMinThink,
-			MaxThink:    tortureMaxThink,
-			TxThinkOdds: tortureTxThinkOdds,
+			Name:         fmt.Sprintf("w%d", i),
+			DSNs:         spec.dsns,
+			Etcd:         spec.etcd,
+			KeyPrefix:    keyPrefix,
+			Keys:         nKeys,
+			TTL:          tortureTTL,
+			MinThink:     spec.minThink,
+			MaxThink:     spec.maxThink,
+			TxThinkOdds:  tortureTxThinkOdds,
+			SkipBusyOdds: spec.skipBusyOdds,
 			// Half the workers use the simple query protocol, half pgx's
 			// default extended protocol with cached prepared statements.
+			// With nameLock, two in eight (one of each protocol) hand
+			// their grants over as startup parameters of a connection per
+			// grant, the others with set_config: a connection costs more
+			// than the rest of an operation.
 			SimpleProtocol: i%2 == 1,
+			NameLock:       spec.nameLock,
+			LockViaStartup: spec.nameLock && i%8 >= 6,
 			Seed:           seed + uint64(i),
 		})
 		readers.Go(func() {
@@ -200,9 +289,20 @@ func torture(t *testing.T, st *stack, dsn string, fenced bool) *checkReport {
 	var terminated int
 	var terminator sync.WaitGroup
 	terminator.Go(func() { terminated = terminateIdleInTx(t, st, stopTerminator, rand.New(rand.NewPCG(seed, 1))) })
+	var midRunner sync.WaitGroup
+	if spec.midRun != nil {
+		midRunner.Go(func() {
+			time.Sleep(duration / 2)
+			t.Logf("halfway: %s", spec.midRun())
+			run.mu.Lock()
+			run.midDone = true
+			run.mu.Unlock()
+		})
+	}
 	run.injectPauses(t, procs, duration, rand.New(rand.NewPCG(seed, 0)))
 	close(stopTerminator)
 	terminator.Wait()
+	midRunner.Wait()
 
 	for _, p := range procs {
 		// Errors here mean the worker has exited; wait reports why.
@@ -218,7 +318,7 @@ func torture(t *testing.T, st *stack, dsn string, fenced bool) *checkReport {
 	}
 	readers.Wait()
 
-	in := checkInput{Ops: run.ops, Fenced: fenced}
+	in := checkInput{Ops: run.ops, Fenced: spec.fenced, Stampless: spec.nameLock, HistoryUnfenced: spec.historyUnfenced}
 	for _, op := range run.ops {
 		if op.Outcome == pending {
 			// The worker ended inside the operation (it was killed):
@@ -231,6 +331,9 @@ func torture(t *testing.T, st *stack, dsn string, fenced bool) *checkReport {
 		}
 	}
 	readResults(t, st, &in)
+	if spec.watermarks {
+		in.Watermarks = readWatermarks(t, st, keyPrefix)
+	}
 	res := check(in)
 	for _, b := range run.bad {
 		res.anomaly("%s", b)
@@ -238,15 +341,24 @@ func torture(t *testing.T, st *stack, dsn string, fenced bool) *checkReport {
 
 	t.Logf("pauses: %d (%d of a lock holder), each %v + 1..2s; server sessions terminated in a transaction: %d",
 		run.pauses, run.onHold, run.ttl, terminated)
+	if spec.resumeOnRead {
+		t.Logf("pauses ended early by a newer holder's read of the same key: %d", run.earlyResumes)
+	}
 	t.Logf("operations: attempted %d, acknowledged %d, fenced %d, failed %d, unknown %d (%d of them committed)",
 		res.Attempted, res.Acked, res.Fenced, res.Failed, res.Unknown, res.UnknownCommitted)
+	if len(res.FencedBy) > 0 {
+		t.Logf("fenced by phase: %v", res.FencedBy)
+	}
 	for _, k := range res.Keys {
 		t.Logf("key %d: final value %d; %d acknowledged + %d unknown-but-committed increments; %d accepted stamps; last_fence %d",
 			k.Key, k.Final, k.Acked, k.UnknownCommitted, k.Stamps, k.LastToken)
 	}
+	if spec.midRun != nil {
+		t.Logf("acknowledged after the halfway event: %d", run.ackedAfterMid)
+	}
 	t.Logf("torture: ops=%d acked=%d fenced=%d unknown=%d anomalies=%d",
 		res.Attempted, res.Acked, res.Fenced, res.Unknown, len(res.Anomalies))
-	return res
+	return &tortureResult{checkReport: res, ackedAfterMid: run.ackedAfterMid}
 }
 
 // handle records one report line of worker i.
@@ -277,8 +389,10 @@ func (r *tortureRun) handle(i int, line string) {
 			bad("duplicate op id")
 			return
 		}
-		r.ops[id] = &opRecord{ID: id, Key: key, Token: token}
+		op := &opRecord{ID: id, Key: key, Token: token}
+		r.ops[id] = op
 		r.holding[i] = true
+		r.current[i] = op
 		r.ttl = max(r.ttl, ttl)
 		return
 	}
@@ -296,6 +410,10 @@ func (r *tortureRun) handle(i int, line string) {
 		op.Outcome, op.Detail = o, detail
 	}
 	switch kind {
+	case "read":
+		if r.resumeOnRead {
+			r.resumeOlderHolders(op)
+		}
 	case "try":
 		v, err := strconv.ParseInt(detail, 10, 64)
 		if err != nil {
@@ -305,6 +423,9 @@ func (r *tortureRun) handle(i int, line string) {
 		op.Tried, op.NewValue = true, v
 	case "ack":
 		settle(acked)
+		if r.midDone {
+			r.ackedAfterMid++
+		}
 	case "fenced":
 		settle(fenced)
 	case "failed":
@@ -315,11 +436,27 @@ func (r *tortureRun) handle(i int, line string) {
 		settle(abnormal)
 	case "unlock":
 		r.holding[i] = false
+		r.current[i] = nil
 		if op.Outcome == pending {
 			bad("unlock before an outcome")
 		}
 	default:
 		bad("unknown line")
+	}
+}
+
+// resumeOlderHolders resumes the paused workers whose operation holds (or
+// held) the lock of op's key with an older token: op's worker has just
+// read, so their writes now race its think time. r.mu is held.
+func (r *tortureRun) resumeOlderHolders(op *opRecord) {
+	for i, cur := range r.current {
+		if !r.paused[i] || cur == nil || cur.Key != op.Key || cur.Token >= op.Token {
+			continue
+		}
+		// An error means the worker has exited; its wait reports why.
+		_ = r.procs[i].signal(syscall.SIGCONT)
+		r.paused[i] = false
+		r.earlyResumes++
 	}
 }
 
@@ -356,24 +493,32 @@ func (r *tortureRun) injectPauses(t *testing.T, procs []*proc, duration time.Dur
 		}
 		i := pool[rng.IntN(len(pool))]
 		r.paused[i] = true
+		r.pauseGen[i]++
+		gen := r.pauseGen[i]
 		r.pauses++
 		if r.holding[i] {
 			r.onHold++
 		}
 		d := r.ttl + time.Second + time.Duration(rng.Int64N(int64(time.Second)))
-		r.mu.Unlock()
 
-		if err := procs[i].signal(syscall.SIGSTOP); err != nil {
+		// SIGSTOP under r.mu: a read reported meanwhile must not find
+		// the worker marked paused before it is.
+		err := procs[i].signal(syscall.SIGSTOP)
+		r.mu.Unlock()
+		if err != nil {
 			t.Errorf("worker %s: SIGSTOP: %v", procs[i].name, err)
 		}
 		resumes.Go(func() {
 			time.Sleep(d)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if !r.paused[i] || r.pauseGen[i] != gen {
+				return // resumed early (resumeOnRead)
+			}
 			if err := procs[i].signal(syscall.SIGCONT); err != nil {
 				t.Errorf("worker %s: SIGCONT: %v", procs[i].name, err)
 			}
-			r.mu.Lock()
 			r.paused[i] = false
-			r.mu.Unlock()
 		})
 	}
 	resumes.Wait()
@@ -456,8 +601,34 @@ func readResults(t *testing.T, st *stack, in *checkInput) {
 	}
 }
 
-func collect[T any](ctx context.Context, conn *pgx.Conn, sql string, scan pgx.RowToFunc[T]) ([]T, error) {
-	rows, err := conn.Query(ctx, sql)
+// readWatermarks reads the lock watermarks of the run's locks (names
+// keyPrefix + key) from fenceproxy.locks, keyed by counter row.
+func readWatermarks(t *testing.T, st *stack, keyPrefix string) map[int]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type lockRow struct {
+		name  string
+		token int64
+	}
+	rows, err := collect(ctx, st.direct(t), "SELECT name, token FROM fenceproxy.locks WHERE starts_with(name, $1)",
+		func(r pgx.CollectableRow) (l lockRow, err error) { return l, r.Scan(&l.name, &l.token) }, keyPrefix)
+	if err != nil {
+		t.Fatalf("read fenceproxy.locks: %v", err)
+	}
+	w := make(map[int]int64, len(rows))
+	for _, l := range rows {
+		key, err := strconv.Atoi(strings.TrimPrefix(l.name, keyPrefix))
+		if err != nil {
+			t.Fatalf("fenceproxy.locks has lock %q under the run's prefix %q", l.name, keyPrefix)
+		}
+		w[key] = l.token
+	}
+	return w
+}
+
+func collect[T any](ctx context.Context, conn *pgx.Conn, sql string, scan pgx.RowToFunc[T], args ...any) ([]T, error) {
+	rows, err := conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}

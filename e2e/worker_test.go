@@ -81,14 +81,16 @@ func newEtcdClient(cfg workerConfig) (*clientv3.Client, error) {
 	})
 }
 
-// connectPG connects to cfg.DSN with the session settings every worker
-// uses. lock_timeout and statement_timeout bound the wait behind a paused
-// worker that holds a row lock in an open transaction: such a wait is
-// expected (PostgreSQL keeps the row consistent) and ends either when the
-// paused worker resumes or with an error, which the worker counts as a
-// failed operation.
-func connectPG(ctx context.Context, cfg workerConfig) (*pgx.Conn, error) {
-	pc, err := pgx.ParseConfig(cfg.DSN)
+// connectPG connects to dsn with the session settings every worker uses,
+// and with lease's token and lock name as startup parameters when lease is
+// not nil (Lease.ConfigurePgx). lock_timeout and statement_timeout bound
+// the wait behind a paused worker that holds a row lock, or a lock's
+// registration, in an open transaction: such a wait is expected
+// (PostgreSQL keeps the row consistent, the register procedure makes a
+// newer token wait for older ones) and ends either when the paused worker
+// resumes or with an error, which the worker counts as a failed operation.
+func connectPG(ctx context.Context, cfg workerConfig, dsn string, lease *lock.Lease) (*pgx.Conn, error) {
+	pc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -98,11 +100,24 @@ func connectPG(ctx context.Context, cfg workerConfig) (*pgx.Conn, error) {
 	if cfg.SimpleProtocol {
 		pc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	}
+	if lease != nil {
+		lease.ConfigurePgx(pc, lock.Settings{})
+	}
 	return pgx.ConnectConfig(ctx, pc)
 }
 
 func setToken(ctx context.Context, conn *pgx.Conn, token int64) error {
 	_, err := conn.Exec(ctx, "SELECT pg_catalog.set_config('fence.token', $1, false)", strconv.FormatInt(token, 10))
+	return err
+}
+
+// setLock sets the session's lock name and token. The setting names are
+// written into the statement's text, not passed as parameters: the proxy
+// starts registering a session's token only once it has seen the session
+// mention fence.lock, in its startup parameters or in a statement's text.
+func setLock(ctx context.Context, conn *pgx.Conn, lease *lock.Lease) error {
+	_, err := conn.Exec(ctx, "SELECT pg_catalog.set_config('fence.lock', $1, false), pg_catalog.set_config('fence.token', $2, false)",
+		lease.Key(), strconv.FormatInt(lease.Token(), 10))
 	return err
 }
 
@@ -114,32 +129,41 @@ var sqlState = testutil.SQLState
 // "ok ..." or "err <SQLSTATE or -> <message>". The timeline tests drive
 // processes A and B with it, step by step.
 //
-//	lock KEY TTL          take the lock (no keep-alive), set fence.token;
-//	                      ok TOKEN GRANTED-TTL
+//	lock KEY TTL [HOW]    take the lock (no keep-alive) and hand the grant
+//	                      to the session; ok TOKEN GRANTED-TTL. HOW is
+//	                      token (the default: set fence.token only),
+//	                      set (set fence.lock and fence.token with
+//	                      set_config) or startup (reconnect with both as
+//	                      startup parameters, Lease.ConfigurePgx)
 //	stamp TABLE ID        UPDATE TABLE SET payload = payload WHERE id = ID;
 //	                      ok ROWS
 //	read TABLE ID         ok PAYLOAD
 //	write TABLE ID TEXT   UPDATE TABLE SET payload = TEXT WHERE id = ID;
 //	                      ok ROWS
+//	insert TABLE ID TEXT  INSERT INTO TABLE (id, payload) VALUES (ID, TEXT);
+//	                      ok ROWS
+//	delete TABLE ID       DELETE FROM TABLE WHERE id = ID; ok ROWS
 //	lease                 ok held | ok lost REASON
 //	release               ok | err notheld MESSAGE
 
 func runClient(cfg workerConfig) error {
 	ctx := context.Background()
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	conn, err := connectPG(cctx, cfg)
+	conn, err := connectPG(cctx, cfg, cfg.DSN, nil)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	defer conn.Close(ctx)
+	c := &client{conn: conn, cfg: cfg}
+	// c.conn, not conn: "lock KEY TTL startup" replaces the connection.
+	defer func() { c.conn.Close(ctx) }()
 	cli, err := newEtcdClient(cfg)
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
 	defer cli.Close()
+	c.cli = cli
 
-	c := &client{conn: conn, cli: cli, name: cfg.Name}
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -160,14 +184,18 @@ func runClient(cfg workerConfig) error {
 type client struct {
 	conn  *pgx.Conn
 	cli   *clientv3.Client
-	name  string
+	cfg   workerConfig
 	lease *lock.Lease
 }
 
 func (c *client) do(ctx context.Context, cmd string, args []string) []any {
-	need := map[string]int{"lock": 2, "stamp": 2, "read": 2, "write": 3, "lease": 0, "release": 0}
+	// Arguments: at least min, at most max.
+	need := map[string][2]int{
+		"lock": {2, 3}, "stamp": {2, 2}, "read": {2, 2}, "write": {3, 3},
+		"insert": {3, 3}, "delete": {2, 2}, "lease": {0, 0}, "release": {0, 0},
+	}
 	n, ok := need[cmd]
-	if !ok || len(args) != n {
+	if !ok || len(args) < n[0] || len(args) > n[1] {
 		return []any{"err", "-", fmt.Sprintf("bad command %q %q", cmd, args)}
 	}
 	switch cmd {
@@ -176,12 +204,31 @@ func (c *client) do(ctx context.Context, cmd string, args []string) []any {
 		if err != nil {
 			return errReply(err)
 		}
-		l, err := lock.Acquire(ctx, c.cli, args[0], lock.Options{TTL: ttl, Holder: c.name})
+		how := "token"
+		if len(args) == 3 {
+			how = args[2]
+		}
+		if how != "token" && how != "set" && how != "startup" {
+			return []any{"err", "-", fmt.Sprintf("lock: unknown way %q", how)}
+		}
+		l, err := lock.Acquire(ctx, c.cli, args[0], lock.Options{TTL: ttl, Holder: c.cfg.Name})
 		if err != nil {
 			return errReply(err)
 		}
 		c.lease = l
-		if err := setToken(ctx, c.conn, l.Token()); err != nil {
+		switch how {
+		case "token":
+			err = setToken(ctx, c.conn, l.Token())
+		case "set":
+			err = setLock(ctx, c.conn, l)
+		case "startup":
+			var conn *pgx.Conn
+			if conn, err = connectPG(ctx, c.cfg, c.cfg.DSN, l); err == nil {
+				_ = c.conn.Close(ctx)
+				c.conn = conn
+			}
+		}
+		if err != nil {
 			return errReply(err)
 		}
 		return []any{"ok", l.Token(), l.TTL()}
@@ -199,6 +246,18 @@ func (c *client) do(ctx context.Context, cmd string, args []string) []any {
 		return []any{"ok", payload}
 	case "write":
 		tag, err := c.conn.Exec(ctx, "UPDATE "+ident(args[0])+" SET payload = $2 WHERE id = $1", args[1], args[2])
+		if err != nil {
+			return errReply(err)
+		}
+		return []any{"ok", tag.RowsAffected()}
+	case "insert":
+		tag, err := c.conn.Exec(ctx, "INSERT INTO "+ident(args[0])+" (id, payload) VALUES ($1, $2)", args[1], args[2])
+		if err != nil {
+			return errReply(err)
+		}
+		return []any{"ok", tag.RowsAffected()}
+	case "delete":
+		tag, err := c.conn.Exec(ctx, "DELETE FROM "+ident(args[0])+" WHERE id = $1", args[1])
 		if err != nil {
 			return errReply(err)
 		}
@@ -248,12 +307,21 @@ func ident(qualified string) string {
 //	think (random sleep) → BEGIN; UPDATE the row to old+1; INSERT history;
 //	[sometimes think again] COMMIT → release
 //
+// or, with NameLock, the same without the stamp, the session naming the
+// lock as well as the token:
+//
+//	lock a random key → SET fence.lock, fence.token (or connect with
+//	both as startup parameters) → read → think → BEGIN; UPDATE; INSERT
+//	history; [think] COMMIT → release
+//
 // reporting each operation on stdout:
 //
 //	lock OP KEY TOKEN TTL   the lock is held; OP is this operation's id
+//	read OP VALUE           the row was read; the think time starts
 //	try OP NEW              the write and history row are in, COMMIT is next
 //	ack OP                  COMMIT succeeded
-//	fenced OP PHASE MSG     FP001: the stamp or the write was refused
+//	fenced OP PHASE MSG     FP001: the stamp, the read (lock fencing) or
+//	                        the write was refused
 //	failed OP PHASE MSG     an error before COMMIT: nothing was committed
 //	unknown OP MSG          COMMIT failed or the connection broke during
 //	                        it: the write may or may not be committed
@@ -293,10 +361,11 @@ func runTortureWorker(cfg workerConfig) error {
 	defer w.closeConn()
 
 	for seq := 1; ctx.Err() == nil; {
-		if w.conn == nil || w.conn.IsClosed() {
+		// A worker that connects per operation does so holding the lock.
+		if !cfg.LockViaStartup && (w.conn == nil || w.conn.IsClosed()) {
 			w.closeConn()
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			w.conn, err = connectPG(cctx, cfg)
+			w.conn, err = connectPG(cctx, cfg, w.pickDSN(), nil)
 			cancel()
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "connect: %v\n", err)
@@ -306,21 +375,19 @@ func runTortureWorker(cfg workerConfig) error {
 			}
 		}
 		key := 1 + w.rng.IntN(cfg.Keys)
-		// Acquire waits for the holder to release or its lease to end;
-		// "stop" cancels the wait, the timeout is only a safety net.
-		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
-		lease, err := lock.Acquire(actx, cli, lockKey(cfg.KeyPrefix, key), lock.Options{TTL: cfg.TTL, Holder: cfg.Name})
-		acancel()
+		lease, err := w.acquire(ctx, key)
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, lock.ErrLocked) {
 				fmt.Fprintf(os.Stderr, "acquire: %v\n", err)
 			}
+			// Not at once: the next key's lock may be taken too.
+			sleep(ctx, time.Duration(w.rng.Int64N(int64(5*time.Millisecond))))
 			continue
 		}
 		op := fmt.Sprintf("%s-%d", cfg.Name, seq)
 		seq++
 		emit("lock", op, key, lease.Token(), lease.TTL())
-		w.readModifyWrite(op, key, lease.Token())
+		w.readModifyWrite(op, key, lease)
 		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Release(rctx) // ErrNotHeld for a holder that was paused past its lease
 		rcancel()
@@ -339,6 +406,29 @@ type tortureWorker struct {
 	rng  *rand.Rand
 }
 
+// acquire takes the lock of key. A worker with SkipBusyOdds first tries
+// without waiting and, finding the lock taken, moves on (lock.ErrLocked)
+// with that probability, the way a worker of a job queue takes other
+// work; otherwise it waits in line: for the holder to release or its
+// lease to end. "stop" cancels the wait; the timeout is only a safety net.
+func (w *tortureWorker) acquire(ctx context.Context, key int) (*lock.Lease, error) {
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	defer acancel()
+	name, opts := lockKey(w.cfg.KeyPrefix, key), lock.Options{TTL: w.cfg.TTL, Holder: w.cfg.Name}
+	if w.cfg.SkipBusyOdds > 0 {
+		lease, err := lock.TryAcquire(actx, w.cli, name, opts)
+		if !errors.Is(err, lock.ErrLocked) || w.rng.Float64() < w.cfg.SkipBusyOdds {
+			return lease, err
+		}
+	}
+	return lock.Acquire(actx, w.cli, name, opts)
+}
+
+// pickDSN returns one of the configured DSNs at random.
+func (w *tortureWorker) pickDSN() string {
+	return w.cfg.DSNs[w.rng.IntN(len(w.cfg.DSNs))]
+}
+
 func (w *tortureWorker) closeConn() {
 	if w.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -348,33 +438,60 @@ func (w *tortureWorker) closeConn() {
 	}
 }
 
-// readModifyWrite is one operation under the lock with token, following the
-// stamped protocol of docs/design.md. It does not take the stop context: once
-// the lock is held, the operation runs to its end.
-func (w *tortureWorker) readModifyWrite(op string, key int, token int64) {
+// readModifyWrite is one operation under lease: the stamped protocol of
+// docs/design.md, or with NameLock the lock-fenced one without a stamp. It
+// does not take the stop context: once the lock is held, the operation
+// runs to its end.
+func (w *tortureWorker) readModifyWrite(op string, key int, lease *lock.Lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
+	token := lease.Token()
 	conn := w.conn
-	if err := setToken(ctx, conn, token); err != nil {
-		w.notCommitted(op, "set-token", err)
-		return
+	switch {
+	case !w.cfg.NameLock:
+		if err := setToken(ctx, conn, token); err != nil {
+			w.notCommitted(op, "set-token", err)
+			return
+		}
+		// The stamp: a fenced no-op write that registers the token on the
+		// row before the read, so that no older holder can write after it.
+		tag, err := conn.Exec(ctx, "UPDATE public.counters SET value = value WHERE id = $1", key)
+		if err != nil {
+			w.notCommitted(op, "stamp", err)
+			return
+		}
+		if tag.RowsAffected() != 1 {
+			emit("odd", op, fmt.Sprintf("stamp updated %d rows, want 1", tag.RowsAffected()))
+			return
+		}
+	case w.cfg.LockViaStartup:
+		// A connection of this grant's own, through a proxy picked now:
+		// the startup parameters carry the lock's name and token, and no
+		// statement sets them.
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		c, err := connectPG(cctx, w.cfg, w.pickDSN(), lease)
+		ccancel()
+		if err != nil {
+			w.notCommitted(op, "connect", err)
+			return
+		}
+		w.conn, conn = c, c
+		defer w.closeConn()
+	default:
+		if err := setLock(ctx, conn, lease); err != nil {
+			w.notCommitted(op, "set-lock", err)
+			return
+		}
 	}
-	// The stamp: a fenced no-op write that registers the token on the row
-	// before the read, so that no older holder can write after it.
-	tag, err := conn.Exec(ctx, "UPDATE public.counters SET value = value WHERE id = $1", key)
-	if err != nil {
-		w.notCommitted(op, "stamp", err)
-		return
-	}
-	if tag.RowsAffected() != 1 {
-		emit("odd", op, fmt.Sprintf("stamp updated %d rows, want 1", tag.RowsAffected()))
-		return
-	}
+	// No stamp with NameLock: the read itself registers the token for the
+	// lock, and from then on no older holder of the lock gets past the
+	// proxy on a lock-fenced table.
 	var old int64
 	if err := conn.QueryRow(ctx, "SELECT value FROM public.counters WHERE id = $1", key).Scan(&old); err != nil {
 		w.notCommitted(op, "read", err)
 		return
 	}
+	emit("read", op, old)
 	time.Sleep(w.think())
 
 	tx, err := conn.Begin(ctx)
@@ -386,7 +503,7 @@ func (w *tortureWorker) readModifyWrite(op string, key int, token int64) {
 	// transaction, or does nothing on a broken connection.
 	defer func() { _ = tx.Rollback(ctx) }()
 	newValue := old + 1
-	tag, err = tx.Exec(ctx, "UPDATE public.counters SET value = $2 WHERE id = $1", key, newValue)
+	tag, err := tx.Exec(ctx, "UPDATE public.counters SET value = $2 WHERE id = $1", key, newValue)
 	if err != nil {
 		w.notCommitted(op, "write", err)
 		return
