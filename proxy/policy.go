@@ -13,8 +13,9 @@ type Hooks interface {
 	SessionClosed()
 	UpstreamConnectFailed()
 	// Statement is called once for each Query or Parse message with the
-	// decision taken for it and the time the decision took.
-	Statement(info *SessionInfo, d *Decision, took time.Duration)
+	// decision taken for it and the time the decision took. d is passed by
+	// value so that no decision escapes to the heap on the relay's path.
+	Statement(info *SessionInfo, d Decision, took time.Duration)
 }
 
 // AcceptHooks is an optional Hooks extension: AcceptFailed is called for
@@ -193,7 +194,7 @@ type SessionInfo struct {
 
 type nopHooks struct{}
 
-func (nopHooks) SessionOpened()                                   {}
-func (nopHooks) SessionClosed()                                   {}
-func (nopHooks) UpstreamConnectFailed()                           {}
-func (nopHooks) Statement(*SessionInfo, *Decision, time.Duration) {}
+func (nopHooks) SessionOpened()                                  {}
+func (nopHooks) SessionClosed()                                  {}
+func (nopHooks) UpstreamConnectFailed()                          {}
+func (nopHooks) Statement(*SessionInfo, Decision, time.Duration) {}

@@ -57,7 +57,7 @@ type countingHooks struct {
 func (h *countingHooks) SessionOpened()         { h.opened.Add(1) }
 func (h *countingHooks) SessionClosed()         { h.closed.Add(1) }
 func (h *countingHooks) UpstreamConnectFailed() { h.failed.Add(1) }
-func (h *countingHooks) Statement(info *proxy.SessionInfo, d *proxy.Decision, _ time.Duration) {
+func (h *countingHooks) Statement(info *proxy.SessionInfo, d proxy.Decision, _ time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.actions == nil {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/sha256"
 	"strconv"
+	"strings"
 )
 
 // Prepared statements and rules reloads.
@@ -78,6 +79,7 @@ type stmtOp struct {
 
 // portalEntry is a portal bound through the proxy.
 type portalEntry struct {
+	id        uint64   // which Bind made it (entries are reused)
 	def       *stmtDef // nil: unknown statement
 	gen       uint64
 	seg       uint64 // segment of the Bind: gone once a later ReadyForQuery says idle
@@ -119,7 +121,9 @@ type preparedState struct {
 	recvCC  int    // CommandCompletes received in the segment
 	failed  bool   // an error was received in the segment
 	idleSeg uint64 // portals bound in earlier segments are gone
-	fifo    []*pendingResp
+	// portalSeq numbers the Binds (portalEntry.id).
+	portalSeq uint64
+	fifo      []*pendingResp
 	// lost: the response bookkeeping lost track (COPY pipelined with
 	// Syncs, an unexpected ReadyForQuery): from then on every re-decision
 	// refuses.
@@ -203,10 +207,14 @@ func (ps *preparedState) swallowQuery(idx int) {
 func (e *stmtEntry) minGen() (uint64, bool) {
 	var g uint64
 	any := false
-	for _, d := range e.defs() {
-		if !any || d.gen < g {
+	see := func(d *stmtDef) {
+		if d != nil && (!any || d.gen < g) {
 			g, any = d.gen, true
 		}
+	}
+	see(e.confirmed)
+	for _, op := range e.pending {
+		see(op.def)
 	}
 	return g, any
 }
@@ -298,7 +306,8 @@ func (ps *preparedState) newDef(sql string, sent [32]byte, gen uint64, oids []ui
 		d.oids = append([]uint32(nil), oids...)
 	}
 	if ps.keepText(len(sql)) {
-		d.sql, d.kept = sql, true
+		// A Query's text may alias the read buffer (relaySQL): copy it.
+		d.sql, d.kept = strings.Clone(sql), true
 	}
 	return d
 }

@@ -3,7 +3,9 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
@@ -172,8 +174,9 @@ func (s *session) refreshDef(e *stmtEntry, def *stmtDef, gen uint64) {
 // relayBind handles a Bind: the statement it binds must be decided under
 // the rules in force, and the portal remembers under which.
 func (s *session) relayBind(body []byte) error {
-	portal, rest, ok := cstring(body)
-	stmt, _, ok2 := cstring(rest)
+	// The names alias the read buffer: what is kept is copied.
+	portal, rest, ok := cstringView(body)
+	stmt, _, ok2 := cstringView(rest)
 	if !ok || !ok2 {
 		return s.protocolViolation(fmt.Errorf("malformed Bind"))
 	}
@@ -186,7 +189,7 @@ func (s *session) relayBind(body []byte) error {
 		return s.sendRefusedInstead(v.refuse)
 	}
 	if v.reprepare != nil {
-		if err := s.reprepare(stmt, v); err != nil {
+		if err := s.reprepare(strings.Clone(stmt), v); err != nil {
 			return err
 		}
 	}
@@ -202,12 +205,21 @@ func (s *session) relayBind(body []byte) error {
 	s.mu.Lock()
 	pkey := serverKey(portal)
 	old := s.ps.portals[pkey]
-	pe := &portalEntry{def: v.def, gen: gen, seg: s.ps.sentSeg}
+	s.ps.portalSeq++
+	next := portalEntry{def: v.def, gen: gen, seg: s.ps.sentSeg, id: s.ps.portalSeq}
 	if portal != "" && old != nil && old.seg >= s.ps.idleSeg {
 		// A named portal cannot be bound twice in a transaction: this
 		// Bind fails and the old one stays open.
-		pe.uncertain = true
-		pe.gen = min(old.gen, gen)
+		next.uncertain = true
+		next.gen = min(old.gen, gen)
+	}
+	pe := old
+	if pe != nil {
+		*pe = next // reused: the relay allocates nothing per Bind
+	} else {
+		pe = new(portalEntry)
+		*pe = next
+		pkey = strings.Clone(pkey) // portal may alias the read buffer
 	}
 	full := false
 	if old == nil && len(s.ps.portals) >= maxTrackedPortals {
@@ -357,9 +369,12 @@ func (s *session) relayClose(body []byte) error {
 		s.ps.addStmtOp(name, nil, false, 0, false, 0)
 	case 'P':
 		key := serverKey(name)
-		pe := s.ps.portals[key]
+		var id uint64
+		if pe := s.ps.portals[key]; pe != nil {
+			id = pe.id
+		}
 		s.ps.expect(0, func(o outcome) {
-			if o == outcomeOK && s.ps.portals[key] == pe {
+			if pe := s.ps.portals[key]; o == outcomeOK && pe != nil && pe.id == id {
 				delete(s.ps.portals, key)
 			}
 		})
@@ -561,6 +576,18 @@ func asciiFoldHasPrefix(s, prefix string) bool {
 }
 
 // cstring splits a NUL-terminated string off b.
+// cstringView is cstring without a copy: the string aliases b.
+func cstringView(b []byte) (string, []byte, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return "", nil, false
+	}
+	if i == 0 {
+		return "", b[1:], true
+	}
+	return unsafe.String(&b[0], i), b[i+1:], true
+}
+
 func cstring(b []byte) (string, []byte, bool) {
 	i := bytes.IndexByte(b, 0)
 	if i < 0 {

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
@@ -190,16 +192,20 @@ func (s *session) copyInEnded() {
 // forwards what it says.
 func (s *session) relaySQL(typ byte, body []byte) error {
 	var (
-		q     pgproto3.Query
 		p     pgproto3.Parse
 		sql   string
 		start = time.Now()
 	)
 	if typ == 'Q' {
-		if err := q.Decode(body); err != nil {
-			return s.protocolViolation(err)
+		// The text is read in place, without a copy: it aliases the read
+		// buffer, so it must not be kept past this message (what is kept
+		// is copied: the policy's cache, prepared-statement definitions).
+		if len(body) == 0 || bytes.IndexByte(body, 0) != len(body)-1 {
+			return s.protocolViolation(errors.New("invalid Query message"))
 		}
-		sql = q.String
+		if len(body) > 1 {
+			sql = unsafe.String(&body[0], len(body)-1)
+		}
 	} else {
 		if err := p.Decode(body); err != nil {
 			return s.protocolViolation(err)

@@ -345,7 +345,7 @@ func (s *session) decided(d *Decision, took time.Duration) {
 	case Refuse:
 		s.refused.Add(1)
 	}
-	s.srv.opts.Hooks.Statement(&s.info, d, took)
+	s.srv.opts.Hooks.Statement(&s.info, *d, took)
 }
 
 // snapshot describes the session for Server.Sessions.

@@ -323,13 +323,40 @@ func unexpected(err error) error {
 	return err
 }
 
-// writeHeader writes a message header for a body of n bytes.
+// writeHeader writes a message header for a body of n bytes. Into the
+// relay's own writer it writes without allocating (it is called for every
+// relayed message).
 func writeHeader(w io.Writer, typ byte, n int) error {
-	var h [5]byte
+	if rw, ok := w.(*relayWriter); ok {
+		return rw.writeHeader(typ, n)
+	}
+	h := make([]byte, 5) // startup only: w is a *bufio.Writer
 	h[0] = typ
 	binary.BigEndian.PutUint32(h[1:], uint32(n+4))
-	_, err := w.Write(h[:])
+	_, err := w.Write(h)
 	return err
+}
+
+// writeHeader buffers a message header.
+func (b *relayWriter) writeHeader(typ byte, n int) error {
+	if b.err != nil {
+		return b.err
+	}
+	if b.large == nil {
+		b.large = largeBuffers.Get().(*[ioBufferSize]byte)
+	}
+	if len(b.large)-b.n < 5 {
+		if err := b.writeBuffered(); err != nil {
+			return err
+		}
+	}
+	b.large[b.n] = typ
+	binary.BigEndian.PutUint32(b.large[b.n+1:b.n+5], uint32(n+4))
+	b.n += 5
+	if b.n == len(b.large) {
+		return b.writeBuffered()
+	}
+	return nil
 }
 
 // writeRaw writes a message given its type and body.

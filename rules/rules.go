@@ -325,8 +325,9 @@ func hasPrefixFoldASCII(s, n string) bool {
 // or more statements) or the text of a Parse message. It is a pure function
 // of sql and r: no I/O. It is safe for concurrent use.
 //
-// The cache keeps sql as a key, so it must be an ordinary immutable Go
-// string (not one aliasing a reused read buffer).
+// sql may alias memory the caller reuses once Decide returns: nothing
+// returned or cached refers to it (a statement that may touch a protected
+// table is copied before it is decided).
 func (r *Rules) Decide(sql string) Decision {
 	if !r.MayTouch(sql) {
 		return Decision{Action: Forward}
@@ -336,6 +337,7 @@ func (r *Rules) Decide(sql string) Decision {
 			return d
 		}
 	}
+	sql = strings.Clone(sql)
 	d := r.decide(sql)
 	if r.cache != nil {
 		r.cache.put(r.cacheSet, sql, d)

@@ -131,9 +131,17 @@ func New() *Metrics {
 }
 
 // Hooks returns the proxy.Hooks that feed these metrics.
-func (m *Metrics) Hooks() proxy.Hooks { return hooks{m} }
+func (m *Metrics) Hooks() proxy.Hooks {
+	return hooks{m: m, forwarded: m.Statements.WithLabelValues("forwarded"),
+		rewritten: m.Statements.WithLabelValues("rewritten"), refused: m.Statements.WithLabelValues("refused")}
+}
 
-type hooks struct{ m *Metrics }
+// hooks holds the statement counters resolved once: Statement runs for
+// every Query and Parse, and resolving labels allocates.
+type hooks struct {
+	m                             *Metrics
+	forwarded, rewritten, refused prometheus.Counter
+}
 
 var (
 	_ proxy.AcceptHooks = hooks{}
@@ -155,16 +163,16 @@ func (h hooks) UpstreamConnected(took time.Duration) { h.m.UpstreamConnectSecs.O
 
 func (h hooks) SessionEnded(lasted time.Duration) { h.m.SessionSeconds.Observe(lasted.Seconds()) }
 
-func (h hooks) Statement(_ *proxy.SessionInfo, d *proxy.Decision, took time.Duration) {
+func (h hooks) Statement(_ *proxy.SessionInfo, d proxy.Decision, took time.Duration) {
 	h.m.DecisionSeconds.Observe(took.Seconds())
-	action := "forwarded"
 	switch d.Action {
 	case proxy.Rewrite:
-		action = "rewritten"
+		h.rewritten.Inc()
 	case proxy.Refuse:
-		action = "refused"
+		h.refused.Inc()
+	default:
+		h.forwarded.Inc()
 	}
-	h.m.Statements.WithLabelValues(action).Inc()
 }
 
 // CheckResult records the outcome of a database check: the number of

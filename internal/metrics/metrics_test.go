@@ -19,7 +19,7 @@ func TestHooksMoveMetrics(t *testing.T) {
 	m := metrics.New()
 	h := m.Hooks()
 	for _, a := range []proxy.Action{proxy.Forward, proxy.Forward, proxy.Rewrite, proxy.Refuse} {
-		h.Statement(&proxy.SessionInfo{}, &proxy.Decision{Action: a}, time.Microsecond)
+		h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: a}, time.Microsecond)
 	}
 	th := h.(proxy.TimingHooks)
 	th.UpstreamConnected(3 * time.Millisecond)
