@@ -69,9 +69,12 @@ type Rules struct {
 	tables       []*tableRule // fenced in this set (enforce or audit)
 	locks        bool         // some table of the set has lock fencing
 	byRel        map[string][]*tableRule
-	// byFirst[c] lists the relation names (ASCII-lowered) whose first byte,
-	// lowered, is c: the needles MayTouch looks for.
-	byFirst [256][]string
+	// needles are the relation names (ASCII-lowered) MayTouch looks for;
+	// pairs marks the byte pairs that start one (or "alter", "drop"), and
+	// short lists the one-byte names, which no pair can start.
+	needles []string
+	pairs   *[1024]uint64
+	short   []string
 	// schemas lists the schema names (ASCII-lowered) of the protected
 	// tables: MayTouch looks for them in statements that contain "alter"
 	// (ALTER SCHEMA ... RENAME).
@@ -130,13 +133,21 @@ func (r *Rules) Tables() []string { return slices.Clone(r.listed) }
 func (r *Rules) AuditTables() []string { return slices.Clone(r.audited) }
 
 func (r *Rules) buildNeedles() {
+	r.pairs = new([1024]uint64)
+	r.addPair("alter")
+	r.addPair("drop")
 	seen := make(map[string]bool)
 	add := func(n string) {
 		if n == "" || seen[n] {
 			return
 		}
 		seen[n] = true
-		r.byFirst[n[0]] = append(r.byFirst[n[0]], n)
+		r.needles = append(r.needles, n)
+		if len(n) == 1 {
+			r.short = append(r.short, n)
+		} else {
+			r.addPair(n)
+		}
 	}
 	seenSchema := make(map[string]bool)
 	addSchema := func(n string) {
@@ -193,32 +204,92 @@ func (r *Rules) MayTouch(sql string) bool {
 	if len(r.tables) == 0 {
 		return false
 	}
+	if strings.IndexByte(sql, '&') >= 0 && r.unicodeEscape(sql) {
+		return true
+	}
+	// One pass over the text: each pair of bytes, ASCII-lowered, is looked
+	// up in a bitmap of the pairs that start a needle (a relation name,
+	// "alter", "drop"); only those positions are compared.
 	alter := false
-	for i := 0; i < len(sql); i++ {
-		c := lowerASCII(sql[i])
-		if c == '&' && i > 0 && lowerASCII(sql[i-1]) == 'u' {
-			return true
-		}
-		if c == 'a' && !alter {
-			alter = hasPrefixFoldASCII(sql[i:], "alter")
-		}
-		if c == 'd' && !alter {
-			alter = hasPrefixFoldASCII(sql[i:], "drop")
-		}
-		for _, n := range r.byFirst[c] {
-			if hasPrefixFoldASCII(sql[i:], n) {
-				return true
+	if len(sql) > 0 {
+		prev := uint32(lowerTab[sql[0]])
+		for i := 1; i < len(sql); i++ {
+			cur := uint32(lowerTab[sql[i]])
+			bg := prev<<8 | cur
+			prev = cur
+			if r.pairs[bg>>6]&(1<<(bg&63)) == 0 {
+				continue
 			}
+			at := sql[i-1:]
+			for _, n := range r.needles {
+				if len(n) > 1 && uint32(n[0])<<8|uint32(n[1]) == bg && hasPrefixFoldASCII(at, n) {
+					return true
+				}
+			}
+			if !alter && (hasPrefixFoldASCII(at, "alter") || hasPrefixFoldASCII(at, "drop")) {
+				alter = true
+			}
+		}
+	}
+	for _, n := range r.short {
+		if indexFoldASCII(sql, n) >= 0 {
+			return true
 		}
 	}
 	if alter {
 		for _, s := range r.schemas {
-			if containsFoldASCII(sql, s) {
+			if indexFoldASCII(sql, s) >= 0 {
 				return true
 			}
 		}
 	}
 	return mayHideName(sql)
+}
+
+// lowerTab maps each byte to its ASCII lower case.
+var lowerTab = func() (t [256]byte) {
+	for i := range t {
+		t[i] = lowerASCII(byte(i))
+	}
+	return t
+}()
+
+// addPair marks the first two bytes of n (ASCII-lowered) in r.pairs.
+func (r *Rules) addPair(n string) {
+	bg := uint32(n[0])<<8 | uint32(n[1])
+	r.pairs[bg>>6] |= 1 << (bg & 63)
+}
+
+// indexFoldASCII returns the index of the first occurrence in s of the
+// ASCII-lowered needle n, folding only ASCII letters of s, or -1.
+func indexFoldASCII(s, n string) int {
+	if len(n) == 0 {
+		return 0
+	}
+	c := n[0]
+	best := indexPrefixFold(s, n, c)
+	if c >= 'a' && c <= 'z' {
+		if i := indexPrefixFold(s, n, c-'a'+'A'); i >= 0 && (best < 0 || i < best) {
+			best = i
+		}
+	}
+	return best
+}
+
+// indexPrefixFold returns the first index i where s[i] == c and s[i:]
+// starts with n (folded), or -1.
+func indexPrefixFold(s, n string, c byte) int {
+	for off := 0; off+len(n) <= len(s); {
+		i := strings.IndexByte(s[off:len(s)-len(n)+1], c)
+		if i < 0 {
+			return -1
+		}
+		if hasPrefixFoldASCII(s[off+i+1:], n[1:]) {
+			return off + i
+		}
+		off += i + 1
+	}
+	return -1
 }
 
 // mayHideName reports whether sql may be stored code (a DO block, a
@@ -227,14 +298,14 @@ func (r *Rules) MayTouch(sql string) bool {
 // continuation ('con' newline 'fig'), and "do", "function" or "procedure"
 // as a word.
 func mayHideName(sql string) bool {
-	hides := false
-	for i := 0; i < len(sql) && !hides; i++ {
-		switch sql[i] {
-		case '\\':
-			hides = true
-		case '\'':
-			hides = continuesString(sql[i+1:])
+	hides := strings.IndexByte(sql, '\\') >= 0
+	for off := 0; !hides; {
+		i := strings.IndexByte(sql[off:], '\'')
+		if i < 0 {
+			break
 		}
+		off += i + 1
+		hides = continuesString(sql[off:])
 	}
 	return hides && (containsWordFoldASCII(sql, "do") || containsWordFoldASCII(sql, "function") || containsWordFoldASCII(sql, "procedure"))
 }
