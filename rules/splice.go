@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"github.com/pganalyze/pg_query_go/v6/parser"
@@ -458,10 +459,7 @@ func (s *splicer) fragment(key string, holes int, build func(h []*pg.Node) *pg.N
 		hs[i] = hole(i)
 	}
 	node := build(hs)
-	text, err := deparseExpr(s.version, node)
-	if err == nil {
-		err = checkFragment(s.version, node, text)
-	}
+	text, err := fragmentText(s.version, node)
 	if err != nil {
 		s.fail("%v", err)
 		return f
@@ -546,4 +544,57 @@ func verify(out string, tree *pg.ParseResult) error {
 		return fmt.Errorf("the fence could not be inserted into the statement's text faithfully")
 	}
 	return nil
+}
+
+// fragmentText prints node and proves the print parses back into it
+// (deparseExpr, checkFragment). Fragments repeat across statements (the
+// same fence expressions for the same table), so proven prints are kept,
+// keyed by the node's exact encoding: a hit skips a deparse and a parse.
+func fragmentText(version int32, node *pg.Node) (string, error) {
+	enc, err := proto.MarshalOptions{Deterministic: true}.Marshal(node)
+	key := ""
+	if err == nil {
+		key = strconv.Itoa(int(version)) + "|" + string(enc)
+		if t, ok := provenFragments.get(key); ok {
+			return t, nil
+		}
+	}
+	text, err := deparseExpr(version, node)
+	if err == nil {
+		err = checkFragment(version, node, text)
+	}
+	if err != nil {
+		return "", err
+	}
+	if key != "" {
+		provenFragments.put(key, text)
+	}
+	return text, nil
+}
+
+// fragmentCache holds proven fragment prints; when full it starts over
+// (the fence expressions of a configuration are few).
+type fragmentCache struct {
+	mu sync.RWMutex
+	m  map[string]string
+}
+
+const maxProvenFragments = 4096
+
+var provenFragments = &fragmentCache{m: make(map[string]string)}
+
+func (c *fragmentCache) get(k string) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t, ok := c.m[k]
+	return t, ok
+}
+
+func (c *fragmentCache) put(k, t string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxProvenFragments {
+		c.m = make(map[string]string)
+	}
+	c.m[k] = t
 }
