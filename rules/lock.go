@@ -83,7 +83,7 @@ func (r *Rules) HasLocks() bool { return r.anyLocks }
 
 // ContainsFold reports whether s contains needle, ASCII letters of s
 // compared without case (needle in lower case). It does not allocate.
-func ContainsFold(s, needle string) bool { return containsFoldASCII(s, needle) }
+func ContainsFold(s, needle string) bool { return indexFoldASCII(s, needle) >= 0 }
 
 // lockUse is what one statement of a text needs from lock fencing.
 type lockUse struct {
