@@ -7,8 +7,10 @@
 //   - select-only (pgbench -S) directly, through fenceproxy and through
 //     PgBouncer in session mode;
 //   - fenced writes: one config row per client, UPDATE through the proxy
-//     (rewritten, token from PGOPTIONS) versus the hand-written conditional
-//     UPDATE of docs/design.md sent directly.
+//     (rewritten, token from PGOPTIONS; row fencing, and lock fencing with
+//     fence.lock set too) versus the hand-written conditional UPDATE of
+//     docs/design.md sent directly;
+//   - what a fenced statement costs PostgreSQL itself (servercpu.go).
 //
 // bench/run.sh installs PgBouncer if it is missing and runs this.
 package main
@@ -27,6 +29,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 )
 
@@ -149,11 +154,29 @@ func run() error {
 	}
 
 	if !*skipFenced {
+		if err := setupLocks(ctx, cl); err != nil {
+			return err
+		}
 		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, cs, *duration); err != nil {
+			return err
+		}
+		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres")); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// setupLocks installs fenceproxy's objects (lock fencing), as
+// `fenceproxy setup` does.
+func setupLocks(ctx context.Context, cl *pgcluster.Cluster) error {
+	conn, err := pgx.Connect(ctx, cl.SuperuserDSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = dbsetup.Setup(ctx, conn, nil, dbsetup.SetupOptions{})
+	return err
 }
 
 func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale int) error {
@@ -183,8 +206,10 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(sync = synchronous_commit: on waits for the WAL flush of each commit, PostgreSQL's default)")
 	fmt.Println()
-	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-32s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct", "fenceproxy (rewritten)", "fenceproxy GOMAXPROCS=1")
-	fmt.Println("|------|----------|----|----------------------------|----------------------------------|----------------------------------|")
+	fmt.Println("(row: fence.token only; lock: fence.lock and fence.token, so each UPDATE is preceded by the lock registration; target ≥ 0.85x)")
+	fmt.Println()
+	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-32s | %-32s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
+	fmt.Println("|------|----------|----|----------------------------|----------------------------------|----------------------------------|----------------------------------|")
 	for _, commit := range []string{"on", "off"} {
 		for _, mode := range []string{"simple", "prepared"} {
 			for _, c := range cs {
@@ -199,17 +224,21 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 					return err
 				}
 				var cells []string
-				for _, port := range []int{proxyPort, proxy1Port} {
+				for i, port := range []int{proxyPort, proxy1Port, proxyPort} {
 					if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
 						return err
 					}
-					p, err := pgbenchRun(pgbench, port, []string{"PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit}, mode, c, duration, []string{"-f", proxyScript})
+					opts := "PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit
+					if i == 2 {
+						opts += " -c fence.lock=bench"
+					}
+					p, err := pgbenchRun(pgbench, port, []string{opts}, mode, c, duration, []string{"-f", proxyScript})
 					if err != nil {
 						return fmt.Errorf("fenced proxy: %w", err)
 					}
 					cells = append(cells, fmt.Sprintf("%8.0f tps %8.3f ms %.2fx", p.tps, p.latencyMS, p.tps/d.tps))
 				}
-				fmt.Printf("| %-4s | %-8s | %2d | %8.0f tps %8.3f ms | %-32s | %-32s |\n", commit, mode, c, d.tps, d.latencyMS, cells[0], cells[1])
+				fmt.Printf("| %-4s | %-8s | %2d | %8.0f tps %8.3f ms | %-32s | %-32s | %-32s |\n", commit, mode, c, d.tps, d.latencyMS, cells[0], cells[1], cells[2])
 			}
 		}
 	}

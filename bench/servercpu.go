@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// Server CPU per statement: each statement runs many times on one
+// connection straight to PostgreSQL (simple protocol), and the backend
+// process's CPU time (utime+stime from /proc/<pid>/stat) before and after
+// gives what the statement costs the server itself — independent of the
+// network, the client and the proxy, and much less of other load than
+// throughput is.
+
+// cpuStatement is one statement measured, with session settings.
+type cpuStatement struct {
+	name, sql string
+}
+
+// serverCPU measures each statement n times per round, rounds
+// interleaved, and returns the median µs per statement.
+func serverCPU(ctx context.Context, dsn string, settings map[string]string, stmts []cpuStatement, n, rounds int) ([]float64, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	for k, v := range settings {
+		cfg.RuntimeParams[k] = v
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return nil, err
+	}
+	per := make([][]float64, len(stmts))
+	for r := 0; r < rounds; r++ {
+		for i, st := range stmts {
+			for k := 0; k < n/10; k++ { // warm the caches
+				if _, err := conn.Exec(ctx, st.sql); err != nil {
+					return nil, fmt.Errorf("%s: %w", st.name, err)
+				}
+			}
+			before, err := procCPU(pid)
+			if err != nil {
+				return nil, err
+			}
+			for k := 0; k < n; k++ {
+				if _, err := conn.Exec(ctx, st.sql); err != nil {
+					return nil, fmt.Errorf("%s: %w", st.name, err)
+				}
+			}
+			after, err := procCPU(pid)
+			if err != nil {
+				return nil, err
+			}
+			per[i] = append(per[i], float64(after-before)/float64(n))
+		}
+	}
+	out := make([]float64, len(stmts))
+	for i := range per {
+		sort.Float64s(per[i])
+		out[i] = per[i][len(per[i])/2]
+	}
+	return out, nil
+}
+
+// procCPU returns a process's utime+stime in µs (USER_HZ is 100 on Linux).
+func procCPU(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("server CPU: %w", err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	return (ut + st) * 10000, nil
+}
+
+// serverCPUTable prints the server's CPU per fenced statement against the
+// hand-written conditional statement: the rewritten UPDATE as the proxy
+// sends it (row fencing), and with the lock registration before it (lock
+// fencing, as one simple Query).
+func serverCPUTable(ctx context.Context, dsn string) error {
+	rs, err := rules.Compile(rules.Config{Tables: []rules.Table{{Table: "public.config"}}})
+	if err != nil {
+		return err
+	}
+	client := "UPDATE config SET counter = counter + 1 WHERE id = 7"
+	d := rs.Decide(client)
+	if d.Action != rules.Rewrite || d.Lock == nil {
+		return fmt.Errorf("server CPU: unexpected decision %v", d.Action)
+	}
+	hand := "UPDATE config SET counter = counter + 1, last_fence = 42 WHERE id = 7 AND last_fence <= 42"
+	stmts := []cpuStatement{
+		{"hand-written conditional UPDATE", hand},
+		{"row fencing (rewritten UPDATE)", d.SQL},
+		{"lock fencing (registration + rewritten UPDATE)", d.Lock.Query},
+		{"hand-written registration + conditional UPDATE", "SELECT 1 FROM fenceproxy.locks WHERE name = 'bench' AND token <= 42 FOR SHARE; " + hand},
+	}
+	us, err := serverCPU(ctx, dsn, map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}, stmts, 5000, 3)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Println("## server CPU per statement (PostgreSQL backend utime+stime, simple protocol, synchronous_commit off, median of 3)")
+	fmt.Println()
+	fmt.Println("| statement | CPU per statement | vs hand-written | target |")
+	fmt.Println("|---|---|---|---|")
+	for i, st := range stmts {
+		target := ""
+		if i == 1 || i == 2 {
+			target = "≤ 1.10"
+		}
+		fmt.Printf("| %s | %.1f µs | %.2f | %s |\n", st.name, us[i], us[i]/us[0], target)
+	}
+	return nil
+}
