@@ -133,8 +133,10 @@ type preparedState struct {
 	// created.
 	refusedName string
 	// registerName names the statement and portal of an injected lock
-	// registration (session.register).
+	// registration (session.register); regPrepared is the call the server
+	// is known to have prepared under that name ("" if none).
 	registerName string
+	regPrepared  string
 }
 
 func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {

@@ -366,6 +366,9 @@ func (s *session) relayClose(body []byte) error {
 	s.mu.Lock()
 	switch body[0] {
 	case 'S':
+		if serverKey(name) == serverKey(s.ps.registerName) {
+			s.ps.regPrepared = ""
+		}
 		s.ps.addStmtOp(name, nil, false, 0, false, 0)
 	case 'P':
 		key := serverKey(name)
@@ -533,6 +536,7 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 			for key := range s.ps.stmts {
 				s.ps.addStmtOp(key, nil, false, 0, query, idx)
 			}
+			s.ps.regPrepared = "" // the proxy's own statement goes too
 		}
 	}
 	for ; next < len(calls); next++ {
@@ -757,35 +761,59 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 }
 
 // register sends, before the client's Bind, the lock registration call
-// as its own prepared statement and portal (Close, Parse, Bind, Execute),
-// whose responses are not relayed. It runs in the same
-// transaction as the client's statement: nothing in between ends it. If
-// it fails, its error is the first the client sees, and the server skips
-// the client's messages up to the Sync.
+// as the proxy's own prepared statement and portal, whose responses are
+// not relayed: Bind and Execute when the server is believed to have the
+// statement for this call already, else Close and Parse first. It runs in
+// the same transaction as the client's statement: nothing in between ends
+// it. If it fails, its error is the first the client sees, and the server
+// skips the client's messages up to the Sync.
 func (s *session) register(call string) error {
-	name := s.ps.registerName
-	msgs := []struct {
-		typ     byte
-		swallow byte
-		msg     encoder
-	}{
-		// What an earlier registration left (a failed one is not
-		// closed: the server skipped the rest); closing what does not
-		// exist is not an error.
-		{'C', '3', &pgproto3.Close{ObjectType: 'P', Name: name}},
-		{'C', '3', &pgproto3.Close{ObjectType: 'S', Name: name}},
-		{'P', '1', &pgproto3.Parse{Name: name, Query: call}},
-		{'B', '2', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}},
-		{'E', 'C', &pgproto3.Execute{Portal: name}},
-	}
+	ps := s.ps
 	s.mu.Lock()
 	if s.state.finishing {
 		s.mu.Unlock()
 		return errSessionDone
 	}
-	for _, m := range msgs {
-		s.ps.expect(m.swallow, nil)
-		s.ps.countSent(m.typ)
+	name, prepared := ps.registerName, ps.regPrepared == call && !ps.lost
+	type out struct {
+		typ byte
+		msg encoder
+	}
+	var msgs []out
+	// What an earlier registration left (a failed one is not closed: the
+	// server skipped the rest); closing what does not exist is not an
+	// error.
+	ps.expect('3', nil)
+	ps.countSent('C')
+	msgs = append(msgs, out{'C', &pgproto3.Close{ObjectType: 'P', Name: name}})
+	if !prepared {
+		ps.regPrepared = ""
+		ps.expect('3', nil)
+		ps.countSent('C')
+		msgs = append(msgs, out{'C', &pgproto3.Close{ObjectType: 'S', Name: name}})
+		ps.expect('1', func(o outcome) {
+			if o == outcomeOK {
+				ps.regPrepared = call
+			}
+		})
+		ps.countSent('P')
+		msgs = append(msgs, out{'P', &pgproto3.Parse{Name: name, Query: call}})
+	}
+	ps.expect('2', func(o outcome) {
+		if o != outcomeOK && ps.regPrepared == call {
+			// Skipped or failed (the statement may be gone: DEALLOCATE
+			// ALL in a function, say): prepare it again next time.
+			ps.regPrepared = ""
+		}
+	})
+	ps.countSent('B')
+	msgs = append(msgs, out{'B', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}})
+	ps.expect('C', nil)
+	ps.countSent('E')
+	msgs = append(msgs, out{'E', &pgproto3.Execute{Portal: name}})
+	if !prepared {
+		// Until its ParseComplete says so, do not count on it.
+		ps.regPrepared = ""
 	}
 	s.state.rewrote = true
 	s.mu.Unlock()

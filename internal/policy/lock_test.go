@@ -154,6 +154,10 @@ func TestLockFencing(t *testing.T) {
 		t.Parallel()
 		testLockRepeatableRead(t, e)
 	})
+	t.Run("registration statement kept prepared", func(t *testing.T) {
+		t.Parallel()
+		testLockPreparedRegistration(t, e)
+	})
 	t.Run("audit mode", func(t *testing.T) {
 		t.Parallel()
 		testLockAudit(t, e)
@@ -529,5 +533,37 @@ func testLockAudit(t *testing.T, e *lockEnv) {
 	}
 	// With an enforced table in the same statement, enforce decides.
 	_, err = old.Exec(ctx, "UPDATE aud SET body = 'x' WHERE id IN (SELECT id FROM acct)")
+	wantCode(t, err, "FP001")
+}
+
+// The proxy prepares its registration statement once per session and
+// runs it again with Bind and Execute; a client's DEALLOCATE ALL removes
+// it, and it is prepared again.
+func testLockPreparedRegistration(t *testing.T, e *lockEnv) {
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	ctx := ctxT(t)
+	// (Describe-exec: pgx's statement cache would itself break on
+	// DEALLOCATE ALL, as it does without the proxy.)
+	h := e.holder(t, db, "K", 80, pgx.QueryExecModeDescribeExec)
+	for i := 0; i < 5; i++ {
+		mustExec(t, h, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
+	}
+	mustExec(t, h, "DEALLOCATE ALL")
+	for i := 0; i < 3; i++ {
+		mustExec(t, h, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
+	}
+	if _, err := h.Exec(ctx, "DEALLOCATE ALL; SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, h, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
+	var n int
+	if err := d.QueryRow(ctx, "SELECT n FROM acct WHERE id = 1").Scan(&n); err != nil || n != 9 {
+		t.Fatalf("n = %d %v", n, err)
+	}
+	// Still registering: a newer holder fences this one.
+	nw := e.holder(t, db, "K", 81, pgx.QueryExecModeCacheStatement)
+	mustExec(t, nw, "SELECT 1 FROM acct")
+	_, err := h.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
 	wantCode(t, err, "FP001")
 }
