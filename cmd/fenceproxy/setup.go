@@ -16,13 +16,22 @@ import (
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
-const setupUsage = `usage: fenceproxy setup -c FILE [--dsn DSN] [--database D]... [--add-columns]
+const setupUsage = `usage: fenceproxy setup -c FILE [--dsn DSN] [--database D]... [--add-columns] [--guard | --remove-guard]
 
 Prepares each database the configuration's tables need: installs or
 upgrades the fenceproxy schema (lock watermarks and the register
 procedure) and, with --add-columns, adds each missing fence column as
 bigint NOT NULL DEFAULT 0. One transaction per database; running it again
 changes nothing. It never replaces objects of a newer fenceproxy.
+
+With --guard it also installs or updates the database guard: triggers on
+the protected tables that apply the same fence inside PostgreSQL to the
+writes the proxy does not see (functions, dynamic SQL, cascades, sessions
+connected directly) and refuse TRUNCATE, except for sessions of the roles
+in guard.exempt_roles. A table gets the guard when its entries are all in
+mode enforce, fence it alike and include one for every session; it loses
+the guard when that stops being so. Without --guard a guard installed
+earlier is left as it is; --remove-guard removes it.
 
 Databases: those named with --database, or else every database in a
 tables[].scope.databases, plus the database of --dsn (or audit.dsn) when an
@@ -41,7 +50,8 @@ const checkUsage = `usage: fenceproxy check -c FILE [--dsn DSN] [--database D]..
 Checks, without changing anything, each database the configuration's
 tables need (chosen and connected to as by fenceproxy setup): fence columns
 (present, bigint, NOT NULL, DEFAULT 0), the fenceproxy objects and their
-version, and the privileges of the login roles that use protected tables.
+version, the privileges of the login roles that use protected tables, and
+the database guard where it is installed (fenceproxy setup --guard).
 Prints each problem with the SQL or command that fixes it.
 
 Exit status: 0 no problems; 1 problems found; 2 usage error; 3 a database
@@ -95,6 +105,8 @@ func newDBCommand(name, usage string, stdout, stderr io.Writer) *dbCommand {
 // how to connect.
 type target struct {
 	specs     []rules.TableSpec
+	rules     rules.Config
+	guard     config.Guard
 	databases []string
 	connect   func(ctx context.Context, database string) (*pgx.Conn, error)
 }
@@ -115,7 +127,7 @@ func (c *dbCommand) prepare() (*target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", *c.config, err)
 	}
-	t := &target{specs: specs}
+	t := &target{specs: specs, rules: cfg.RulesConfig(), guard: cfg.Guard}
 	appName := "fenceproxy-" + c.name
 	var dsnDatabase string
 	if c.dsn != "" {
@@ -193,14 +205,22 @@ func setupMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	c := newDBCommand("setup", setupUsage, stdout, stderr)
 	var opts dbsetup.SetupOptions
 	c.fs.BoolVar(&opts.AddColumns, "add-columns", false, "add missing fence columns (bigint NOT NULL DEFAULT 0) to the protected tables")
+	c.fs.BoolVar(&opts.Guard, "guard", false, "install or update the database guard (triggers that fence the writes the proxy does not see)")
+	c.fs.BoolVar(&opts.RemoveGuard, "remove-guard", false, "remove the database guard")
 	if code, ok := c.parse(args); !ok {
 		return code
+	}
+	if opts.Guard && opts.RemoveGuard {
+		fmt.Fprintln(stderr, "fenceproxy setup: --guard and --remove-guard exclude each other")
+		return exitUsage
 	}
 	t, err := c.prepare()
 	if err != nil {
 		fmt.Fprintf(stderr, "fenceproxy setup: %v\n", err)
 		return exitFailed
 	}
+	opts.TokenSetting, opts.LockSetting, opts.Tables = t.rules.TokenSetting, t.rules.LockSetting, t.rules.Tables
+	opts.ExemptRoles = t.guard.ExemptRoles
 	if len(t.databases) == 0 {
 		fmt.Fprintf(stdout, "no protected tables in %s (every entry is off): nothing to set up\n", *c.config)
 		return 0
@@ -221,11 +241,20 @@ func setupMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				fmt.Fprintf(stdout, "  %s\n", a)
 			}
 		}
-		for _, n := range rep.Notes {
-			fmt.Fprintf(stdout, "  note: %s: %s\n", n.Table, n.Text)
-		}
+		printNotes(stdout, rep.Notes)
 	}
 	return code
+}
+
+// printNotes prints notes, each under its table or the database's.
+func printNotes(w io.Writer, notes []dbsetup.Note) {
+	for _, n := range notes {
+		if n.Table == "" {
+			fmt.Fprintf(w, "  note: %s\n", n.Text)
+		} else {
+			fmt.Fprintf(w, "  note: %s: %s\n", n.Table, n.Text)
+		}
+	}
 }
 
 func setupOne(ctx context.Context, t *target, db string, opts dbsetup.SetupOptions) (dbsetup.Report, error) {
@@ -275,8 +304,9 @@ func checkMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			}
 			fmt.Fprintf(stdout, "  %s: %s\n    fix: %s\n", where, p.Description, p.FixFor(*c.config))
 		}
-		for _, n := range rep.Notes {
-			fmt.Fprintf(stdout, "  note: %s: %s\n", n.Table, n.Text)
+		printNotes(stdout, rep.Notes)
+		if len(rep.Guarded) > 0 {
+			fmt.Fprintf(stdout, "  guarded: %s\n", strings.Join(rep.Guarded, ", "))
 		}
 		if !rep.OK() && code == 0 {
 			code = exitFailed
@@ -291,5 +321,6 @@ func checkOne(ctx context.Context, t *target, db string) (dbsetup.Report, error)
 		return dbsetup.Report{}, err
 	}
 	defer closeConn(conn)
-	return dbsetup.Check(ctx, conn, t.specs)
+	return dbsetup.CheckWith(ctx, conn, t.specs, dbsetup.CheckOptions{
+		TokenSetting: t.rules.TokenSetting, LockSetting: t.rules.LockSetting, Tables: t.rules.Tables, ExemptRoles: t.guard.ExemptRoles})
 }

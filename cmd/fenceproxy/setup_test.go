@@ -171,3 +171,87 @@ tables:
 		t.Errorf("setup with the server unreachable: exit %d, %q", code, stderr)
 	}
 }
+
+// TestSetupGuardCommand: setup --guard installs the database guard with
+// the exempt roles of guard.exempt_roles, check reports it guarded and,
+// once the configuration changes, outdated with the command that fixes
+// it; setup without --guard leaves it; --remove-guard removes it.
+func TestSetupGuardCommand(t *testing.T) {
+	pg := pgtest.Start(t, pgcluster.Options{})
+	ctx := t.Context()
+	if err := pg.CreateDatabase(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.ExecDB(ctx, "app", `CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0);
+		CREATE ROLE migrations NOLOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	config := func(onStale string) string {
+		return fmt.Sprintf(`
+upstream:
+  address: %s
+token_setting: app.token
+tables:
+  - table: public.config
+    on_stale: %s
+    scope:
+      databases: [app]
+guard:
+  exempt_roles: [migrations]
+`, pg.Addr(), onStale)
+	}
+	cfg := writeConfig(t, "fenceproxy.yaml", config("error"))
+	changed := writeConfig(t, "changed.yaml", config("skip"))
+
+	for _, s := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		want     []string // in stdout, in this order
+	}{
+		{
+			name: "setup --guard", args: []string{"setup", "-c", cfg, "--guard"},
+			want: []string{
+				"database app:\n  created the fenceproxy schema and objects (version 1)\n",
+				"  installed the database guard (its functions and table fenceproxy.guard_exempt)\n",
+				"  set the roles the guard exempts to migrations\n",
+				"  installed the guard on public.config\n",
+			},
+		},
+		{name: "setup --guard again", args: []string{"setup", "-c", cfg, "--guard"}, want: []string{"database app: nothing to do\n"}},
+		{name: "check", args: []string{"check", "-c", cfg}, want: []string{"database app: ok\n", "  guarded: public.config\n"}},
+		{
+			name: "check after on_stale changed", args: []string{"check", "-c", changed}, wantCode: 1,
+			want: []string{
+				"database app: 1 problem\n",
+				`public.config: the database guard on this table is not as the configuration needs: function fenceproxy."guard_public.config" was made for an earlier configuration (guard of "public.config": column "last_fence", lock optional, on_stale error, strict false, missing_token reject, token_setting "app.token", lock_setting "fence.lock"); it now needs guard of "public.config": column "last_fence", lock optional, on_stale skip, `,
+				"fix: fenceproxy setup -c " + changed + " --guard\n",
+			},
+		},
+		{
+			name: "setup without --guard", args: []string{"setup", "-c", changed},
+			want: []string{"database app: nothing to do\n", "  note: the database guard is installed on public.config and was left as it is"},
+		},
+		{name: "setup --guard after the change", args: []string{"setup", "-c", changed, "--guard"}, want: []string{"database app:\n  updated the guard on public.config\n"}},
+		{name: "both flags", args: []string{"setup", "-c", changed, "--guard", "--remove-guard"}, wantCode: exitUsage},
+		{
+			name: "setup --remove-guard", args: []string{"setup", "-c", changed, "--remove-guard"},
+			want: []string{"database app:\n  removed the guard from public.config\n  removed the database guard's functions and its table of exempt roles\n"},
+		},
+		{name: "check after removal", args: []string{"check", "-c", changed}, want: []string{"database app: ok\n"}},
+	} {
+		code, stdout, _ := runCommand(t, s.args...)
+		if code != s.wantCode {
+			t.Errorf("%s: exit %d, want %d", s.name, code, s.wantCode)
+		}
+		rest := stdout
+		for _, w := range s.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("%s: output lacks %q (in order):\n%s", s.name, w, stdout)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
+}

@@ -70,6 +70,47 @@ type Config struct {
 	MaxCheckBytes int `yaml:"max_check_bytes"`
 	// Tables lists the protected tables. Default: none (a pure relay).
 	Tables []rules.Table `yaml:"tables"`
+	// Guard configures the optional database guard that `fenceproxy setup
+	// --guard` installs. The proxy itself does not read it.
+	Guard Guard `yaml:"guard"`
+}
+
+// Guard configures the database guard: row triggers on the protected
+// tables that apply their fence inside PostgreSQL, for the writes the proxy
+// does not see (functions, dynamic SQL, cascades, sessions connected
+// directly).
+type Guard struct {
+	// ExemptRoles lists the roles whose sessions may write the guarded
+	// tables without a token or a lock name, such as the migration role:
+	// a session is exempt when its login role is one of them or a member
+	// of one. Exact role names, as in pg_roles (no case folding); each
+	// must exist when setup runs. Superusers are exempt only if listed.
+	// Default: none.
+	ExemptRoles []string `yaml:"exempt_roles"`
+}
+
+// maxRoleNameLen is PostgreSQL's NAMEDATALEN-1: a longer name cannot be a
+// role's.
+const maxRoleNameLen = 63
+
+// validate checks the guard's keys.
+func (g *Guard) validate() error {
+	seen := map[string]bool{}
+	for i, r := range g.ExemptRoles {
+		key := fmt.Sprintf("guard.exempt_roles[%d]", i)
+		switch {
+		case r == "":
+			return fmt.Errorf("%s: must not be empty", key)
+		case len(r) > maxRoleNameLen:
+			return fmt.Errorf("%s: %q is longer than %d bytes, the longest role name PostgreSQL keeps", key, r, maxRoleNameLen)
+		case strings.IndexByte(r, 0) >= 0:
+			return fmt.Errorf("%s: must not contain NUL bytes", key)
+		case seen[r]:
+			return fmt.Errorf("%s: %q is listed twice", key, r)
+		}
+		seen[r] = true
+	}
+	return nil
 }
 
 // Upstream describes the PostgreSQL server.
@@ -222,9 +263,10 @@ func Parse(data []byte) (*Config, error) {
 }
 
 // LoadRules reads the file at path for its rules only (token_setting,
-// tables, rewrite_cache_entries, max_check_bytes), as `fenceproxy rewrite`
-// needs: the proxy's own keys, such as upstream.address, may be missing.
-// Unknown keys are still errors, and the rules are validated.
+// tables, rewrite_cache_entries, max_check_bytes; and guard, for
+// `fenceproxy setup`), as `fenceproxy rewrite` needs: the proxy's own keys,
+// such as upstream.address, may be missing. Unknown keys are still errors,
+// and the rules and the guard's keys are validated.
 func LoadRules(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -233,6 +275,9 @@ func LoadRules(path string) (*Config, error) {
 	cfg, err := decode(data)
 	if err == nil {
 		_, err = cfg.Rules()
+	}
+	if err == nil {
+		err = cfg.Guard.validate()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
@@ -379,6 +424,9 @@ func (c *Config) Validate() error {
 		bad("rewrite_cache_entries", "must not be negative, got %d", c.RewriteCacheEntries)
 	}
 	if _, err := c.Rules(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Guard.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

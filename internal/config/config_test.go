@@ -29,6 +29,32 @@ func TestExampleFileLoads(t *testing.T) {
 	if len(cfg.Tables) != 1 || cfg.Tables[0].Table != "public.config" {
 		t.Errorf("tables = %+v", cfg.Tables)
 	}
+	if len(cfg.Guard.ExemptRoles) != 0 {
+		t.Errorf("guard = %+v, want no exempt roles", cfg.Guard)
+	}
+}
+
+// TestGuardKeys: guard.exempt_roles is read by Load and LoadRules alike,
+// and validated by both.
+func TestGuardKeys(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("upstream: {address: 'h:5432'}\nguard: {exempt_roles: [migrator, \"Ops Team\"]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, load := range map[string]func(string) (*config.Config, error){"Load": config.Load, "LoadRules": config.LoadRules} {
+		cfg, err := load(good)
+		if err != nil || len(cfg.Guard.ExemptRoles) != 2 || cfg.Guard.ExemptRoles[1] != "Ops Team" {
+			t.Errorf("%s: %+v, %v", name, cfg, err)
+		}
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("guard: {exempt_roles: [a, '']}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.LoadRules(bad); err == nil || !strings.Contains(err.Error(), "guard.exempt_roles[1]: must not be empty") {
+		t.Errorf("LoadRules of an empty role name: %v", err)
+	}
 }
 
 func TestMinimalFileGetsDefaults(t *testing.T) {
@@ -68,7 +94,11 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{"upstream: {address: 'h:5432'}\ntables: [{table: public.a, mode: loud}]", "tables[0].mode"},
 		{"upstream: {address: 'h:5432'}\ntables: [{table: public.a}, {table: public.a}]", "tables[1]"},
 		{"upstream: {address: 'h:5432'}\ntoken_setting: notdotted", "token_setting"},
-		{"upstream: {address: 'h:5432'}\nlisten_addr: x", "listen_addr"}, // unknown key
+		{"upstream: {address: 'h:5432'}\nguard: {exempt_roles: ['']}", "guard.exempt_roles[0]"},
+		{"upstream: {address: 'h:5432'}\nguard: {exempt_roles: [migrator, migrator]}", "guard.exempt_roles[1]"},
+		{"upstream: {address: 'h:5432'}\nguard: {exempt_roles: [" + strings.Repeat("r", 64) + "]}", "guard.exempt_roles[0]"},
+		{"upstream: {address: 'h:5432'}\nguard: {exempt: [migrator]}", "exempt"}, // unknown key
+		{"upstream: {address: 'h:5432'}\nlisten_addr: x", "listen_addr"},         // unknown key
 	}
 	for _, c := range cases {
 		path := filepath.Join(t.TempDir(), "c.yaml")

@@ -81,10 +81,41 @@ func targets(specs []rules.TableSpec, db string) []*target {
 //     UPDATE and SELECT for UPDATE (the new watermark is computed from the
 //     old), INSERT for INSERT, SELECT for DELETE (its condition reads the
 //     column).
+//   - The database guard, where it is installed (fenceproxy.meta has its
+//     mark, or a table has its triggers): each table it belongs on has its
+//     triggers, enabled and with the arguments the configuration gives,
+//     calling functions that are this fenceproxy's; no other table has
+//     them; the exempt roles are guard.exempt_roles. Report.Guarded lists
+//     the tables whose guard is in place.
 //
 // It runs in a read-only transaction. An error means the check could not
 // run; problems found are in the Report.
+//
+// Check compares the guard with the defaults for what specs do not carry
+// (the settings, on_stale, strict, missing_token, no exempt roles): use
+// CheckWith to give them.
 func Check(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec) (Report, error) {
+	return CheckWith(ctx, conn, specs, CheckOptions{})
+}
+
+// CheckOptions is what CheckWith takes from the configuration besides its
+// entries, to compare the database guard with. The zero value stands for
+// the defaults.
+type CheckOptions struct {
+	// TokenSetting and LockSetting are the configuration's token_setting
+	// and lock_setting. Default rules.DefaultTokenSetting and
+	// rules.DefaultLockSetting.
+	TokenSetting, LockSetting string
+	// Tables are the configuration's entries (rules.Config.Tables), which
+	// TableSpec.Index indexes. nil: every entry has the default on_stale,
+	// strict and missing_token.
+	Tables []rules.Table
+	// ExemptRoles is guard.exempt_roles.
+	ExemptRoles []string
+}
+
+// CheckWith is Check, comparing the database guard with opts.
+func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts CheckOptions) (Report, error) {
 	var rep Report
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -116,6 +147,13 @@ func Check(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec) (Report
 		rep.Problems = append(rep.Problems, ps...)
 		rep.Notes = append(rep.Notes, notes...)
 	}
+	g := newGuardConfig(opts.TokenSetting, opts.LockSetting, opts.Tables, opts.ExemptRoles)
+	ps, guarded, err := checkGuard(ctx, tx, specs, rep.Database, g, obj)
+	if err != nil {
+		return fail(err)
+	}
+	rep.Problems = append(rep.Problems, ps...)
+	rep.Guarded = guarded
 	return rep, nil
 }
 

@@ -101,6 +101,11 @@ type Report struct {
 	Problems []Problem
 	// Notes is information that needs no action.
 	Notes []Note
+	// Guarded lists, by display name (rules.TableSpec.Display), the
+	// tables whose database guard Check found in place and as the
+	// configuration needs it: writes to them are fenced by PostgreSQL
+	// however they arrive. Setup leaves it empty.
+	Guarded []string
 }
 
 // OK reports whether Check found no problem.

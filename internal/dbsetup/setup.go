@@ -20,6 +20,34 @@ type SetupOptions struct {
 	// every transaction using the table, and holds up those that come
 	// after it meanwhile.
 	AddColumns bool
+
+	// Guard installs or updates the database guard: row triggers on the
+	// protected tables that apply their fence inside PostgreSQL, so that
+	// writes the proxy does not see (functions, dynamic SQL, cascades,
+	// sessions connected directly) are fenced too, and TRUNCATE triggers
+	// that refuse TRUNCATE. It goes on each table whose entries in this
+	// database are all in mode enforce, fence it alike and include one for
+	// every session; it is removed from tables that no longer qualify.
+	// Without Guard, a guard installed earlier is left as it is.
+	Guard bool
+	// RemoveGuard removes the database guard: its triggers, functions and
+	// table of exempt roles. It cannot be combined with Guard.
+	RemoveGuard bool
+	// ExemptRoles are the roles whose sessions the guard lets write
+	// without a token or a lock name (migrations, maintenance): a session
+	// is exempt when its login role is one of them or a member of one.
+	// Each must exist. Used with Guard.
+	ExemptRoles []string
+	// TokenSetting and LockSetting are the session settings that carry the
+	// token and the lock name, as the configuration's token_setting and
+	// lock_setting. Default rules.DefaultTokenSetting and
+	// rules.DefaultLockSetting. Used with Guard.
+	TokenSetting, LockSetting string
+	// Tables are the configuration's entries (rules.Config.Tables), which
+	// TableSpec.Index indexes: the guard takes their on_stale, strict and
+	// missing_token. nil takes the defaults for every entry. Used with
+	// Guard.
+	Tables []rules.Table
 }
 
 // setupLockKey is the advisory lock that serialises setups of a database:
@@ -45,15 +73,23 @@ func (e *NewerError) Error() string {
 // transaction: it installs or upgrades the fenceproxy objects (objects.sql)
 // and, with opts.AddColumns, adds the missing fence columns of the entries
 // that apply in this database (mode not off, scope.databases empty or
-// naming it) whose table exists here. Running it again changes nothing and
+// naming it) whose table exists here; with opts.Guard it installs or
+// updates the database guard (see SetupOptions.Guard), with
+// opts.RemoveGuard it removes it. Running it again changes nothing and
 // reports no actions. Concurrent setups of one database wait for each
 // other. It returns a *NewerError, and changes nothing, when the database
 // has objects of a newer version.
 //
 // The connecting role must be able to create the schema (CREATE on the
-// database) and own, or be a superuser over, the tables it alters.
+// database) and own, or be a superuser over, the tables it alters (with
+// Guard: the tables it guards, and their partitions). The guard's
+// functions run as that role (SECURITY DEFINER), which must therefore
+// keep its privileges on the fenceproxy objects.
 func Setup(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts SetupOptions) (Report, error) {
 	var rep Report
+	if opts.Guard && opts.RemoveGuard {
+		return rep, errors.New("dbsetup: Guard and RemoveGuard together")
+	}
 	// READ COMMITTED: after waiting for another setup, each statement must
 	// see what that setup committed.
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -80,6 +116,17 @@ func Setup(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts Se
 		return fail(err)
 	}
 	if err := addColumns(ctx, tx, specs, opts, &rep); err != nil {
+		return fail(err)
+	}
+	switch {
+	case opts.Guard:
+		err = installGuard(ctx, tx, specs, newGuardConfig(opts.TokenSetting, opts.LockSetting, opts.Tables, opts.ExemptRoles), &rep)
+	case opts.RemoveGuard:
+		err = removeGuard(ctx, tx, &rep)
+	default:
+		err = noteGuard(ctx, tx, &rep)
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
