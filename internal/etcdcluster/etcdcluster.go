@@ -220,8 +220,16 @@ func (c *Cluster) stopMember(i int, hard bool) {
 
 // closeEtcd closes e. With hard set, the raft loop stops first, which also
 // makes Close skip its leadership transfer.
+//
+// A hard stop first closes the peer listeners: once the storage is closed,
+// a peer's /version request would read the storage version from the closed
+// backend, panic with the backend's read lock held (net/http recovers the
+// panic), and leave every later /version request of the member blocked.
 func closeEtcd(e *embed.Etcd, hard bool) {
 	if hard {
+		for _, p := range e.Peers {
+			_ = p.Close()
+		}
 		e.Server.HardStop()
 	}
 	e.Close()
