@@ -57,7 +57,7 @@ type checkedDB struct {
 	finished bool // done is closed: a first run finished
 	known    bool
 	problems map[string][]Problem
-	indirect []IndirectPath // to tables in mode enforce
+	indirect []IndirectPath // to unguarded tables in mode enforce
 	failedAt time.Time      // end of the last run, if it failed
 }
 
@@ -135,7 +135,8 @@ func (c *Checker) Problems(database string) (problems map[string][]Problem, know
 
 // Indirect returns the relations through which writes reach a table in
 // mode enforce of database without naming it, as the last check found
-// them; known as for Problems. The slice must not be modified.
+// them, except those whose target the database guard protects; known as
+// for Problems. The slice must not be modified.
 func (c *Checker) Indirect(database string) (paths []IndirectPath, known bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -275,5 +276,17 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec) (Report, [
 	if err != nil {
 		return rep, nil, err
 	}
-	return rep, paths, nil
+	// The guard fences writes to its tables inside PostgreSQL, whatever
+	// path they take: those paths need no refusal.
+	guarded := make(map[string]bool, len(rep.Guarded))
+	for _, g := range rep.Guarded {
+		guarded[g] = true
+	}
+	kept := paths[:0]
+	for _, p := range paths {
+		if !guarded[p.Target] {
+			kept = append(kept, p)
+		}
+	}
+	return rep, kept, nil
 }

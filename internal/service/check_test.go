@@ -9,6 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/config"
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // TestDatabaseCheck: the proxy checks a database when its first session
@@ -100,6 +104,48 @@ func TestDatabaseCheck(t *testing.T) {
 	// still missing: that problem stays.)
 	if got := metric(t, in, `fenceproxy_check_problems{database="checkdb"}`); got != before-1 {
 		t.Fatalf("fenceproxy_check_problems after the fix = %v, want %v", got, before-1)
+	}
+
+	// With the database guard on public.cfg, writes that reach it through
+	// the view or the cascade are let through: the guard fences them inside
+	// PostgreSQL (a row with a newer fence refuses the cascade).
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := rules.Specs(cfg.RulesConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{Guard: true, Tables: cfg.Tables}); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, err := c.Exec(ctx, "UPDATE cfg_v SET v = 'via view' WHERE id = 2")
+		return err == nil
+	})
+	// The guard fences direct sessions too: this one stamps row 1 with 9.
+	if _, err := d.Exec(ctx, "UPDATE cfg SET v = v WHERE id = 1"); sqlstate(err) != "FP002" {
+		t.Fatalf("a direct write without a token under the guard: %v, want FP002", err)
+	}
+	if _, err := d.Exec(ctx, "SELECT pg_catalog.set_config('fence.token', '9', false)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Exec(ctx, "UPDATE cfg SET v = v WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Exec(ctx, "DELETE FROM tenants WHERE id = 1") // cascades to cfg row 1, fence 9 > token 5
+	if sqlstate(err) != "FP001" {
+		t.Fatalf("cascade onto a newer row under the guard: %v, want FP001", err)
+	}
+	if _, err := c.Exec(ctx, "DELETE FROM tenants WHERE id = 2"); err != nil {
+		t.Fatalf("cascade onto a fresh row under the guard: %v", err)
+	}
+	if err := d.QueryRow(ctx, "SELECT count(*) FROM cfg").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("cfg rows after the cascades: %d %v", n, err)
 	}
 }
 
