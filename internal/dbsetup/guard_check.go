@@ -1,0 +1,138 @@
+package dbsetup
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// checkGuard checks the guard against specs: where it is installed it
+// must be as setup --guard leaves it, and once it is installed in the
+// database (fenceproxy.meta has its mark, or a table has its triggers)
+// every table it belongs on must have it. It returns the problems and the
+// display names of the tables whose guard is in place and current.
+func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db string, g guardConfig, obj objects) ([]Problem, []string, error) {
+	targets, skipped, err := planGuard(specs, db, g)
+	if err != nil {
+		return nil, nil, err
+	}
+	trigs, err := readGuardTriggers(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
+	marked, err := guardInstalled(ctx, tx, obj)
+	if err != nil {
+		return nil, nil, err
+	}
+	var anyTrig bool
+	for _, t := range trigs {
+		anyTrig = anyTrig || t.ours && !t.clone
+	}
+	if !marked && !anyTrig {
+		return nil, nil, nil
+	}
+	on := guardTriggersOn(trigs)
+	const fix = " --guard"
+	var ps []Problem
+
+	// The shared functions and the exempt roles.
+	fstate, err := readGuardFunctions(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
+	sharedOK := true
+	for _, f := range sharedFunctions {
+		if st, ok := fstate[f.name]; !ok || !st.is(f) {
+			sharedOK = false
+			ps = append(ps, setupProblem("", fmt.Sprintf("function fenceproxy.%s of the database guard is missing or not this fenceproxy's", f.name), fix, ""))
+		}
+	}
+	roles, exemptTable, err := readExempt(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case !exemptTable:
+		sharedOK = false
+		ps = append(ps, setupProblem("", "table fenceproxy.guard_exempt of the database guard is missing", fix, ""))
+	case !slices.Equal(roles, g.exemptRoles):
+		sharedOK = false
+		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard exempts the roles [%s]; guard.exempt_roles lists [%s]",
+			strings.Join(roles, ", "), strings.Join(g.exemptRoles, ", ")), fix, ""))
+	}
+	if missing, err := missingRoles(ctx, tx, g.exemptRoles); err != nil {
+		return nil, nil, err
+	} else if len(missing) > 0 {
+		ps = append(ps, sqlProblem("", fmt.Sprintf("guard.exempt_roles lists roles that do not exist: %s", strings.Join(missing, ", ")),
+			"create the roles, or remove them from guard.exempt_roles, then run fenceproxy setup -c FILE --guard"))
+	}
+
+	placed, _, err := placeGuard(ctx, tx, targets)
+	if err != nil {
+		return nil, nil, err
+	}
+	var guarded []string
+	keep := map[uint32]bool{}
+	for _, p := range placed {
+		keep[p.rel.oid] = true
+		var issues []string
+		if i := p.rowTriggerIssue(on); i != "" {
+			issues = append(issues, i)
+		}
+		for _, r := range append([]partition{{p.rel.oid, p.rel.qualified}}, p.parts...) {
+			keep[r.oid] = true
+			if i := p.truncateTriggerIssue(on, r.oid, r.qualified); i != "" {
+				issues = append(issues, i)
+			}
+		}
+		switch st, ok := fstate[p.fn.name]; {
+		case !ok:
+			issues = append(issues, fmt.Sprintf("function %s is missing", p.fn.qualified()))
+		case headerOf(st.body) != p.fn.header:
+			issues = append(issues, fmt.Sprintf("function %s was made for an earlier configuration (%s); it now needs %s", p.fn.qualified(), headerOf(st.body), p.fn.header))
+		case !st.is(p.fn.def()):
+			issues = append(issues, fmt.Sprintf("function %s is not this fenceproxy's (replaced by hand, or installed by another build)", p.fn.qualified()))
+		}
+		switch {
+		case len(on[p.rel.oid]) == 0:
+			ps = append(ps, setupProblem(p.spec.Display, "the database guard is installed in this database but not on this table", fix, ""))
+		case len(issues) > 0:
+			ps = append(ps, setupProblem(p.spec.Display, "the database guard on this table is not as the configuration needs: "+strings.Join(issues, "; "), fix, ""))
+		case sharedOK:
+			guarded = append(guarded, p.spec.Display)
+		}
+	}
+	for _, u := range skipped {
+		rel, err := lookupTable(ctx, tx, u.spec.Schema, u.spec.Table)
+		if err != nil {
+			return nil, nil, err
+		}
+		if rel == nil || !slices.ContainsFunc(on[rel.oid], func(t guardTrig) bool { return t.ours && !t.clone }) {
+			continue
+		}
+		keep[rel.oid] = true
+		ps = append(ps, setupProblem(u.spec.Display, "the database guard is installed on this table, but "+u.reason, fix, ""))
+	}
+	for _, t := range targets {
+		if rel, err := lookupTable(ctx, tx, t.spec.Schema, t.spec.Table); err != nil {
+			return nil, nil, err
+		} else if rel != nil {
+			keep[rel.oid] = true
+		}
+	}
+	var stray []string
+	for _, t := range trigs {
+		if t.ours && !t.clone && !keep[t.rel] && !slices.Contains(stray, t.relName) {
+			stray = append(stray, t.relName)
+		}
+	}
+	for _, name := range stray {
+		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard is installed on %s, which no entry in mode enforce protects in this database", name), fix, ""))
+	}
+	return ps, guarded, nil
+}
