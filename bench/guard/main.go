@@ -20,7 +20,14 @@
 // -reps runs, rounds interleaved, and their ratio to hand. CPU per
 // transaction depends much less on other load than TPS does.
 //
-//	bench/guard.sh [-duration 5s] [-clients 1,4] [-reps 3]
+// With -callgrind it then counts the instructions of one UPDATE and its
+// commit in each workload, which do not depend on the load at all: the
+// server stopped, a single-user postgres under valgrind's callgrind runs
+// the prepared UPDATE 200 and 1200 times, and the difference is divided by
+// 1000. It adds the same pair on a table whose rows hold a 10 kB TOASTed
+// value (wide, wide+guard).
+//
+//	bench/guard.sh [-duration 5s] [-clients 1,4] [-reps 3] [-callgrind]
 package main
 
 import (
@@ -35,6 +42,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,8 +57,9 @@ func main() {
 	clients := flag.String("clients", "1,4", "comma-separated client counts")
 	reps := flag.Int("reps", 3, "runs per cell; the median is reported")
 	syncModes := flag.String("sync", "off,on", "synchronous_commit values to measure")
+	callgrind := flag.Bool("callgrind", false, "also count instructions per UPDATE with valgrind's callgrind (needs valgrind)")
 	flag.Parse()
-	if err := run(*duration, *clients, *reps, *syncModes); err != nil {
+	if err := run(*duration, *clients, *reps, *syncModes, *callgrind); err != nil {
 		fmt.Fprintln(os.Stderr, "guard bench:", err)
 		os.Exit(1)
 	}
@@ -81,7 +90,7 @@ type result struct {
 	tps, latencyMS, cpuUS float64
 }
 
-func run(duration time.Duration, clientList string, reps int, syncModes string) error {
+func run(duration time.Duration, clientList string, reps int, syncModes string, callgrind bool) error {
 	var cs []int
 	for _, s := range strings.Split(clientList, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -109,7 +118,11 @@ func run(duration time.Duration, clientList string, reps int, syncModes string) 
 	if err := cl.Exec(ctx, `
 		CREATE TABLE public.config (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', counter bigint NOT NULL DEFAULT 0,
 		                            last_fence bigint NOT NULL DEFAULT 0);
-		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;`); err != nil {
+		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;
+		CREATE TABLE public.wide (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', counter bigint NOT NULL DEFAULT 0,
+		                          last_fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO public.wide (id, payload)
+			SELECT g, (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 300) i) FROM generate_series(1, 256) g;`); err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, cl.SuperuserDSN("postgres"))
@@ -117,13 +130,18 @@ func run(duration time.Duration, clientList string, reps int, syncModes string) 
 		return err
 	}
 	defer conn.Close(ctx)
-	tables := []rules.Table{{Table: "public.config"}}
+	tables := []rules.Table{{Table: "public.config"}, {Table: "public.wide"}}
 	specs, err := rules.Specs(rules.Config{Tables: tables})
 	if err != nil {
 		return err
 	}
 	guard := func(on bool) error {
-		_, err := dbsetup.Setup(ctx, conn, specs, dbsetup.SetupOptions{Guard: on, RemoveGuard: !on, Tables: tables})
+		c, err := pgx.Connect(ctx, cl.SuperuserDSN("postgres"))
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		_, err = dbsetup.Setup(ctx, c, specs, dbsetup.SetupOptions{Guard: on, RemoveGuard: !on, Tables: tables})
 		return err
 	}
 	scripts := map[string]string{}
@@ -174,6 +192,9 @@ func run(duration time.Duration, clientList string, reps int, syncModes string) 
 					sync, c, w.name, m.tps, m.latencyMS, m.tps/ref.tps, m.cpuUS, m.cpuUS/ref.cpuUS)
 			}
 		}
+	}
+	if callgrind {
+		return countInstructions(ctx, cl, guard)
 	}
 	return nil
 }
@@ -289,4 +310,125 @@ func ticks(f []string, idx ...int) int64 {
 		}
 	}
 	return n
+}
+
+// countInstructions prints the instructions per UPDATE of each workload,
+// counted by callgrind in a single-user postgres.
+func countInstructions(ctx context.Context, cl *pgcluster.Cluster, guard func(on bool) error) error {
+	valgrind, err := exec.LookPath("valgrind")
+	if err != nil {
+		return fmt.Errorf("-callgrind: %w (apt-get install valgrind)", err)
+	}
+	hand := func(table string) string {
+		return "UPDATE " + table + " SET counter = counter + 1, last_fence = 42 WHERE id = $1 AND last_fence <= 42"
+	}
+	plain := func(table string) string { return "UPDATE " + table + " SET counter = counter + 1 WHERE id = $1" }
+	type count struct {
+		name, sql string
+		guard     bool
+		lock      bool
+	}
+	counts := []count{
+		{name: "hand", sql: hand("config")},
+		{name: "guard", sql: plain("config"), guard: true},
+		{name: "hand+guard", sql: hand("config"), guard: true},
+		{name: "guard+lock", sql: plain("config"), guard: true, lock: true},
+		{name: "wide", sql: hand("wide")},
+		{name: "wide+guard", sql: plain("wide"), guard: true},
+	}
+	fmt.Println()
+	fmt.Println("# instructions per UPDATE and commit (callgrind, single-user postgres, prepared statement); ratio to hand, or to wide")
+	fmt.Println()
+	fmt.Printf("| %-10s | %12s | %5s |\n", "workload", "instructions", "ratio")
+	fmt.Println("|------------|--------------|-------|")
+	var ref float64
+	for _, c := range counts {
+		// Setup needs the server; the single-user postgres needs it stopped.
+		if err := cl.StartServer(ctx); err != nil {
+			return err
+		}
+		if err := guard(c.guard); err != nil {
+			return err
+		}
+		if err := cl.StopServer(); err != nil {
+			return err
+		}
+		var total [2]float64
+		for i, n := range []int{200, 1200} {
+			v, err := callgrindRun(valgrind, cl.BinDir(), cl.DataDir(), c.sql, c.lock, n)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			total[i] = v
+		}
+		per := (total[1] - total[0]) / 1000
+		if !c.guard {
+			ref = per
+		}
+		fmt.Printf("| %-10s | %12.0f | %5.2f |\n", c.name, per, per/ref)
+	}
+	return cl.StartServer(ctx)
+}
+
+// callgrindRun runs sql, prepared, n times in a single-user postgres under
+// callgrind and returns the instructions counted. The server must be
+// stopped; the single-user postgres runs as the data directory's owner.
+func callgrindRun(valgrind, binDir, dataDir, sql string, lock bool, n int) (float64, error) {
+	work, err := os.MkdirTemp("", "fenceproxy-callgrind-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(work)
+	var in strings.Builder
+	in.WriteString("SET fence.token = '42';\n")
+	if lock {
+		in.WriteString("SET fence.lock = 'bench';\n")
+	}
+	// Single-user mode reads one statement per line.
+	fmt.Fprintf(&in, "PREPARE u(int) AS %s;\n", sql)
+	for i := range n {
+		fmt.Fprintf(&in, "EXECUTE u(%d);\n", i%256+1)
+	}
+	out := filepath.Join(work, "callgrind.out")
+	cmd := exec.Command(valgrind, "--tool=callgrind", "--callgrind-out-file="+out,
+		filepath.Join(binDir, "postgres"), "--single", "-D", dataDir, "-c", "synchronous_commit=off", "postgres")
+	cmd.Stdin = strings.NewReader(in.String())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := asDataOwner(cmd, dataDir, work); err != nil {
+		return 0, err
+	}
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("%v\n%s", err, stderr.String())
+	}
+	if i := strings.Index(stderr.String(), "ERROR:"); i >= 0 {
+		return 0, fmt.Errorf("single-user postgres: %s", stderr.String()[i:])
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "summary: "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("no summary in %s", out)
+}
+
+// asDataOwner runs cmd as the owner of dataDir (PostgreSQL refuses to run
+// as root) and gives it dir.
+func asDataOwner(cmd *exec.Cmd, dataDir, dir string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dataDir, &st); err != nil {
+		return err
+	}
+	if int(st.Uid) == os.Geteuid() {
+		return nil
+	}
+	if err := os.Chown(dir, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: st.Uid, Gid: st.Gid}}
+	return nil
 }
