@@ -44,6 +44,7 @@ type Checker struct {
 
 	mu      sync.Mutex
 	specs   []rules.TableSpec
+	opts    CheckOptions
 	loaded  bool // Reload was called: specs is the configuration
 	dbs     map[string]*checkedDB
 	tooMany bool // the limit was hit (logged once)
@@ -103,13 +104,17 @@ func (c *Checker) Ensure(database string) {
 
 // Reload sets the configuration and checks again every database seen.
 // Results of the previous configuration stay until the new ones are in.
-func (c *Checker) Reload(specs []rules.TableSpec) {
+func (c *Checker) Reload(specs []rules.TableSpec) { c.ReloadWith(specs, CheckOptions{}) }
+
+// ReloadWith is Reload with the configuration's settings, which the guard
+// check compares with (see CheckWith).
+func (c *Checker) ReloadWith(specs []rules.TableSpec, opts CheckOptions) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx.Err() != nil {
 		return
 	}
-	c.specs, c.loaded = specs, true
+	c.specs, c.opts, c.loaded = specs, opts, true
 	for db, d := range c.dbs {
 		if d.running {
 			d.again = true
@@ -191,10 +196,10 @@ func (c *Checker) run(database string, d *checkedDB) {
 	log := c.log.With(zap.String("database", database))
 	for {
 		c.mu.Lock()
-		specs := c.specs
+		specs, opts := c.specs, c.opts
 		c.mu.Unlock()
 
-		rep, indirect, err := c.checkOnce(database, specs)
+		rep, indirect, err := c.checkOnce(database, specs, opts)
 		var byTable map[string][]Problem
 		switch {
 		case err != nil && c.ctx.Err() != nil:
@@ -247,7 +252,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 
 // checkOnce connects to database and runs Check, then finds the indirect
 // paths to the tables in mode enforce there, within checkTimeout.
-func (c *Checker) checkOnce(database string, specs []rules.TableSpec) (Report, []IndirectPath, error) {
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (Report, []IndirectPath, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
 	defer cancel()
 	conn, err := c.connect(ctx, database)
@@ -259,7 +264,7 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec) (Report, [
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	rep, err := Check(ctx, conn, specs)
+	rep, err := CheckWith(ctx, conn, specs, opts)
 	if err != nil {
 		return rep, nil, err
 	}

@@ -133,6 +133,9 @@ BEGIN
 			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR SHARE;
 		END IF;
 		IF w = tok THEN
+			-- Tells the database guard's triggers that this transaction
+			-- registered (they would call this procedure again otherwise).
+			PERFORM set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
 			RETURN;
 		END IF;
 		IF w > tok THEN
@@ -162,6 +165,7 @@ BEGIN
 		INSERT INTO fenceproxy.locks AS l (name, token) VALUES (lk, tok)
 			ON CONFLICT (name) DO UPDATE SET token = excluded.token, registered = pg_catalog.now()
 			WHERE l.token < excluded.token;
+		PERFORM set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
 		RETURN;
 	END IF;
 	IF w > tok THEN
@@ -178,6 +182,7 @@ BEGIN
 	IF w < tok THEN
 		UPDATE fenceproxy.locks SET token = tok, registered = pg_catalog.now() WHERE name = lk;
 	END IF;
+	PERFORM set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
 END
 $body$;
 REVOKE ALL ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) FROM PUBLIC;

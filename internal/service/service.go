@@ -131,7 +131,7 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		aud.Close()
 		return nil, err
 	}
-	checker.Reload(specs)
+	checker.ReloadWith(specs, checkOptions(cfg))
 	pol = policy.New(rs, cfg.Notifies(), policy.Options{Logger: log, Metrics: m, Auditor: aud, Checks: checker, ConfigFile: path,
 		CheckWait: 2 * cfg.Upstream.ConnectTimeout})
 	in.policy, in.auditor, in.checker = pol, aud, checker
@@ -270,7 +270,7 @@ func (in *Instance) apply(cfg *config.Config, sum string) error {
 	}
 	in.policy.Swap(rs, cfg.Notifies())
 	if specs, err := rules.Specs(cfg.RulesConfig()); err == nil {
-		in.checker.Reload(specs) // the databases seen are checked again
+		in.checker.ReloadWith(specs, checkOptions(cfg)) // the databases seen are checked again
 	}
 	in.metrics.ConfigReloads.WithLabelValues("ok").Inc()
 	in.metrics.ConfigLastReload.Set(float64(loadedAt.UnixNano()) / 1e9)
@@ -385,4 +385,10 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 	}
 	opts.UpstreamTLS = up
 	return opts, nil
+}
+
+// checkOptions are the settings of cfg the database check compares the
+// guard with.
+func checkOptions(cfg *config.Config) dbsetup.CheckOptions {
+	return dbsetup.CheckOptions{TokenSetting: cfg.TokenSetting, LockSetting: cfg.LockSetting, Tables: cfg.Tables, ExemptRoles: cfg.Guard.ExemptRoles}
 }
