@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/service"
@@ -44,8 +45,11 @@ type Options struct {
 // Result reports what the narration observed; tests check it.
 type Result struct {
 	TokenA, TokenB int64
-	// StaleErr is the error A's late write received.
-	StaleErr *pgconn.PgError
+	// StaleErr is the error A's late write received; InsertErr the error
+	// of its insert of a row B never touched.
+	StaleErr, InsertErr *pgconn.PgError
+	// Watermark is the lock's watermark at the end.
+	Watermark int64
 	// Payload and Fence are the row's final state.
 	Payload string
 	Fence   int64
@@ -90,6 +94,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("demo: create table: %w", err)
 	}
 	n.detail("created public.config (id, payload, last_fence bigint NOT NULL DEFAULT 0) with row 1 = 'initial'")
+	if err := setupDB(ctx, pg); err != nil {
+		return nil, err
+	}
+	n.detail("ran fenceproxy setup: the fenceproxy schema with one watermark per lock name")
 
 	n.step("Starting an embedded etcd (the lock service)")
 	etcd, err := etcdcluster.Start(ctx, etcdcluster.Options{Members: 1})
@@ -131,20 +139,23 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 Try it yourself. In one terminal:
 
   psql "host=%s port=%s user=postgres dbname=postgres"
+  =# SET fence.lock = '%s';
   =# SET fence.token = '%d';
-  =# UPDATE config SET payload = 'mine' WHERE id = 1;      -- refused: %d is older than %d
+  =# SELECT * FROM config;                                   -- refused: %d is older than the lock's %d
   =# SET fence.token = '%d';
-  =# UPDATE config SET payload = 'mine' WHERE id = 1;      -- accepted
+  =# SELECT * FROM config;                                   -- B's token: accepted
+  =# UPDATE config SET payload = 'mine' WHERE id = 1;        -- accepted
 
-Or take a real lock from etcd and write with its token:
+Or take the real lock from etcd: fenceproxy lock sets fence.lock and
+fence.token for every libpq connection the command opens (PGOPTIONS):
 
-  fenceproxy lock --etcd %s --ttl 10s %s -- sh -c \
-    'psql "host=%s port=%s user=postgres dbname=postgres" -v ON_ERROR_STOP=1 \
-       -c "SET fence.token = $FENCE_TOKEN" -c "UPDATE config SET payload = payload WHERE id = 1" \
-       -c "UPDATE config SET payload = '"'"'locked'"'"' WHERE id = 1"'
+  fenceproxy lock --etcd %s --ttl 10s %s -- \
+    psql "host=%s port=%s user=postgres dbname=postgres" -v ON_ERROR_STOP=1 \
+       -c "SELECT payload FROM config WHERE id = 1" \
+       -c "UPDATE config SET payload = 'locked' WHERE id = 1"
 
 
-`, host, port, res.TokenA, res.TokenA, res.TokenB, res.TokenB+1000, res.EtcdEndpoint, lockKey, host, port)
+`, host, port, lockKey, res.TokenA, res.TokenA, res.TokenB, res.TokenB, res.EtcdEndpoint, lockKey, host, port)
 	if opts.Exit {
 		return res, nil
 	}
@@ -154,8 +165,10 @@ Or take a real lock from etcd and write with its token:
 	return res, nil
 }
 
-// play runs the timeline: A locks, stamps, reads, pauses past its lease; B
-// locks, stamps, reads, writes; A wakes and writes its stale copy.
+// play runs the timeline with lock fencing: A locks, names its lock,
+// reads, pauses past its lease; B locks, names it, reads (which registers
+// B's token for the lock) and writes; A wakes and writes its stale copy,
+// then tries to insert a row B never touched. No stamp step anywhere.
 func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, ttl time.Duration, res *Result) error {
 	connA, err := pgx.Connect(ctx, dsn+"&application_name=service-A")
 	if err != nil {
@@ -175,18 +188,15 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 	}
 	res.TokenA = leaseA.Token()
 	n.detail("A's fencing token is %d (the etcd revision of its grant)", res.TokenA)
-	if err := setToken(ctx, connA, res.TokenA); err != nil {
+	if err := nameLock(ctx, connA, res.TokenA); err != nil {
 		return err
 	}
-	if _, err := connA.Exec(ctx, "UPDATE config SET payload = payload WHERE id = 1"); err != nil {
-		return fmt.Errorf("demo: A stamps the row: %w", err)
-	}
-	n.detail("A stamps row 1 with its token (a fenced no-op UPDATE), then reads it")
+	n.detail("A sets fence.lock = %q and fence.token = %d in its session", lockKey, res.TokenA)
 	var payload string
 	if err := connA.QueryRow(ctx, "SELECT payload FROM config WHERE id = 1").Scan(&payload); err != nil {
 		return err
 	}
-	n.detail("A read payload = %q and starts computing its new value", payload)
+	n.detail("A read payload = %q (the read registered token %d for the lock) and starts computing", payload, res.TokenA)
 
 	n.step("A stops (a long GC pause) and its lease expires")
 	select {
@@ -198,7 +208,7 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 	}
 	n.detail("etcd deleted A's lock key; A does not know, it is still paused")
 
-	n.step("B takes the lock, stamps, reads and writes")
+	n.step("B takes the lock, reads and writes")
 	leaseB, err := lock.Acquire(ctx, cli, lockKey, lock.Options{TTL: 30 * time.Second, KeepAlive: true, Holder: "service-B"})
 	if err != nil {
 		return err
@@ -206,19 +216,17 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 	defer leaseB.Release(context.Background())
 	res.TokenB = leaseB.Token()
 	n.detail("B's fencing token is %d (> %d)", res.TokenB, res.TokenA)
-	if err := setToken(ctx, connB, res.TokenB); err != nil {
+	if err := nameLock(ctx, connB, res.TokenB); err != nil {
 		return err
-	}
-	if _, err := connB.Exec(ctx, "UPDATE config SET payload = payload WHERE id = 1"); err != nil {
-		return fmt.Errorf("demo: B stamps the row: %w", err)
 	}
 	if err := connB.QueryRow(ctx, "SELECT payload FROM config WHERE id = 1").Scan(&payload); err != nil {
 		return err
 	}
+	n.detail("B read %q: that read registered token %d for the lock, so from now on A can do nothing", payload, res.TokenB)
 	if _, err := connB.Exec(ctx, "UPDATE config SET payload = $1 WHERE id = 1", "written by B"); err != nil {
 		return fmt.Errorf("demo: B writes: %w", err)
 	}
-	n.detail("B read %q and wrote payload = 'written by B'", payload)
+	n.detail("B wrote payload = 'written by B'")
 
 	n.step("A wakes up and writes its stale copy with token %d", res.TokenA)
 	_, err = connA.Exec(ctx, "UPDATE config SET payload = $1 WHERE id = 1", "stale copy from A")
@@ -228,21 +236,50 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 	}
 	res.StaleErr = pgErr
 	n.detail("fenceproxy refused it: ERROR %s: %s", pgErr.Code, pgErr.Message)
+	_, err = connA.Exec(ctx, "INSERT INTO config (id, payload) VALUES (2, 'new row from A')")
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("demo: A's stale insert was not refused (err = %v)", err)
+	}
+	res.InsertErr = pgErr
+	n.detail("and its insert of a row B never touched: ERROR %s (row fencing alone could not refuse that)", pgErr.Code)
 
 	n.step("Checking the row")
 	if err := connB.QueryRow(ctx, "SELECT payload, last_fence FROM config WHERE id = 1").Scan(&res.Payload, &res.Fence); err != nil {
 		return err
 	}
-	n.detail("payload = %q, last_fence = %d: B's data is intact", res.Payload, res.Fence)
-	if res.Payload != "written by B" || res.Fence != res.TokenB {
-		return fmt.Errorf("demo: unexpected final row (%q, %d)", res.Payload, res.Fence)
+	if err := connB.QueryRow(ctx, "SELECT token FROM fenceproxy.locks WHERE name = $1", lockKey).Scan(&res.Watermark); err != nil {
+		return err
+	}
+	var rows int
+	if err := connB.QueryRow(ctx, "SELECT count(*) FROM config").Scan(&rows); err != nil {
+		return err
+	}
+	n.detail("payload = %q, last_fence = %d, %d row(s), lock watermark %d: B's data is intact", res.Payload, res.Fence, rows, res.Watermark)
+	if res.Payload != "written by B" || res.Fence != res.TokenB || rows != 1 || res.Watermark != res.TokenB {
+		return fmt.Errorf("demo: unexpected final state (%q, %d, %d rows, watermark %d)", res.Payload, res.Fence, rows, res.Watermark)
 	}
 	return nil
 }
 
-func setToken(ctx context.Context, c *pgx.Conn, token int64) error {
-	_, err := c.Exec(ctx, "SELECT set_config('fence.token', $1, false)", strconv.FormatInt(token, 10))
+// nameLock sets the session's lock name and token (as lock.ConfigurePgx
+// or fenceproxy lock would at connection time).
+func nameLock(ctx context.Context, c *pgx.Conn, token int64) error {
+	_, err := c.Exec(ctx, "SELECT set_config('fence.lock', $1, false), set_config('fence.token', $2, false)", lockKey, strconv.FormatInt(token, 10))
 	return err
+}
+
+// setupDB installs fenceproxy's objects in the demo database, as
+// fenceproxy setup does.
+func setupDB(ctx context.Context, pg *pgcluster.Cluster) error {
+	conn, err := pgx.Connect(ctx, pg.SuperuserDSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := dbsetup.Setup(ctx, conn, nil, dbsetup.SetupOptions{}); err != nil {
+		return fmt.Errorf("demo: setup: %w", err)
+	}
+	return nil
 }
 
 // freeOr returns addr if it can be bound now, else a free port on its host.

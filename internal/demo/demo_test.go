@@ -28,6 +28,12 @@ func TestDemoRunsToTheEnd(t *testing.T) {
 	if res.StaleErr == nil || res.StaleErr.Code != rules.CodeStaleToken {
 		t.Fatalf("A's stale write got %v, want SQLSTATE %s", res.StaleErr, rules.CodeStaleToken)
 	}
+	if res.InsertErr == nil || res.InsertErr.Code != rules.CodeStaleToken {
+		t.Fatalf("A's stale insert got %v, want SQLSTATE %s", res.InsertErr, rules.CodeStaleToken)
+	}
+	if res.Watermark != res.TokenB {
+		t.Errorf("lock watermark %d, want %d", res.Watermark, res.TokenB)
+	}
 	if res.Payload != "written by B" || res.Fence != res.TokenB {
 		t.Errorf("final row (%q, %d), want (\"written by B\", %d)", res.Payload, res.Fence, res.TokenB)
 	}
