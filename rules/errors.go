@@ -57,8 +57,9 @@ func (e *Error) Error() string {
 //	fenceproxy:stale:<token>:<watermark>:<n>:<table>       (watermark empty when NULL)
 //	fenceproxy:token:<n>:<table>:<n>:<setting>:<value>
 //
-// where <value> is the setting's first 32 characters as an SQL literal
-// ('abc', E'a\\b') or NULL when it is not set (quote_nullable).
+// where <token> is the token setting's text and <value> the setting's value
+// as an SQL literal ('abc', E'a\\b') or NULL when it is not set
+// (quote_nullable); the proxy echoes at most 32 characters of it.
 // Only the marker is parsed, never the words around it, so a translated
 // message (lc_messages) is recognised as well.
 const markerPrefix = "fenceproxy:"
@@ -112,6 +113,10 @@ func translateStale(m string) *Error {
 	if fence == "" {
 		fence = "NULL"
 	}
+	// The token is the setting's text, valid (digits) but maybe zero-padded.
+	if t := strings.TrimLeft(token, "0"); t != "" {
+		token = t
+	}
 	e.Message = "fenceproxy: stale fencing token " + token + " for table " + table + " (stored watermark " + fence + ")"
 	e.Table = table
 	return e
@@ -136,7 +141,7 @@ func translateToken(m string) *Error {
 	case ok && value == "":
 		e.Detail = setting + " is empty."
 	case ok && utf8.RuneCountInString(value) >= tokenEchoLen:
-		e.Detail = setting + " starts with " + strconv.Quote(value) + "."
+		e.Detail = setting + " starts with " + strconv.Quote(firstRunes(value, tokenEchoLen)) + "."
 	case ok:
 		e.Detail = setting + " is " + strconv.Quote(value) + "."
 	}
@@ -203,4 +208,15 @@ func isDigits(s string) bool {
 		}
 	}
 	return true
+}
+
+// firstRunes returns the first n runes of s.
+func firstRunes(s string, n int) string {
+	for i := range s {
+		if n == 0 {
+			return s[:i]
+		}
+		n--
+	}
+	return s
 }

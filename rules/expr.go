@@ -124,25 +124,47 @@ func (f *fencer) cmp() string {
 func (f *fencer) fresh() *pg.Node { return op(f.cmp(), f.fence(), f.tok()) }
 
 // raiseStale returns an expression of type typ that always fails with the
-// stale-token marker carrying TOK and F (concat renders a NULL F as "").
+// stale-token marker carrying the token setting's text and F:
+//
+//	('<marker>' || COALESCE(s, '') || ':' || COALESCE(F::text, '') || ':<table>')::typ
+//
+// Text concatenation with explicit text operands and COALESCE cost
+// PostgreSQL's parse analysis far less than concat() or substr() (whose
+// overloads it must resolve). COALESCE keeps the text from being NULL, so
+// the cast always fails: a NULL fence or token still raises.
 func (f *fencer) raiseStale(typ string) *pg.Node {
-	return cast(fn("concat",
+	return cast(cat3(
 		aStr(markerPrefix+markerStale+":"),
-		f.tok(),
+		coalesce(f.settingExpr(), aStr("")),
 		aStr(":"),
-		f.fence(),
+		coalesce(cast(f.fence(), "text"), aStr("")),
 		aStr(":"+sized(f.t.display)),
 	), typ)
 }
 
 // raiseToken returns an expression of type typ that always fails with the
-// missing-token marker, carrying at most tokenEchoLen characters of the
-// setting's value as an SQL literal (quote_nullable gives NULL when unset).
+// missing-token marker, carrying the setting's value as an SQL literal
+// (quote_nullable gives NULL when unset); the proxy echoes at most
+// tokenEchoLen characters of it.
 func (f *fencer) raiseToken(typ string) *pg.Node {
 	return cast(op("||",
 		aStr(markerPrefix+markerToken+":"+sized(f.t.display)+":"+sized(f.setting)+":"),
-		fn("quote_nullable", fn("substr", f.settingExpr(), aInt(1), aInt(tokenEchoLen))),
+		fn("quote_nullable", f.settingExpr()),
 	), typ)
+}
+
+// cat3 joins text expressions with the qualified || operator.
+func cat3(parts ...*pg.Node) *pg.Node {
+	out := parts[0]
+	for _, p := range parts[1:] {
+		out = op("||", out, p)
+	}
+	return out
+}
+
+// coalesce builds COALESCE(args...).
+func coalesce(args ...*pg.Node) *pg.Node {
+	return &pg.Node{Node: &pg.Node_CoalesceExpr{CoalesceExpr: &pg.CoalesceExpr{Args: args, Location: -1}}}
 }
 
 // sized renders a length-prefixed marker field.
