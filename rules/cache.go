@@ -1,24 +1,28 @@
 package rules
 
 import (
-	"container/list"
 	"sync"
+	"sync/atomic"
 )
 
 // maxCachedSQLLen keeps very large statements (bulk INSERTs, usually unique)
 // out of the cache, so the cache's memory is bounded by entries × this.
 const maxCachedSQLLen = 32 << 10
 
-// decisionCache is a bounded LRU of decisions keyed by rule set and
-// statement text. The sets ForSession derives share their root's cache, so
-// the configured size bounds them all together.
-// A single mutex is enough: the critical sections are a map lookup and a
-// list move, far cheaper than the parse they save.
+// decisionCache is a bounded cache of decisions keyed by rule set and
+// statement text, evicting with the CLOCK approximation of LRU: a hit only
+// sets a flag under a read lock, so hits from many sessions do not
+// serialise on a mutex, and a miss that inserts sweeps the ring for an
+// entry not used since the hand last passed it. The sets ForSession
+// derives share their root's cache, so the configured size bounds them all
+// together. Entries are never modified once in the map (put replaces
+// them), so a reader needs no lock after the lookup.
 type decisionCache struct {
-	mu  sync.Mutex
-	max int
-	ll  list.List // front = most recently used; values are *cacheEntry
-	m   map[cacheKey]*list.Element
+	mu   sync.RWMutex
+	max  int
+	m    map[cacheKey]*cacheEntry
+	ring []*cacheEntry
+	hand int
 }
 
 type cacheKey struct {
@@ -27,26 +31,30 @@ type cacheKey struct {
 }
 
 type cacheEntry struct {
-	key cacheKey
-	d   Decision
+	key  cacheKey
+	d    Decision
+	slot int         // index in ring
+	used atomic.Bool // hit since the hand last passed
 }
 
 func newDecisionCache(max int) *decisionCache {
-	return &decisionCache{max: max, m: make(map[cacheKey]*list.Element, max)}
+	return &decisionCache{max: max, m: make(map[cacheKey]*cacheEntry, max), ring: make([]*cacheEntry, 0, max)}
 }
 
 func (c *decisionCache) get(set uint32, sql string) (Decision, bool) {
 	if len(sql) > maxCachedSQLLen {
 		return Decision{}, false // never cached; and hashing it under the lock would stall other sessions
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[cacheKey{set, sql}]
-	if !ok {
+	c.mu.RLock()
+	e := c.m[cacheKey{set, sql}]
+	c.mu.RUnlock()
+	if e == nil {
 		return Decision{}, false
 	}
-	c.ll.MoveToFront(e)
-	return e.Value.(*cacheEntry).d, true
+	if !e.used.Load() {
+		e.used.Store(true)
+	}
+	return e.d, true
 }
 
 func (c *decisionCache) put(set uint32, sql string, d Decision) {
@@ -56,21 +64,38 @@ func (c *decisionCache) put(set uint32, sql string, d Decision) {
 	k := cacheKey{set, sql}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.m[k]; ok {
-		e.Value.(*cacheEntry).d = d
-		c.ll.MoveToFront(e)
+	e := &cacheEntry{key: k, d: d}
+	if old, ok := c.m[k]; ok {
+		e.slot = old.slot
+		e.used.Store(true)
+		c.ring[e.slot] = e
+		c.m[k] = e
 		return
 	}
-	if c.ll.Len() >= c.max {
-		old := c.ll.Back()
-		c.ll.Remove(old)
-		delete(c.m, old.Value.(*cacheEntry).key)
+	if len(c.ring) < c.max {
+		e.slot = len(c.ring)
+		c.ring = append(c.ring, e)
+		c.m[k] = e
+		return
 	}
-	c.m[k] = c.ll.PushFront(&cacheEntry{key: k, d: d})
+	for {
+		victim := c.ring[c.hand]
+		if victim.used.Load() {
+			victim.used.Store(false)
+			c.hand = (c.hand + 1) % len(c.ring)
+			continue
+		}
+		delete(c.m, victim.key)
+		e.slot = c.hand
+		c.ring[c.hand] = e
+		c.m[k] = e
+		c.hand = (c.hand + 1) % len(c.ring)
+		return
+	}
 }
 
 func (c *decisionCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ll.Len()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.m)
 }
