@@ -90,6 +90,12 @@ type LockPolicy interface {
 // Policy is the hook where statements are inspected. Implementations must
 // be safe for concurrent use; Decide is called for every Query and Parse
 // message, so it must be fast for statements it does not care about.
+//
+// The SQL texts passed to Policy and its extensions (Decide, MayTouch,
+// PreparedOps, NamesLock) may alias the relay's read buffer, to spare a
+// copy per message: they are valid only during the call, and an
+// implementation that keeps one (in a cache, say) must copy it first
+// (strings.Clone). What it returns must not alias them either.
 type Policy interface {
 	// Decide returns the decision for one SQL text (a Query's string,
 	// possibly several statements, or a Parse's statement), which the
