@@ -95,7 +95,8 @@ type LockPolicy interface {
 // PreparedOps, NamesLock) may alias the relay's read buffer, to spare a
 // copy per message: they are valid only during the call, and an
 // implementation that keeps one (in a cache, say) must copy it first
-// (strings.Clone). What it returns must not alias them either.
+// (strings.Clone). Returned values may alias the text (PreparedOp.Text
+// does): the relay copies what it keeps of them.
 type Policy interface {
 	// Decide returns the decision for one SQL text (a Query's string,
 	// possibly several statements, or a Parse's statement), which the
