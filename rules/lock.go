@@ -158,15 +158,20 @@ func (r *Rules) lockUses(tree *pg.ParseResult) []*lockUse {
 	return out
 }
 
-// callNode builds the registration statement for u.
-func (r *Rules) callNode(u *lockUse) *pg.Node {
+// callArgs are what the registration statement for u depends on.
+func callArgs(u *lockUse) (list string, required, audit bool) {
 	tables := sortedUnique(append(append([]string(nil), u.enforce...), u.audit...))
-	list := strings.Join(tables, ", ")
+	list = strings.Join(tables, ", ")
 	if len(list) > maxLockTablesArg {
 		list = list[:maxLockTablesArg] + "..."
 	}
-	audit := len(u.enforce) == 0
-	required := u.required || (audit && u.auditReq)
+	audit = len(u.enforce) == 0
+	required = u.required || (audit && u.auditReq)
+	return list, required, audit
+}
+
+// callNode builds the registration statement.
+func (r *Rules) callNode(list string, required, audit bool) *pg.Node {
 	return &pg.Node{Node: &pg.Node_CallStmt{CallStmt: &pg.CallStmt{
 		Funccall: &pg.FuncCall{
 			Funcname: []*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode("register")},
@@ -180,10 +185,23 @@ func (r *Rules) callNode(u *lockUse) *pg.Node {
 	}}}
 }
 
+// provenCall is a registration statement printed and proven.
+type provenCall struct {
+	text string
+	raw  *pg.RawStmt // read-only once cached
+}
+
 // callText prints the registration statement for u and proves that it
-// parses back into itself.
+// parses back into itself. Statements touch few distinct sets of tables,
+// so proven prints are kept (at most maxProvenCalls per rule set).
 func (r *Rules) callText(u *lockUse, version int32) (string, *pg.RawStmt, error) {
-	raw := &pg.RawStmt{Stmt: r.callNode(u)}
+	list, required, audit := callArgs(u)
+	key := fmt.Sprintf("%d|%t|%t|%s", version, required, audit, list)
+	if v, ok := r.calls.Load(key); ok {
+		c := v.(*provenCall)
+		return c.text, c.raw, nil
+	}
+	raw := &pg.RawStmt{Stmt: r.callNode(list, required, audit)}
 	tree := &pg.ParseResult{Version: version, Stmts: []*pg.RawStmt{raw}}
 	text, err := pg.Deparse(tree)
 	if err != nil {
@@ -192,8 +210,14 @@ func (r *Rules) callText(u *lockUse, version int32) (string, *pg.RawStmt, error)
 	if err := verify(text, tree); err != nil {
 		return "", nil, err
 	}
+	if r.nCalls.Add(1) <= maxProvenCalls {
+		r.calls.Store(key, &provenCall{text: text, raw: raw})
+	}
 	return text, raw, nil
 }
+
+// maxProvenCalls bounds the registration prints a rule set keeps.
+const maxProvenCalls = 1024
 
 // lockCall prepares the registration for a decided text: final is the
 // text that will be sent (rewritten or not), uses what each statement of

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Action is what the proxy does with a statement.
@@ -68,7 +70,10 @@ type Rules struct {
 	auditTag     string
 	tables       []*tableRule // fenced in this set (enforce or audit)
 	locks        bool         // some table of the set has lock fencing
-	byRel        map[string][]*tableRule
+	// calls keeps proven registration statements (callText).
+	calls  sync.Map
+	nCalls atomic.Int64
+	byRel  map[string][]*tableRule
 	// needles are the relation names (ASCII-lowered) MayTouch looks for;
 	// pairs marks the byte pairs that start one (or "alter", "drop"), and
 	// short lists the one-byte names, which no pair can start.

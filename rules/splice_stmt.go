@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
-	"google.golang.org/protobuf/proto"
 )
 
 // This file finds, in the client's text, the places where the fence
@@ -22,7 +21,9 @@ func quoteCol(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) +
 // text is cached under key, so the same key must always build the same
 // expression.
 func (s *splicer) exprText(key string, node *pg.Node) txt {
-	f := s.fragment(key, 0, func([]*pg.Node) *pg.Node { return proto.Clone(node).(*pg.Node) })
+	// fragment only prints and checks the node (nothing keeps it), and the
+	// node is turned into the placeholder just below: no copy is needed.
+	f := s.fragment(key, 0, func([]*pg.Node) *pg.Node { return node })
 	name := s.placeholderName(f.id)
 	node.Node = &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{pg.MakeStrNode(name)}, Location: -1}}
 	return txt{real: fill(f.pieces), check: "(" + name + ")"}
