@@ -55,7 +55,7 @@
 //
 //	FENCEPROXY_TORTURE_DURATION  how long each torture runs (Go duration).
 //	                             Default 40s, 10s under -short; for the
-//	                             lock-fenced ones 45s, 12s under -short.
+//	                             lock-fenced ones 60s, 12s under -short.
 //	FENCEPROXY_TORTURE_WORKERS   number of worker processes, default 8
 //	                             (lock-fenced: 12).
 //	FENCEPROXY_TORTURE_KEYS      number of locks / counter rows, default 3

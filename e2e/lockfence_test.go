@@ -56,10 +56,10 @@ const (
 )
 
 // lockTortureSize is the default size of the lock-fenced torture and its
-// control: 45s (12s under -short), 12 workers, 32 keys. Many keys, so
+// control: 60s (12s under -short), 12 workers, 32 keys. Many keys, so
 // that a worker mostly finds a free lock, and thousands of operations.
 func lockTortureSize() tortureSize {
-	size := tortureSize{duration: 45 * time.Second, workers: 12, keys: 32}
+	size := tortureSize{duration: 60 * time.Second, workers: 12, keys: 32}
 	if testing.Short() {
 		size.duration = 12 * time.Second
 	}
