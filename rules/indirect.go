@@ -33,14 +33,21 @@ type Indirect struct {
 type IndirectSet struct {
 	byRel   map[string][]Indirect
 	needles []string // relation names, ASCII-lowered
+	// verdicts caches Check's result by text: reads that name such a
+	// relation (a partitioned parent, say) would otherwise be parsed every
+	// time.
+	verdicts *decisionCache
 }
+
+// indirectCacheSize bounds IndirectSet's verdicts.
+const indirectCacheSize = 1024
 
 // NewIndirectSet returns nil when paths is empty.
 func NewIndirectSet(paths []Indirect) *IndirectSet {
 	if len(paths) == 0 {
 		return nil
 	}
-	s := &IndirectSet{byRel: make(map[string][]Indirect)}
+	s := &IndirectSet{byRel: make(map[string][]Indirect), verdicts: newDecisionCache(indirectCacheSize)}
 	for _, p := range paths {
 		if len(s.byRel[p.Name]) == 0 {
 			n := asciiLower(p.Name)
@@ -65,6 +72,16 @@ func (s *IndirectSet) Check(sql string) *Error {
 	if !found && !(&Rules{}).unicodeEscape(sql) {
 		return nil
 	}
+	if d, ok := s.verdicts.get(0, sql); ok {
+		return d.Err
+	}
+	e := s.check(sql)
+	s.verdicts.put(0, strings.Clone(sql), Decision{Err: e})
+	return e
+}
+
+// check is Check without the cache.
+func (s *IndirectSet) check(sql string) *Error {
 	if len(sql) > DefaultMaxCheckBytes {
 		return &Error{Code: CodeRefused, Message: "fenceproxy: statement too large to check for writes through relations that reach protected tables"}
 	}

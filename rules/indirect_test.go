@@ -43,6 +43,9 @@ func TestIndirectSet(t *testing.T) {
 		if (e != nil) != c.refuse {
 			t.Errorf("%q: refusal %v, want %v", c.sql, e, c.refuse)
 		}
+		if again := s.Check(c.sql); (again != nil) != c.refuse { // from the cache
+			t.Errorf("%q again: refusal %v, want %v", c.sql, again, c.refuse)
+		}
 		if e != nil && e.Code != rules.CodeRefused {
 			t.Errorf("%q: %+v", c.sql, e)
 		}
