@@ -45,8 +45,6 @@ type LockCall struct {
 	// prepares) has lock: required, so the registration must run even in
 	// a session that never named a lock (it then fails with FP002).
 	Required bool
-	// Tables names the lock-fenced tables concerned, sorted.
-	Tables []string
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int
@@ -226,15 +224,11 @@ const maxProvenCalls = 1024
 // refuses the statement then.
 func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCall, error) {
 	lc := &LockCall{}
-	var tables []string
 	for _, u := range uses {
 		if u != nil {
 			lc.Required = lc.Required || u.required || (len(u.enforce) == 0 && u.auditReq)
-			tables = append(tables, u.enforce...)
-			tables = append(tables, u.audit...)
 		}
 	}
-	lc.Tables = sortedUnique(tables)
 	if len(uses) == 1 {
 		text, _, err := r.callText(uses[0], version)
 		if err != nil {
