@@ -102,87 +102,73 @@ BEGIN
 	tok := digits::bigint;
 	h := hashtext(lk);
 
-	SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
-	IF w > tok THEN
-		-- Watermarks only grow: stale now, stale after any wait.
-		IF audit THEN
-			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
-			RETURN;
-		END IF;
-		RAISE EXCEPTION USING ERRCODE = 'FP001',
-			MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
-			DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
-			HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
-	END IF;
-	IF w = tok THEN
-		-- The common case: the token is the lock's watermark. Hold it
-		-- shared, then read again: a newer holder may have registered
-		-- while we waited.
-		IF rc THEN
-			PERFORM pg_advisory_xact_lock_shared(class, h);
-			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
-		ELSE
-			IF NOT pg_try_advisory_xact_lock_shared(class, h) THEN
-				PERFORM pg_advisory_xact_lock_shared(class, h);
-				RAISE EXCEPTION USING ERRCODE = '40001',
-					MESSAGE = format('fenceproxy: could not serialize access: lock %s changed hands during this transaction', quote_literal(substr(lk, 1, 256)));
-			END IF;
-			-- FOR SHARE fails with 40001 if the watermark changed after the
-			-- transaction's snapshot.
-			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR SHARE;
-		END IF;
+	-- Every path that finds the watermark newer than the token leaves this
+	-- block for the one stale branch below it. Watermarks only grow: stale
+	-- now means stale after any wait.
+	<<register>>
+	BEGIN
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
+		EXIT register WHEN w > tok;
 		IF w = tok THEN
-			-- Tells the database guard's triggers that this transaction
-			-- registered (they would call this procedure again otherwise).
-			PERFORM set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
-			RETURN;
-		END IF;
-		IF w > tok THEN
-			IF audit THEN
-				PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-					'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
-				RETURN;
+			-- The common case: the token is the lock's watermark. Hold it
+			-- shared, then read again: a newer holder may have registered
+			-- while we waited.
+			IF rc THEN
+				PERFORM pg_advisory_xact_lock_shared(class, h);
+				SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk;
+			ELSE
+				IF NOT pg_try_advisory_xact_lock_shared(class, h) THEN
+					PERFORM pg_advisory_xact_lock_shared(class, h);
+					RAISE EXCEPTION USING ERRCODE = '40001',
+						MESSAGE = format('fenceproxy: could not serialize access: lock %s changed hands during this transaction', quote_literal(substr(lk, 1, 256)));
+				END IF;
+				-- FOR SHARE fails with 40001 if the watermark changed after
+				-- the transaction's snapshot.
+				SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR SHARE;
 			END IF;
-			RAISE EXCEPTION USING ERRCODE = 'FP001',
-				MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
-				DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
-				HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
+			EXIT register WHEN w > tok;
 		END IF;
-	END IF;
 
-	-- A newer token (or the lock's first): wait for the transactions that
-	-- registered older tokens, then move the watermark.
-	IF rc THEN
-		PERFORM pg_advisory_xact_lock(class, h);
-	ELSIF NOT pg_try_advisory_xact_lock(class, h) THEN
-		PERFORM pg_advisory_xact_lock(class, h);
-		RAISE EXCEPTION USING ERRCODE = '40001',
-			MESSAGE = format('fenceproxy: could not serialize access: lock %s was in use by an older holder', quote_literal(substr(lk, 1, 256)));
-	END IF;
-	SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR UPDATE;
-	IF NOT FOUND THEN
-		INSERT INTO fenceproxy.locks AS l (name, token) VALUES (lk, tok)
-			ON CONFLICT (name) DO UPDATE SET token = excluded.token, registered = pg_catalog.now()
-			WHERE l.token < excluded.token;
+		IF w IS NULL OR w < tok THEN
+			-- A newer token (or the lock's first): wait for the
+			-- transactions that registered older tokens, then move the
+			-- watermark.
+			IF rc THEN
+				PERFORM pg_advisory_xact_lock(class, h);
+			ELSIF NOT pg_try_advisory_xact_lock(class, h) THEN
+				PERFORM pg_advisory_xact_lock(class, h);
+				RAISE EXCEPTION USING ERRCODE = '40001',
+					MESSAGE = format('fenceproxy: could not serialize access: lock %s was in use by an older holder', quote_literal(substr(lk, 1, 256)));
+			END IF;
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name = lk FOR UPDATE;
+			IF NOT FOUND THEN
+				INSERT INTO fenceproxy.locks AS l (name, token) VALUES (lk, tok)
+					ON CONFLICT (name) DO UPDATE SET token = excluded.token, registered = pg_catalog.now()
+					WHERE l.token < excluded.token;
+			ELSE
+				EXIT register WHEN w > tok;
+				IF w < tok THEN
+					UPDATE fenceproxy.locks SET token = tok, registered = pg_catalog.now() WHERE name = lk;
+				END IF;
+			END IF;
+		END IF;
+		-- Registered. Tells the database guard's triggers that this
+		-- transaction registered (they would call this procedure again
+		-- otherwise).
 		PERFORM set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
 		RETURN;
+	END;
+
+	-- Stale: a newer holder of the lock has registered.
+	IF audit THEN
+		PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
+			'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
+		RETURN;
 	END IF;
-	IF w > tok THEN
-		IF audit THEN
-			PERFORM pg_notify('fenceproxy_audit', json_build_object('v', 1, 'i', tag, 'm', 'audit',
-				'r', 'stale_lock', 't', tables, 'l', substr(lk, 1, 256), 'tok', tok::text, 'w', w)::text);
-			RETURN;
-		END IF;
-		RAISE EXCEPTION USING ERRCODE = 'FP001',
-			MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
-			DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
-			HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
-	END IF;
-	IF w < tok THEN
-		UPDATE fenceproxy.locks SET token = tok, registered = pg_catalog.now() WHERE name = lk;
-	END IF;
-	PERFORM set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
+	RAISE EXCEPTION USING ERRCODE = 'FP001',
+		MESSAGE = format('fenceproxy: stale token %s for lock %s: the lock''s watermark is %s', tok, quote_literal(substr(lk, 1, 256)), w),
+		DETAIL = format('lock=%s token=%s watermark=%s', quote_literal(substr(lk, 1, 256)), tok, w),
+		HINT = 'A newer holder of the lock has registered: stop, acquire the lock again and re-read.';
 END
 $body$;
 REVOKE ALL ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) FROM PUBLIC;
