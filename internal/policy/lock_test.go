@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/proxy"
@@ -49,14 +51,16 @@ type lockEnv struct {
 	proxy *proxytest.Proxy
 }
 
-func startLockEnv(t *testing.T) *lockEnv {
+func startLockEnv(t *testing.T) *lockEnv { return startLockEnvWith(t, policy.Options{}) }
+
+func startLockEnvWith(t *testing.T, opts policy.Options) *lockEnv {
 	t.Helper()
 	rs, err := rules.Compile(lockRules)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &lockEnv{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
+		Policy: policy.New(rs, false, opts),
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})}
 }
@@ -566,4 +570,38 @@ func testLockPreparedRegistration(t *testing.T, e *lockEnv) {
 	mustExec(t, nw, "SELECT 1 FROM acct")
 	_, err := h.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
 	wantCode(t, err, "FP001")
+}
+
+// The lock registration's refusals are counted by lock name and reason.
+func TestLockRejectionMetrics(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	e := startLockEnvWith(t, policy.Options{Metrics: m})
+	db := newLockDB(t, true)
+	ctx := ctxT(t)
+	old := e.holder(t, db, "M1", 90, pgx.QueryExecModeCacheStatement)
+	mustExec(t, old, "SELECT 1 FROM acct")
+	nw := e.holder(t, db, "M1", 91, pgx.QueryExecModeCacheStatement)
+	mustExec(t, nw, "SELECT 1 FROM acct")
+	for range 2 {
+		_, err := old.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = 1")
+		wantCode(t, err, "FP001")
+	}
+	_, err := e.plain(t, db, pgx.QueryExecModeSimpleProtocol).Exec(ctx, "SELECT * FROM jobs")
+	wantCode(t, err, "FP002")
+	if got := counterValue(t, m.LockRejections.WithLabelValues("M1", "stale")); got != 2 {
+		t.Errorf("stale rejections of lock M1 = %v, want 2", got)
+	}
+	if got := counterValue(t, m.LockRejections.WithLabelValues("", "missing_lock")); got != 1 {
+		t.Errorf("missing-lock rejections = %v, want 1", got)
+	}
+}
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := c.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetCounter().GetValue()
 }
