@@ -77,8 +77,11 @@ const (
 // fenceproxy error the client should see instead. For every other error it
 // returns (nil, false); that path is a string comparison and an index scan,
 // cheap enough to run on every upstream error.
+//
+// The error raisers (Rules.ServerFunctions) raise FP001 and FP002 with the
+// marker as their message: those are recognised too.
 func TranslateError(code, message string) (*Error, bool) {
-	if code != "22P02" {
+	if code != "22P02" && code != CodeStaleToken && code != CodeMissingToken {
 		return nil, false
 	}
 	i := strings.Index(message, markerPrefix)

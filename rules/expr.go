@@ -90,6 +90,9 @@ type fencer struct {
 	// qual qualifies the fence column: the target's alias, or its relation
 	// name when it has none.
 	qual string
+	// raisers: raise errors through the functions fenceproxy setup
+	// installs (Rules.ServerFunctions).
+	raisers bool
 }
 
 // setting returns pg_catalog.current_setting('<setting>', true).
@@ -132,7 +135,16 @@ func (f *fencer) fresh() *pg.Node { return op(f.cmp(), f.fence(), f.tok()) }
 // PostgreSQL's parse analysis far less than concat() or substr() (whose
 // overloads it must resolve). COALESCE keeps the text from being NULL, so
 // the cast always fails: a NULL fence or token still raises.
+//
+// With the server's error raisers it is instead
+//
+//	fenceproxy.stale[_b]('<setting>', F, '<n>:<table>')
+//
+// which raises FP001 with the same marker as its message.
 func (f *fencer) raiseStale(typ string) *pg.Node {
+	if f.raisers {
+		return raiserCall("stale", typ, aStr(f.setting), f.fence(), aStr(sized(f.t.display)))
+	}
 	return cast(cat3(
 		aStr(markerPrefix+markerStale+":"),
 		coalesce(f.settingExpr(), aStr("")),
@@ -146,11 +158,28 @@ func (f *fencer) raiseStale(typ string) *pg.Node {
 // missing-token marker, carrying the setting's value as an SQL literal
 // (quote_nullable gives NULL when unset); the proxy echoes at most
 // tokenEchoLen characters of it.
+//
+// With the server's error raisers it is
+// fenceproxy.no_token[_b]('<setting>', '<n>:<table>:<n>:<setting>:'), which
+// raises FP002 with the same marker.
 func (f *fencer) raiseToken(typ string) *pg.Node {
+	if f.raisers {
+		return raiserCall("no_token", typ, aStr(f.setting), aStr(sized(f.t.display)+":"+sized(f.setting)+":"))
+	}
 	return cast(op("||",
 		aStr(markerPrefix+markerToken+":"+sized(f.t.display)+":"+sized(f.setting)+":"),
 		fn("quote_nullable", f.settingExpr()),
 	), typ)
+}
+
+// raiserCall calls the error raiser fenceproxy.<name> (bigint) or
+// fenceproxy.<name>_b (boolean) for a value of type typ ("int8" or
+// "bool").
+func raiserCall(name, typ string, args ...*pg.Node) *pg.Node {
+	if typ == "bool" {
+		name += "_b"
+	}
+	return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode(name)}, args, -1)
 }
 
 // cat3 joins text expressions with the qualified || operator.

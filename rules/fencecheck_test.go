@@ -111,8 +111,17 @@ func (c *checker) records(s string, t *checkTable, reason string) bool {
 }
 
 // raises reports whether expression text s can raise a fenceproxy error.
-func raises(s string) bool {
-	return strings.Contains(s, "fenceproxy:stale:") || strings.Contains(s, "fenceproxy:token:")
+func raises(s string) bool { return raisesStale(s) || raisesToken(s) }
+
+// raisesStale reports whether expression text s can raise the stale-token
+// error: inline (a marker cast) or through the server's error raisers.
+func raisesStale(s string) bool {
+	return strings.Contains(s, "fenceproxy:stale:") || strings.Contains(s, "fenceproxy.stale(") || strings.Contains(s, "fenceproxy.stale_b(")
+}
+
+// raisesToken is raisesStale for the invalid-token error.
+func raisesToken(s string) bool {
+	return strings.Contains(s, "fenceproxy:token:") || strings.Contains(s, "fenceproxy.no_token(") || strings.Contains(s, "fenceproxy.no_token_b(")
 }
 
 // unrewritten reports whether an audit write was left as the client sent it
@@ -206,7 +215,7 @@ func (c *checker) visit(m protoreflect.ProtoMessage) {
 			if t.skip && !strings.Contains(where, t.col) {
 				c.fail("UPDATE (skip) WHERE has no fence condition: %s", where)
 			}
-			if !t.lenient() && !currentOf && !strings.Contains(where, "fenceproxy:token:") {
+			if !t.lenient() && !currentOf && !raisesToken(where) {
 				c.fail("UPDATE WHERE has no token guard: %s", where)
 			}
 			if t.lenient() && !currentOf && !c.records(where, t, "missing_token") {
@@ -222,10 +231,10 @@ func (c *checker) visit(m protoreflect.ProtoMessage) {
 			if !strings.Contains(where, t.col) || !strings.Contains(where, c.tok) {
 				c.fail("DELETE WHERE has no fence condition: %s", where)
 			}
-			if !t.skip && !t.audit && !strings.Contains(where, "fenceproxy:stale:") {
+			if !t.skip && !t.audit && !raisesStale(where) {
 				c.fail("DELETE (error) WHERE does not raise: %s", where)
 			}
-			if !t.lenient() && !strings.Contains(where, "fenceproxy:token:") {
+			if !t.lenient() && !raisesToken(where) {
 				c.fail("DELETE WHERE has no token guard: %s", where)
 			}
 			if t.lenient() && !c.records(where, t, "missing_token") {
@@ -290,11 +299,11 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContai
 				c.fail("%s (audit) SET %s = %s raises or does not record stale rows", what, t.col, v)
 			}
 		case !t.skip:
-			if !strings.Contains(v, "fenceproxy:stale:") || !strings.Contains(v, t.col+" OPERATOR(pg_catalog.<") {
+			if !raisesStale(v) || !strings.Contains(v, t.col+" OPERATOR(pg_catalog.<") {
 				c.fail("%s (error) SET %s = %s does not check the fence", what, t.col, v)
 			}
 		}
-		if selfContained && !t.lenient() && !strings.Contains(v, "fenceproxy:token:") {
+		if selfContained && !t.lenient() && !raisesToken(v) {
 			c.fail("%s SET %s = %s does not check the token", what, t.col, v)
 		}
 		if selfContained && t.lenient() && !c.records(v, t, "missing_token") {
@@ -313,7 +322,7 @@ func (c *checker) checkStamp(what string, v *pg.Node, t *checkTable, record bool
 	if !strings.Contains(s, c.tok) {
 		c.fail("%s: fence value %s does not use the token", what, s)
 	}
-	if !t.lenient() && record && !strings.Contains(s, "fenceproxy:token:") {
+	if !t.lenient() && record && !raisesToken(s) {
 		c.fail("%s: fence value %s does not check the token", what, s)
 	}
 	if t.lenient() && record && !c.records(s, t, "missing_token") {
@@ -434,7 +443,7 @@ func (c *checker) checkMerge(n *pg.MergeStmt, t *checkTable) {
 			}
 			// Error mode: either a fenced UPDATE or the raise clause
 			// that guards the DELETE after it.
-			if !t.audit && len(w.TargetList) == 1 && strings.Contains(expr(w.TargetList[0].GetResTarget().GetVal()), "fenceproxy:stale:") &&
+			if !t.audit && len(w.TargetList) == 1 && raisesStale(expr(w.TargetList[0].GetResTarget().GetVal())) &&
 				!strings.Contains(expr(w.TargetList[0].GetResTarget().GetVal()), " THEN "+c.tok) {
 				continue
 			}

@@ -20,24 +20,38 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/re
 
 const updateCmd = "go test ./rules -run TestGolden -update"
 
-// loadRuleSets reads testdata/rewrite/rules.yaml.
-func loadRuleSets(t testing.TB) map[string]rules.Config {
+// ruleSetFixture is a rule set of testdata/rewrite/rules.yaml: a
+// rules.Config with fixture keys. audit_tag is one because the proxy sets
+// the tag itself; server_functions because the proxy chooses
+// Rules.ServerFunctions per database.
+type ruleSetFixture struct {
+	rules.Config    `yaml:",inline"`
+	AuditTag        string `yaml:"audit_tag"`
+	ServerFunctions bool   `yaml:"server_functions"`
+}
+
+func readRuleSets(t testing.TB) map[string]ruleSetFixture {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", "rewrite", "rules.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// audit_tag is a fixture key: the proxy sets the tag itself.
-	var raw map[string]struct {
-		rules.Config `yaml:",inline"`
-		AuditTag     string `yaml:"audit_tag"`
-	}
+	var raw map[string]ruleSetFixture
 	if err := yaml.Unmarshal(b, &raw); err != nil {
 		t.Fatalf("rules.yaml: %v", err)
 	}
-	sets := map[string]rules.Config{}
 	for name, r := range raw {
 		r.Config.AuditTag = r.AuditTag
+		raw[name] = r
+	}
+	return raw
+}
+
+// loadRuleSets reads testdata/rewrite/rules.yaml.
+func loadRuleSets(t testing.TB) map[string]rules.Config {
+	t.Helper()
+	sets := map[string]rules.Config{}
+	for name, r := range readRuleSets(t) {
 		sets[name] = r.Config
 	}
 	return sets
@@ -46,10 +60,13 @@ func loadRuleSets(t testing.TB) map[string]rules.Config {
 func compileSets(t testing.TB) map[string]*rules.Rules {
 	t.Helper()
 	out := map[string]*rules.Rules{}
-	for name, cfg := range loadRuleSets(t) {
-		r, err := rules.Compile(cfg)
+	for name, fx := range readRuleSets(t) {
+		r, err := rules.Compile(fx.Config)
 		if err != nil {
 			t.Fatalf("rules.yaml: %s: %v", name, err)
+		}
+		if fx.ServerFunctions {
+			r = r.ServerFunctions()
 		}
 		out[name] = r
 	}

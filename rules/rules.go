@@ -94,6 +94,46 @@ type Rules struct {
 	nonASCII bool        // HasNonASCIINames, shared with the root
 	anyLocks bool        // HasLocks, shared with the root
 	maxCheck int         // Config.MaxCheckBytes, shared with the root
+	// raisers: rewrites raise their errors by calling the functions
+	// fenceproxy setup installs (ServerFunctions); withRaisers is that
+	// sibling of a set without them, made on first use.
+	raisers     bool
+	withRaisers atomic.Pointer[Rules]
+}
+
+// raisersCacheSet marks the decision-cache entries of a ServerFunctions
+// set (derived sets number from 1 up, far below it).
+const raisersCacheSet = 1 << 31
+
+// ServerFunctions returns the set that decides like r, but whose rewrites
+// raise the stale-token and invalid-token errors by calling the error
+// raisers fenceproxy setup installs in the database (fenceproxy.stale,
+// fenceproxy.stale_b, fenceproxy.no_token, fenceproxy.no_token_b) instead
+// of casting a marker text, which costs PostgreSQL's parse analysis far
+// less. Both forms raise the same errors (TranslateError reads both). Use
+// it only for a database whose check found the raisers current, and call
+// it on the set ForSession returns (ForSession on the result returns sets
+// without raisers). The result is made once per set and kept.
+func (r *Rules) ServerFunctions() *Rules {
+	if r.raisers {
+		return r
+	}
+	if s := r.withRaisers.Load(); s != nil {
+		return s
+	}
+	s := &Rules{
+		tokenSetting: r.tokenSetting, lockSetting: r.lockSetting, auditTag: r.auditTag,
+		tables: r.tables, locks: r.locks, byRel: r.byRel,
+		needles: r.needles, pairs: r.pairs, short: r.short, schemas: r.schemas,
+		cache: r.cache, cacheSet: r.cacheSet | raisersCacheSet,
+		listed: r.listed, audited: r.audited, scopes: r.scopes,
+		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
+		raisers: true,
+	}
+	if !r.withRaisers.CompareAndSwap(nil, s) {
+		return r.withRaisers.Load()
+	}
+	return s
 }
 
 // newSet builds a rule set fencing tables.

@@ -14,11 +14,12 @@ import (
 // refusal with its SQLSTATE (exit status 3). With no SQL argument, or "-",
 // the SQL is read from standard input.
 func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	c := newCommand("rewrite", "rewrite [--config FILE] [--database D --user U --application-name A] [SQL | -]", stdout, stderr)
+	c := newCommand("rewrite", "rewrite [--config FILE] [--database D --user U --application-name A] [--server-functions] [SQL | -]", stdout, stderr)
 	path := c.configFlag("fenceproxy.yaml", "config file (only its rules are read: token_setting, tables, max_check_bytes)")
 	database := c.fs.String("database", "", "session database, for scoped rules")
 	user := c.fs.String("user", "", "session user, for scoped rules")
 	app := c.fs.String("application-name", "", "session application_name, for scoped rules")
+	raisers := c.fs.Bool("server-functions", false, "print the form used in databases where fenceproxy setup installed the error raisers (version 2 objects)")
 	if code, ok := c.parse(args); !ok {
 		return code
 	}
@@ -45,7 +46,11 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fenceproxy rewrite: %v\n", err)
 		return 1
 	}
-	d := rs.ForSession(*database, *user, *app).Decide(sql)
+	rs = rs.ForSession(*database, *user, *app)
+	if *raisers {
+		rs = rs.ServerFunctions()
+	}
+	d := rs.Decide(sql)
 	switch d.Action {
 	case rules.Forward:
 		fmt.Fprintln(stdout, "-- forwarded unchanged")

@@ -108,6 +108,9 @@ type objects struct {
 	hasVersion bool
 	// badVersion is the version text when it is not a version number.
 	badVersion *string
+	// raisers: the error raisers are objects.sql's and PUBLIC may call
+	// them (see Report.Raisers).
+	raisers bool
 }
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
@@ -127,6 +130,11 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	}
 	o.register = src != nil
 	o.registerCurrent = src != nil && *src == registerBody
+	if o.schema {
+		if o.raisers, err = readRaisers(ctx, tx); err != nil {
+			return o, err
+		}
+	}
 	if !o.meta {
 		return o, nil
 	}
@@ -189,4 +197,45 @@ func fingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
 		v = fmt.Sprintf("version %d", o.version)
 	}
 	return append(fp, v), nil
+}
+
+// readRaisers reports whether the error raisers are objects.sql's, with
+// the argument and result types the rewriter calls them with, and PUBLIC
+// may call them (USAGE on the schema, EXECUTE on each).
+func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
+	rows, err := tx.Query(ctx, `
+		SELECT p.proname, p.prosrc,
+			pg_catalog.pg_get_function_identity_arguments(p.oid) || ' -> ' || p.prorettype::pg_catalog.regtype::pg_catalog.text,
+			p.proacl IS NULL OR EXISTS (SELECT FROM pg_catalog.aclexplode(p.proacl) a
+				WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
+			EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
+				WHERE a.grantee = 0 AND a.privilege_type = 'USAGE')
+		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'fenceproxy' AND p.proname IN ('stale', 'stale_b', 'no_token', 'no_token_b')`)
+	if err != nil {
+		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
+	}
+	want := map[string]string{
+		"stale":      "token_setting text, fence bigint, sized_table text -> bigint",
+		"stale_b":    "token_setting text, fence bigint, sized_table text -> boolean",
+		"no_token":   "token_setting text, sized_names text -> bigint",
+		"no_token_b": "token_setting text, sized_names text -> boolean",
+	}
+	found := map[string]bool{}
+	ok := true
+	for rows.Next() {
+		var name, src, sig string
+		var exec, usage bool
+		if err := rows.Scan(&name, &src, &sig, &exec, &usage); err != nil {
+			return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
+		}
+		if found[name] || src != raiserBodies[name] || sig != want[name] || !exec || !usage {
+			ok = false // an overload, another body, or not callable by all
+		}
+		found[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
+	}
+	return ok && len(found) == len(want), nil
 }

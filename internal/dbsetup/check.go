@@ -72,7 +72,10 @@ func targets(specs []rules.TableSpec, db string) []*target {
 //     problem each).
 //   - When an entry uses lock fencing (lock not off): the fenceproxy schema,
 //     its tables and the register procedure exist, fenceproxy.meta holds
-//     version Version, and the procedure's source is objects.sql's.
+//     version Version (or an older version with the same procedure, with
+//     a note), and the procedure's source is objects.sql's.
+//   - Whether the error raisers are current and callable by all
+//     (Report.Raisers), with or without lock fencing.
 //   - Privileges: every login role that is not a superuser and may SELECT,
 //     INSERT, UPDATE or DELETE the table (restricted to the roles an
 //     entry's scope.users lists, when every entry lists some) has USAGE on
@@ -139,6 +142,10 @@ func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	if lock {
 		rep.Problems = append(rep.Problems, objectProblems(obj)...)
 	}
+	rep.Raisers = obj.raisers && obj.hasVersion && obj.version == Version
+	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
+		rep.Notes = append(rep.Notes, Note{Text: fmt.Sprintf("the fenceproxy objects are version %d: fenceproxy setup upgrades them to version %d, whose error raisers make fenced writes cheaper for the server", obj.version, Version)})
+	}
 	for _, t := range ts {
 		ps, notes, err := checkTable(ctx, tx, t, obj, rep.Database)
 		if err != nil {
@@ -177,9 +184,9 @@ func objectProblems(o objects) []Problem {
 		return []Problem{setupProblem("", fmt.Sprintf("fenceproxy.meta holds version %q, not a version number", *o.badVersion), "", "")}
 	case !o.hasVersion:
 		return []Problem{setupProblem("", "fenceproxy.meta holds no version", "", "")}
-	case o.version < Version:
+	case o.version < lockVersion:
 		return []Problem{setupProblem("", fmt.Sprintf("the fenceproxy objects are version %d, older than this fenceproxy's version %d: run fenceproxy setup to upgrade them", o.version, Version), "", "")}
-	case o.version == Version && !o.registerCurrent:
+	case o.version <= Version && !o.registerCurrent:
 		return []Problem{setupProblem("", fmt.Sprintf("procedure fenceproxy.register is not this fenceproxy's (version %d): it was replaced, or installed by another build", Version), "", "")}
 	case o.version > Version:
 		return []Problem{{

@@ -59,6 +59,7 @@ type checkedDB struct {
 	known    bool
 	problems map[string][]Problem
 	indirect []IndirectPath // to unguarded tables in mode enforce
+	raisers  bool           // Report.Raisers of the last run
 	failedAt time.Time      // end of the last run, if it failed
 }
 
@@ -124,6 +125,23 @@ func (c *Checker) ReloadWith(specs []rules.TableSpec, opts CheckOptions) {
 	}
 }
 
+// Recheck checks database again (after the current run, if one is
+// running), e.g. when a statement found fenceproxy's objects missing that
+// the last check had found.
+func (c *Checker) Recheck(database string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.dbs[database]
+	if !ok || c.ctx.Err() != nil {
+		return
+	}
+	if d.running {
+		d.again = true
+		return
+	}
+	c.startLocked(database, d)
+}
+
 // Problems returns the problems found by the last check of database, by
 // table display name ("" for the database as a whole); the map must not be
 // modified. known is false while the first check runs, when it could not
@@ -150,6 +168,16 @@ func (c *Checker) Indirect(database string) (paths []IndirectPath, known bool) {
 		return nil, false
 	}
 	return d.indirect, true
+}
+
+// Raisers reports whether the last check of database found the error
+// raisers current and callable by all (Report.Raisers): the rewrites there
+// may call them. False while no check has succeeded.
+func (c *Checker) Raisers(database string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.dbs[database]
+	return ok && d.known && d.raisers
 }
 
 // ErrNotChecked is Wait's error for a database Ensure was not called for
@@ -220,7 +248,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 			}
 		}
 		c.mu.Lock()
-		d.known, d.problems, d.indirect = err == nil, byTable, indirect
+		d.known, d.problems, d.indirect, d.raisers = err == nil, byTable, indirect, err == nil && rep.Raisers
 		for _, p := range indirect {
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", pathRelName(p.Schema, p.Name)),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))

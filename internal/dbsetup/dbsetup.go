@@ -18,17 +18,36 @@ var objectsSQL string
 // Version is the version of the objects in objects.sql, stored in
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy needs objects of exactly this version.
-const Version = 1
+const Version = 2
+
+// lockVersion is the oldest version whose objects lock fencing works
+// with: version 2 added the error raisers (raiserBodies) and left the
+// register procedure as it was.
+const lockVersion = 1
 
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
 // same version, is reported.
-var registerBody = func() string {
-	_, rest, _ := strings.Cut(objectsSQL, "AS $body$")
-	body, _, _ := strings.Cut(rest, "$body$;")
+var registerBody = dollarBody("body")
+
+// raiserBodies are the sources of the error raisers the rewritten
+// statements call (see objects.sql), by function name. Check compares them
+// before the proxy uses them.
+var raiserBodies = map[string]string{
+	"stale":      dollarBody("stale"),
+	"stale_b":    dollarBody("stale"),
+	"no_token":   dollarBody("no_token"),
+	"no_token_b": dollarBody("no_token"),
+}
+
+// dollarBody returns the text between the first "AS $tag$" of objects.sql
+// and the "$tag$;" after it.
+func dollarBody(tag string) string {
+	_, rest, _ := strings.Cut(objectsSQL, "AS $"+tag+"$")
+	body, _, _ := strings.Cut(rest, "$"+tag+"$;")
 	return body
-}()
+}
 
 // registerSignature is the register procedure as GRANT and REVOKE name it.
 const registerSignature = "fenceproxy.register(text, text, boolean, boolean, text, text)"
@@ -106,6 +125,12 @@ type Report struct {
 	// configuration needs it: writes to them are fenced by PostgreSQL
 	// however they arrive. Setup leaves it empty.
 	Guarded []string
+	// Raisers reports that Check found the error raisers of this version
+	// (fenceproxy.stale, stale_b, no_token, no_token_b) current and
+	// callable by every role (PUBLIC has USAGE on schema fenceproxy and
+	// EXECUTE on them): the proxy's rewrites may call them. Setup leaves
+	// it false.
+	Raisers bool
 }
 
 // OK reports whether Check found no problem.

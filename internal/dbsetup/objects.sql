@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 1. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 2. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -174,5 +174,72 @@ $body$;
 REVOKE ALL ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '1')
+-- The error raisers of the rewritten statements (version 2). A rewritten
+-- write calls them only in the CASE branch of a stale row or an invalid
+-- token; on the common path they cost the server one function lookup while
+-- the statement is analysed, where the inline form (a marker text cast to
+-- bigint, built with || and quote_nullable) costs it the analysis of a
+-- dozen operators and casts. The proxy uses them in a database once its
+-- check finds them current and callable by PUBLIC; until then it writes
+-- the inline form.
+--
+-- Each raises its fenceproxy SQLSTATE with the marker text as the message
+-- (the grammar in rules/errors.go), which the proxy turns into the error the
+-- client sees, exactly as it does the inline form's 22P02.
+--
+-- STABLE: PostgreSQL never evaluates them ahead of need (they are called
+-- in a CASE branch that depends on a column or on the token setting), a
+-- conjunct calling them stays a one-time filter, and they may run in
+-- parallel workers. Not SECURITY DEFINER, no SET search_path (it would cost
+-- every call a GUC save and restore): they run with the caller's rights,
+-- and every function, operator and type in them is qualified.
+--
+-- stale(token_setting, fence, sized_table) raises FP001
+--   "fenceproxy:stale:<token>:<fence>:<sized_table>" and returns bigint;
+--   stale_b is the same, returning boolean.
+-- no_token(token_setting, sized_names) raises FP002
+--   "fenceproxy:token:<sized_names><quote_nullable(token)>" and returns
+--   bigint; no_token_b returns boolean.
+CREATE OR REPLACE FUNCTION fenceproxy.stale(token_setting text, fence bigint, sized_table text)
+RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $stale$
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = 'fenceproxy:stale:'
+		OPERATOR(pg_catalog.||) COALESCE(pg_catalog.current_setting(token_setting, true), '')
+		OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) COALESCE(fence::pg_catalog.text, '')
+		OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) sized_table;
+END
+$stale$;
+CREATE OR REPLACE FUNCTION fenceproxy.stale_b(token_setting text, fence bigint, sized_table text)
+RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $stale$
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = 'fenceproxy:stale:'
+		OPERATOR(pg_catalog.||) COALESCE(pg_catalog.current_setting(token_setting, true), '')
+		OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) COALESCE(fence::pg_catalog.text, '')
+		OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) sized_table;
+END
+$stale$;
+CREATE OR REPLACE FUNCTION fenceproxy.no_token(token_setting text, sized_names text)
+RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $no_token$
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = 'FP002', MESSAGE = 'fenceproxy:token:'
+		OPERATOR(pg_catalog.||) sized_names
+		OPERATOR(pg_catalog.||) pg_catalog.quote_nullable(pg_catalog.current_setting(token_setting, true));
+END
+$no_token$;
+CREATE OR REPLACE FUNCTION fenceproxy.no_token_b(token_setting text, sized_names text)
+RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $no_token$
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = 'FP002', MESSAGE = 'fenceproxy:token:'
+		OPERATOR(pg_catalog.||) sized_names
+		OPERATOR(pg_catalog.||) pg_catalog.quote_nullable(pg_catalog.current_setting(token_setting, true));
+END
+$no_token$;
+GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
+	fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text) TO PUBLIC;
+
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '2')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -21,6 +21,8 @@ type Checks interface {
 	Wait(ctx context.Context, database string) error
 	Problems(database string) (map[string][]dbsetup.Problem, bool)
 	Indirect(database string) ([]dbsetup.IndirectPath, bool)
+	Raisers(database string) bool
+	Recheck(database string)
 }
 
 // dbRefresh is how often a database's check results are read again.
@@ -33,6 +35,9 @@ type dbChecks struct {
 	problems map[string][]dbsetup.Problem
 	paths    []dbsetup.IndirectPath
 	indirect *rules.IndirectSet
+	// raisers: the database has the error raisers, so rewrites call them
+	// (rules.Rules.ServerFunctions).
+	raisers bool
 }
 
 type checkCache struct {
@@ -83,7 +88,7 @@ func (p *Policy) dbState(database string) *dbChecks {
 	}
 	problems, known := p.checks.Problems(database)
 	paths, _ := p.checks.Indirect(database)
-	next := &dbChecks{at: time.Now(), known: known, problems: problems, paths: paths}
+	next := &dbChecks{at: time.Now(), known: known, problems: problems, paths: paths, raisers: p.checks.Raisers(database)}
 	if st != nil && samePaths(st.paths, paths) {
 		next.indirect = st.indirect
 	} else {
@@ -118,8 +123,7 @@ func indirectRules(paths []dbsetup.IndirectPath) []rules.Indirect {
 // checkRefusal returns the refusal of a statement that writes tables whose
 // check failed in this database, or that writes through a relation that
 // reaches a protected table. nil when the database is not checked.
-func (p *Policy) checkRefusal(info *proxy.SessionInfo, sql string, d *rules.Decision) *rules.Error {
-	st := p.dbState(info.Database)
+func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision) *rules.Error {
 	if st == nil || !st.known {
 		return nil
 	}

@@ -79,6 +79,19 @@ func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) b
 		if p.metrics != nil {
 			p.metrics.LockRejections.WithLabelValues("other", "missing_token").Inc()
 		}
+	case e.Code == "42883" && (strings.Contains(e.Message, "fenceproxy.stale") || strings.Contains(e.Message, "fenceproxy.no_token")),
+		e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`) && p.checks != nil && p.checks.Raisers(info.Database):
+		// The error raisers were removed after the check that found them:
+		// the statement did not run (fail closed). A new check finds them
+		// missing, and the rewrites go back to the inline form.
+		if p.checks != nil {
+			p.checks.Recheck(info.Database)
+		}
+		e.Detail = "PostgreSQL: " + e.Message
+		e.Message = "fenceproxy: the error raisers of fenceproxy setup were removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
+		e.Hint = "Retry it: fenceproxy checks the database again and fences without them meanwhile. Run `fenceproxy setup -c <config file>` to restore them."
+		e.Position = 0
+		return true
 	case (e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`)) ||
 		(e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):
 		// The objects of `fenceproxy setup` are missing: the statement

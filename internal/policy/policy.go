@@ -171,9 +171,16 @@ func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) p
 	if e := lexingRefusal(set, rs, lex, sql); e != nil {
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}
 	}
+	// The database's check results: its problems and indirect paths refuse
+	// statements below, and where it has the error raisers the rewrites
+	// call them.
+	st := p.dbState(info.Database)
+	if st != nil && st.raisers {
+		rs = rs.ServerFunctions()
+	}
 	d := rs.Decide(sql)
-	if d.Action != rules.Refuse && p.checks != nil {
-		if e := p.checkRefusal(info, sql, &d); e != nil {
+	if d.Action != rules.Refuse && st != nil {
+		if e := p.checkRefusal(st, info, sql, &d); e != nil {
 			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}
 		}
 	}
