@@ -346,7 +346,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"created the fenceproxy schema and objects (version 1)",
+		"created the fenceproxy schema and objects (version 2)",
 		"installed the database guard (its functions and table fenceproxy.guard_exempt)",
 		"installed the guard on public.config",
 		"installed the guard on public.jobs",

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
@@ -119,6 +120,34 @@ INSERT INTO %[1]s (id, payload) VALUES (1, 'a'), (2, 'b'), (3, 'c');
 // testRules.
 type env struct {
 	proxy *proxytest.Proxy
+	// specs, when set, are installed by fenceproxy setup in each database
+	// newDB makes (startRaisersEnv).
+	specs []rules.TableSpec
+}
+
+// startRaisersEnv starts a proxy enforcing testRules whose databases have
+// the objects of fenceproxy setup, found by a real dbsetup.Checker: the
+// rewrites there call the error raisers (rules.Rules.ServerFunctions)
+// instead of the inline form. The test groups run against both.
+func startRaisersEnv(t *testing.T) *env {
+	t.Helper()
+	rs, err := rules.Compile(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := rules.Specs(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checker := dbsetup.NewChecker(func(ctx context.Context, db string) (*pgx.Conn, error) {
+		return pgx.Connect(ctx, cluster.SuperuserDSN(db))
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("checker"), nil)
+	t.Cleanup(checker.Close)
+	checker.ReloadWith(specs, dbsetup.CheckOptions{Tables: testRules.Tables})
+	return &env{specs: specs, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+		Policy: policy.New(rs, false, policy.Options{Checks: checker}),
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+	})}
 }
 
 // startEnv starts a proxy enforcing testRules for one test.
@@ -182,6 +211,48 @@ func TestDDL(t *testing.T) {
 	testDDL(t, startEnv(t))
 }
 
+// The same groups in databases with the error raisers.
+
+func TestFormsRaisers(t *testing.T) {
+	t.Parallel()
+	testForms(t, startRaisersEnv(t))
+}
+
+func TestRefusalsRaisers(t *testing.T) {
+	t.Parallel()
+	testRefusals(t, startRaisersEnv(t))
+}
+
+func TestRaceRaisers(t *testing.T) {
+	t.Parallel()
+	testRace(t, startRaisersEnv(t))
+}
+
+func TestTransactionRaisers(t *testing.T) {
+	t.Parallel()
+	testTransaction(t, startRaisersEnv(t))
+}
+
+func TestTokensRaisers(t *testing.T) {
+	t.Parallel()
+	testTokens(t, startRaisersEnv(t))
+}
+
+func TestErrorsRaisers(t *testing.T) {
+	t.Parallel()
+	testErrors(t, startRaisersEnv(t))
+}
+
+func TestProtocolsRaisers(t *testing.T) {
+	t.Parallel()
+	testProtocols(t, startRaisersEnv(t))
+}
+
+func TestEdgesRaisers(t *testing.T) {
+	t.Parallel()
+	testEdges(t, startRaisersEnv(t))
+}
+
 var dbSeq atomic.Int64
 
 // newDB creates a database with schema and returns its name. Databases are
@@ -195,6 +266,16 @@ func (e *env) newDB(t testing.TB) string {
 	}
 	if err := cluster.ExecDB(ctx, name, schema); err != nil {
 		t.Fatal(err)
+	}
+	if e.specs != nil {
+		conn, err := pgx.Connect(ctx, cluster.SuperuserDSN(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		if _, err := dbsetup.Setup(ctx, conn, e.specs, dbsetup.SetupOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return name
 }
