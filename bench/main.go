@@ -85,6 +85,13 @@ func run() error {
 		return err
 	}
 
+	// fenceproxy's objects (`fenceproxy setup`) are in place before the
+	// proxies start: their first check of the database finds them, so the
+	// rewrites call the error raisers, as in a set-up production database.
+	if err := setupObjects(ctx, cl); err != nil {
+		return err
+	}
+
 	bin := *proxyBin
 	if bin == "" {
 		bin = filepath.Join(work, "fenceproxy")
@@ -154,9 +161,6 @@ func run() error {
 	}
 
 	if !*skipFenced {
-		if err := setupLocks(ctx, cl); err != nil {
-			return err
-		}
 		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, cs, *duration); err != nil {
 			return err
 		}
@@ -167,9 +171,9 @@ func run() error {
 	return nil
 }
 
-// setupLocks installs fenceproxy's objects (lock fencing), as
-// `fenceproxy setup` does.
-func setupLocks(ctx context.Context, cl *pgcluster.Cluster) error {
+// setupObjects installs fenceproxy's objects (the lock watermarks, the
+// register procedure, the error raisers), as `fenceproxy setup` does.
+func setupObjects(ctx context.Context, cl *pgcluster.Cluster) error {
 	conn, err := pgx.Connect(ctx, cl.SuperuserDSN("postgres"))
 	if err != nil {
 		return err
