@@ -53,6 +53,18 @@ func BenchmarkRewriteFirstSeen(b *testing.B) {
 	}
 }
 
+// The same in a database with the error raisers (Rules.ServerFunctions):
+// the smaller fence expressions cost less to encode and check.
+func BenchmarkRewriteFirstSeenRaisers(b *testing.B) {
+	r := benchRules(b, -1).ServerFunctions()
+	b.ReportAllocs()
+	for b.Loop() {
+		if r.Decide(benchUpdate).Action != rules.Rewrite {
+			b.Fatal("not rewritten")
+		}
+	}
+}
+
 // Distinct statement texts through a cache that is too small to hold them:
 // every call misses, evicts and inserts.
 func BenchmarkRewriteCacheMiss(b *testing.B) {

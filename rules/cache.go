@@ -23,6 +23,39 @@ type decisionCache struct {
 	m    map[cacheKey]*cacheEntry
 	ring []*cacheEntry
 	hand int
+	// front is a small direct-mapped cache in front of m, read without a
+	// lock: a slot chosen by a cheap hash of a few bytes of the text holds
+	// the entry last found there. A hit compares the whole key, so a
+	// collision only costs the lookup in m. An entry m has evicted may
+	// stay in a slot; it is still the right decision (decisions are a pure
+	// function of the text and the rule set, and a reload makes a new
+	// cache), so the cache holds at most frontSlots entries beyond max.
+	front [frontSlots]atomic.Pointer[cacheEntry]
+}
+
+const frontSlots = 256
+
+// frontSlot picks key's slot in front from its length and three 8-byte
+// windows of the text (start, middle, end).
+func frontSlot(set uint32, sql string) int {
+	n := len(sql)
+	h := uint64(n)*0x9E3779B97F4A7C15 ^ uint64(set)
+	h = (h ^ window(sql, 0)) * 0xBF58476D1CE4E5B9
+	h = (h ^ window(sql, n/2)) * 0x94D049BB133111EB
+	h = (h ^ window(sql, n-8)) * 0x9E3779B97F4A7C15
+	return int(h >> 56) // frontSlots = 256
+}
+
+// window returns the up to 8 bytes of s from i (clamped to s), packed.
+func window(s string, i int) uint64 {
+	if i < 0 {
+		i = 0
+	}
+	var w uint64
+	for j := i; j < len(s) && j < i+8; j++ {
+		w = w<<8 | uint64(s[j])
+	}
+	return w
 }
 
 type cacheKey struct {
@@ -45,11 +78,16 @@ func (c *decisionCache) get(set uint32, sql string) (Decision, bool) {
 	if len(sql) > maxCachedSQLLen {
 		return Decision{}, false // never cached; and hashing it under the lock would stall other sessions
 	}
-	c.mu.RLock()
-	e := c.m[cacheKey{set, sql}]
-	c.mu.RUnlock()
-	if e == nil {
-		return Decision{}, false
+	slot := &c.front[frontSlot(set, sql)]
+	e := slot.Load()
+	if e == nil || e.key.set != set || e.key.sql != sql {
+		c.mu.RLock()
+		e = c.m[cacheKey{set, sql}]
+		c.mu.RUnlock()
+		if e == nil {
+			return Decision{}, false
+		}
+		slot.Store(e)
 	}
 	if !e.used.Load() {
 		e.used.Store(true)

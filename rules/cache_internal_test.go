@@ -3,6 +3,7 @@ package rules
 import (
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -62,4 +63,52 @@ func TestDecisionCacheKeepsSetsApart(t *testing.T) {
 	if _, ok := c.get(0, "q"); ok {
 		t.Error("set 0 found another set's decision")
 	}
+}
+
+// TestDecisionCacheFront: the lock-free front slots never answer for
+// another text or set, whatever collides in them, and concurrent hits and
+// inserts agree with the decisions put (run with -race).
+func TestDecisionCacheFront(t *testing.T) {
+	c := newDecisionCache(64)
+	// Texts that share length and sampled windows land in the same slot.
+	a := "UPDATE config SET x = 1 WHERE id = 1 AND y = 'aaaaaaaaaaaaaaaa' -- end!"
+	b := a[:12] + "G" + a[13:] // outside the windows at 0, len/2 and len-8
+	if frontSlot(0, a) != frontSlot(0, b) {
+		t.Fatalf("test texts do not collide: %d %d", frontSlot(0, a), frontSlot(0, b))
+	}
+	c.put(0, a, Decision{SQL: "A"})
+	c.put(0, b, Decision{SQL: "B"})
+	c.put(1, a, Decision{SQL: "A1"})
+	for range 3 {
+		for _, tc := range []struct {
+			set       uint32
+			sql, want string
+		}{{0, a, "A"}, {0, b, "B"}, {1, a, "A1"}} {
+			if d, ok := c.get(tc.set, tc.sql); !ok || d.SQL != tc.want {
+				t.Fatalf("get(%d, %.20q) = %q %v, want %q", tc.set, tc.sql, d.SQL, ok, tc.want)
+			}
+		}
+	}
+	if _, ok := c.get(2, a); ok {
+		t.Error("hit for a set never put")
+	}
+
+	// Many goroutines: every hit is the decision of its own key.
+	c = newDecisionCache(32)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5000 {
+				k := strconv.Itoa((i*7 + g) % 100)
+				if d, ok := c.get(uint32(g%2), k); ok && d.SQL != k+"/"+strconv.Itoa(g%2) {
+					t.Errorf("get(%d, %s) = %q", g%2, k, d.SQL)
+					return
+				}
+				c.put(uint32(g%2), k, Decision{SQL: k + "/" + strconv.Itoa(g%2)})
+			}
+		}()
+	}
+	wg.Wait()
 }
