@@ -132,30 +132,67 @@ func run() error {
 			defer stopBouncer()
 			targets = append(targets, target{"pgbouncer", bouncerPort})
 		}
+		// The relay prototypes (bench/relayproto): what the goroutine model
+		// and an epoll loop cost with nothing else to do.
+		protoBin := filepath.Join(work, "relayproto")
+		build := exec.Command("go", "build", "-o", protoBin, "./bench/relayproto")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build relayproto: %w", err)
+		}
+		for _, mode := range []string{"epoll", "copy"} {
+			port, stop, err := startRelayProto(protoBin, mode, cl.Port())
+			if err != nil {
+				return err
+			}
+			defer stop()
+			targets = append(targets, target{"proto-" + mode, port})
+		}
+		cols := []struct{ name, title string }{
+			{"fenceproxy", "fenceproxy"}, {"fenceproxy-1", "fenceproxy GOMAXPROCS=1"}, {"pgbouncer", "pgbouncer (session)"},
+			{"proto-epoll", "epoll relay prototype"}, {"proto-copy", "io.Copy relay prototype"},
+		}
 		fmt.Println()
-		fmt.Println("## select-only (pgbench -S), TPS and average latency; ratio = TPS / direct TPS")
+		fmt.Println("## select-only (pgbench -S), TPS and ratio to direct TPS; relay CPU per transaction (the relay process's utime+stime / transactions)")
 		fmt.Println()
-		fmt.Printf("| %-8s | %2s | %-22s | %-30s | %-30s | %-30s |\n", "mode", "-c", "direct", "fenceproxy", "fenceproxy GOMAXPROCS=1", "pgbouncer (session)")
-		fmt.Println("|----------|----|------------------------|--------------------------------|--------------------------------|--------------------------------|")
+		fmt.Printf("| %-8s | %2s | %-22s |", "mode", "-c", "direct")
+		for _, c := range cols {
+			fmt.Printf(" %-28s |", c.title)
+		}
+		fmt.Printf("\n|----------|----|------------------------|%s\n", strings.Repeat("------------------------------|", len(cols)))
 		for _, mode := range strings.Split(*modes, ",") {
 			for _, c := range cs {
 				res := map[string]result{}
+				cpu := map[string]float64{}
 				for _, t := range targets {
+					pid, hasPid := pids[t.port]
+					var before int64
+					if hasPid {
+						before, _ = procCPU(pid)
+					}
 					r, err := pgbenchRun(pgbench, t.port, nil, mode, c, *duration, []string{"-S"})
 					if err != nil {
 						return fmt.Errorf("%s %s -c %d: %w", t.name, mode, c, err)
 					}
 					res[t.name] = r
+					if hasPid {
+						after, _ := procCPU(pid)
+						// pgbenchRun ran reps runs; r is their median.
+						txns := r.tps * duration.Seconds() * float64(max(1, *reps))
+						cpu[t.name] = float64(after-before) / txns
+					}
 				}
 				d := res["direct"]
-				cell := func(name string) string {
-					r, ok := res[name]
+				fmt.Printf("| %-8s | %2d | %8.0f tps %6.3f ms |", mode, c, d.tps, d.latencyMS)
+				for _, col := range cols {
+					r, ok := res[col.name]
 					if !ok {
-						return "n/a"
+						fmt.Printf(" %-28s |", "n/a")
+						continue
 					}
-					return fmt.Sprintf("%8.0f tps %6.3f ms %.2fx", r.tps, r.latencyMS, r.tps/d.tps)
+					fmt.Printf(" %-28s |", fmt.Sprintf("%6.0f %.2fx %4.1f µs/tx", r.tps, r.tps/d.tps, cpu[col.name]))
 				}
-				fmt.Printf("| %-8s | %2d | %8.0f tps %6.3f ms | %-30s | %-30s | %-30s |\n", mode, c, d.tps, d.latencyMS, cell("fenceproxy"), cell("fenceproxy-1"), cell("pgbouncer"))
+				fmt.Println()
 			}
 		}
 	}

@@ -13,6 +13,35 @@ import (
 	"time"
 )
 
+// pids maps the port of each relay the bench started (fenceproxy,
+// PgBouncer, the prototypes) to its process, whose CPU time the
+// select-only table reads.
+var pids = map[int]int{}
+
+// startRelayProto starts bench/relayproto (mode copy or epoll) in front of
+// PostgreSQL.
+func startRelayProto(bin, mode string, upstreamPort int) (int, func(), error) {
+	port, err := freePort()
+	if err != nil {
+		return 0, nil, err
+	}
+	cmd := exec.Command(bin, "-mode", mode, "-listen", "127.0.0.1:"+strconv.Itoa(port), "-upstream", "127.0.0.1:"+strconv.Itoa(upstreamPort))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return 0, nil, err
+	}
+	pids[port] = cmd.Process.Pid
+	stop := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	if err := waitPort(port, 10*time.Second); err != nil {
+		stop()
+		return 0, nil, err
+	}
+	return port, stop, nil
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -60,6 +89,7 @@ tables:
 	if err := cmd.Start(); err != nil {
 		return 0, nil, err
 	}
+	pids[port] = cmd.Process.Pid
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
@@ -129,6 +159,7 @@ logfile = %s/pgbouncer.log
 	if err := cmd.Start(); err != nil {
 		return 0, nil, err
 	}
+	pids[port] = cmd.Process.Pid
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		_ = cmd.Wait()
