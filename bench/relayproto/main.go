@@ -9,6 +9,10 @@
 //	-mode epoll: one OS thread running an epoll loop over non-blocking
 //	             sockets (golang.org/x/sys/unix), as PgBouncer does with
 //	             libevent
+//	-mode raw:   the same loop making its system calls without telling
+//	             Go's scheduler (raw syscalls; epoll_wait with a 10 ms
+//	             timeout, so that a garbage collection's stop-the-world
+//	             never waits long for the loop)
 //
 // bench/main.go starts it beside fenceproxy and PgBouncer and prints its
 // throughput and CPU per transaction in the select-only table.
@@ -23,6 +27,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,7 +42,9 @@ func main() {
 	case "copy":
 		err = runCopy(*listen, *upstream)
 	case "epoll":
-		err = runEpoll(*listen, *upstream)
+		err = runEpoll(*listen, *upstream, false)
+	case "raw":
+		err = runEpoll(*listen, *upstream, true)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
@@ -77,7 +84,46 @@ type side struct {
 	pending []byte // read from peer, not yet written to fd
 }
 
-func runEpoll(listen, upstream string) error {
+// The system calls of the loop: through the scheduler, or raw.
+type calls struct {
+	wait  func(ep int, events []unix.EpollEvent) (int, error)
+	read  func(fd int, p []byte) (int, error)
+	write func(fd int, p []byte) (int, error)
+}
+
+var schedCalls = calls{
+	wait:  func(ep int, ev []unix.EpollEvent) (int, error) { return unix.EpollWait(ep, ev, -1) },
+	read:  unix.Read,
+	write: unix.Write,
+}
+
+var rawCalls = calls{
+	wait: func(ep int, ev []unix.EpollEvent) (int, error) {
+		n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&ev[0])), uintptr(len(ev)), 10, 0, 0)
+		return int(n), errnoErr(e)
+	},
+	read: func(fd int, p []byte) (int, error) {
+		n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		return int(n), errnoErr(e)
+	},
+	write: func(fd int, p []byte) (int, error) {
+		n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		return int(n), errnoErr(e)
+	},
+}
+
+func errnoErr(e unix.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
+}
+
+func runEpoll(listen, upstream string, raw bool) error {
+	sys := schedCalls
+	if raw {
+		sys = rawCalls
+	}
 	runtime.LockOSThread()
 	laddr, err := sockaddr(listen)
 	if err != nil {
@@ -125,7 +171,7 @@ func runEpoll(listen, upstream string) error {
 	// send writes p to s, keeping what the socket does not take.
 	send := func(s *side, p []byte) error {
 		for len(p) > 0 {
-			n, err := unix.Write(s.fd, p)
+			n, err := sys.write(s.fd, p)
 			if errors.Is(err, unix.EAGAIN) {
 				s.pending = append(s.pending[:0], p...)
 				watch(s, unix.EPOLLOUT)
@@ -140,7 +186,7 @@ func runEpoll(listen, upstream string) error {
 		return nil
 	}
 	for {
-		n, err := unix.EpollWait(ep, events, -1)
+		n, err := sys.wait(ep, events)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -187,7 +233,7 @@ func runEpoll(listen, upstream string) error {
 				continue
 			}
 			if ev.Events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				r, err := unix.Read(fd, buf)
+				r, err := sys.read(fd, buf)
 				if errors.Is(err, unix.EAGAIN) {
 					continue
 				}

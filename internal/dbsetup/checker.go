@@ -61,7 +61,15 @@ type checkedDB struct {
 	indirect []IndirectPath // to unguarded tables in mode enforce
 	raisers  bool           // Report.Raisers of the last run
 	failedAt time.Time      // end of the last run, if it failed
+	endedAt  time.Time      // end of the last run
+	// recheckDue: Recheck asked for a run that waits for
+	// minRecheckInterval to pass.
+	recheckDue bool
 }
+
+// minRecheckInterval spaces the runs Recheck starts: the errors that call
+// for one come from statements, which a client can repeat (or forge).
+const minRecheckInterval = time.Second
 
 // NewChecker returns a Checker that opens its connections with connect
 // (given a context bounded by the check's timeout) and logs to log. m may be
@@ -125,9 +133,10 @@ func (c *Checker) ReloadWith(specs []rules.TableSpec, opts CheckOptions) {
 	}
 }
 
-// Recheck checks database again (after the current run, if one is
-// running), e.g. when a statement found fenceproxy's objects missing that
-// the last check had found.
+// Recheck checks database again, e.g. when a statement found fenceproxy's
+// objects missing that the last check had found: after the current run if
+// one is running, and at least minRecheckInterval after the last one
+// ended.
 func (c *Checker) Recheck(database string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -135,11 +144,28 @@ func (c *Checker) Recheck(database string) {
 	if !ok || c.ctx.Err() != nil {
 		return
 	}
-	if d.running {
+	switch wait := minRecheckInterval - time.Since(d.endedAt); {
+	case d.running:
 		d.again = true
-		return
+	case d.recheckDue:
+	case wait > 0:
+		d.recheckDue = true
+		time.AfterFunc(wait, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			d.recheckDue = false
+			if c.ctx.Err() != nil {
+				return
+			}
+			if d.running {
+				d.again = true
+			} else {
+				c.startLocked(database, d)
+			}
+		})
+	default:
+		c.startLocked(database, d)
 	}
-	c.startLocked(database, d)
 }
 
 // Problems returns the problems found by the last check of database, by
@@ -203,7 +229,11 @@ func (c *Checker) Wait(ctx context.Context, database string) error {
 
 // Close stops the checks in progress and waits for them to end.
 func (c *Checker) Close() {
+	// Under mu: every start (Ensure, Reload, Recheck) checks the context
+	// under mu, so none can add to wg once Wait may have begun.
+	c.mu.Lock()
 	c.cancel()
+	c.mu.Unlock()
 	c.wg.Wait()
 }
 
@@ -253,8 +283,9 @@ func (c *Checker) run(database string, d *checkedDB) {
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", pathRelName(p.Schema, p.Name)),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
 		}
+		d.endedAt = time.Now()
 		if err != nil {
-			d.failedAt = time.Now()
+			d.failedAt = d.endedAt
 		}
 		if !d.finished {
 			d.finished = true

@@ -126,3 +126,63 @@ func TestChecker(t *testing.T) {
 		t.Errorf("Wait for a database never ensured: %v", err)
 	}
 }
+
+// TestCheckerRecheck: Raisers follows the database; Recheck checks again
+// at once after a quiet while, and a burst of Rechecks (statements that
+// keep failing) runs at most one check per interval.
+func TestCheckerRecheck(t *testing.T) {
+	db := newDatabase(t)
+	conn := connect(t, db)
+	execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
+	sp := specs(t, rules.Table{Table: "public.config"})
+	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	metrics := make(resultMetrics, 100)
+	c := dbsetup.NewChecker(func(ctx context.Context, database string) (*pgx.Conn, error) {
+		return pgx.Connect(ctx, cluster.SuperuserDSN(database))
+	}, nil, metrics)
+	defer c.Close()
+	c.Reload(sp)
+	c.Ensure(db)
+	if err := c.Wait(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	nextResult(t, metrics)
+	if !c.Raisers(db) {
+		t.Fatal("Raisers false after setup")
+	}
+
+	execSQL(t, conn, "DROP FUNCTION fenceproxy.stale(text, bigint, text)")
+	time.Sleep(1100 * time.Millisecond) // past the interval: the first Recheck runs at once
+	start := time.Now()
+	for range 200 {
+		c.Recheck(db)
+	}
+	nextResult(t, metrics)
+	if c.Raisers(db) {
+		t.Error("Raisers still true after the recheck")
+	}
+	// The burst asked for more; at most one more run follows.
+	deadline := time.After(2500 * time.Millisecond)
+	runs := 1
+	for wait := true; wait; {
+		select {
+		case <-metrics:
+			runs++
+		case <-deadline:
+			wait = false
+		}
+	}
+	if runs > 2 {
+		t.Errorf("%d checks for a burst of 200 Rechecks in %v, want at most 2", runs, time.Since(start).Round(time.Millisecond))
+	}
+	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Recheck(db)
+	nextResult(t, metrics)
+	if !c.Raisers(db) {
+		t.Error("Raisers false after setup restored them and a recheck")
+	}
+}
