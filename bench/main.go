@@ -140,7 +140,7 @@ func run() error {
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("build relayproto: %w", err)
 		}
-		for _, mode := range []string{"epoll", "copy"} {
+		for _, mode := range []string{"epoll", "raw", "copy"} {
 			port, stop, err := startRelayProto(protoBin, mode, cl.Port())
 			if err != nil {
 				return err
@@ -150,7 +150,7 @@ func run() error {
 		}
 		cols := []struct{ name, title string }{
 			{"fenceproxy", "fenceproxy"}, {"fenceproxy-1", "fenceproxy GOMAXPROCS=1"}, {"pgbouncer", "pgbouncer (session)"},
-			{"proto-epoll", "epoll relay prototype"}, {"proto-copy", "io.Copy relay prototype"},
+			{"proto-epoll", "epoll relay prototype"}, {"proto-raw", "raw-syscall epoll prototype"}, {"proto-copy", "io.Copy relay prototype"},
 		}
 		fmt.Println()
 		fmt.Println("## select-only (pgbench -S), TPS and ratio to direct TPS; relay CPU per transaction (the relay process's utime+stime / transactions)")
@@ -202,6 +202,10 @@ func run() error {
 			return err
 		}
 		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres")); err != nil {
+			return err
+		}
+		// Last: it stops the server for a while.
+		if err := serverInstructionsTable(ctx, cl); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -119,6 +121,7 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 		{"lock fencing (registration + rewritten UPDATE)", fd.Lock.Query},
 		{"hand-written registration + conditional UPDATE", "SELECT 1 FROM fenceproxy.locks WHERE name = 'bench' AND token <= 42 FOR SHARE; " + hand},
 	}
+	lastServerStatements = stmts
 	us, err := serverCPU(ctx, dsn, map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}, stmts, 5000, 3)
 	if err != nil {
 		return err
@@ -134,6 +137,54 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 			target = "≤ 1.10"
 		}
 		fmt.Printf("| %s | %.1f µs | %.2f | %s |\n", st.name, us[i], us[i]/us[0], target)
+	}
+	return nil
+}
+
+// lastServerStatements are the statements serverCPUTable measured, which
+// serverInstructionsTable counts.
+var lastServerStatements []cpuStatement
+
+// serverInstructionsTable counts, with callgrind, the instructions the
+// statements of serverCPUTable cost PostgreSQL (see package pgcost), which
+// the machine's load does not change. The server is stopped meanwhile.
+func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster) error {
+	valgrind, err := pgcost.Valgrind()
+	if err != nil {
+		fmt.Printf("\n(instructions per statement not counted: %v)\n", err)
+		return nil
+	}
+	if err := cl.StopServer(); err != nil {
+		return err
+	}
+	defer func() { _ = cl.StartServer(ctx) }()
+	c := pgcost.Counter{Valgrind: valgrind, BinDir: cl.BinDir(), DataDir: cl.DataDir()}
+	perByte, err := c.ReadCost()
+	if err != nil {
+		return err
+	}
+	setup := []string{"SET fence.token = '42';", "SET fence.lock = 'bench';"}
+	fmt.Println()
+	fmt.Println("## instructions per statement (callgrind, single-user postgres, simple query and commit)")
+	fmt.Println()
+	fmt.Printf("(single-user mode reads its input at %.0f instructions per byte, which a server reading a message does not spend: taken out below as \"net\")\n\n", perByte)
+	fmt.Println("| statement | bytes | instructions | net | net vs hand-written | target |")
+	fmt.Println("|---|---|---|---|---|---|")
+	var ref float64
+	for i, st := range lastServerStatements {
+		n, err := c.PerStatement(setup, func(int) string { return st.sql })
+		if err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+		net := n - perByte*float64(len(st.sql))
+		if i == 0 {
+			ref = net
+		}
+		target := ""
+		if i >= 1 && i <= 3 {
+			target = "≤ 1.10"
+		}
+		fmt.Printf("| %s | %d | %.0fk | %.0fk | %.2f | %s |\n", st.name, len(st.sql), n/1000, net/1000, net/ref, target)
 	}
 	return nil
 }

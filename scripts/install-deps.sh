@@ -2,7 +2,7 @@
 # Installs the Debian packages fenceproxy's tests and benchmarks need, if they
 # are missing: PostgreSQL server binaries (initdb, postgres, pgbench), psql,
 # a C compiler for pg_query_go (cgo), docker-compose (to validate the compose
-# file), and with --bench also PgBouncer.
+# file), and with --bench also PgBouncer and valgrind.
 set -euo pipefail
 
 need=()
@@ -19,6 +19,7 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if [ "${1:-}" = "--bench" ]; then
 	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+	command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then

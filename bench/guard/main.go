@@ -42,11 +42,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/rules"
@@ -315,10 +315,11 @@ func ticks(f []string, idx ...int) int64 {
 // countInstructions prints the instructions per UPDATE of each workload,
 // counted by callgrind in a single-user postgres.
 func countInstructions(ctx context.Context, cl *pgcluster.Cluster, guard func(on bool) error) error {
-	valgrind, err := exec.LookPath("valgrind")
+	valgrind, err := pgcost.Valgrind()
 	if err != nil {
-		return fmt.Errorf("-callgrind: %w (apt-get install valgrind)", err)
+		return fmt.Errorf("-callgrind: %w", err)
 	}
+	counter := pgcost.Counter{Valgrind: valgrind, BinDir: cl.BinDir(), DataDir: cl.DataDir()}
 	hand := func(table string) string {
 		return "UPDATE " + table + " SET counter = counter + 1, last_fence = 42 WHERE id = $1 AND last_fence <= 42"
 	}
@@ -353,82 +354,21 @@ func countInstructions(ctx context.Context, cl *pgcluster.Cluster, guard func(on
 		if err := cl.StopServer(); err != nil {
 			return err
 		}
-		var total [2]float64
-		for i, n := range []int{200, 1200} {
-			v, err := callgrindRun(valgrind, cl.BinDir(), cl.DataDir(), c.sql, c.lock, n)
-			if err != nil {
-				return fmt.Errorf("%s: %w", c.name, err)
-			}
-			total[i] = v
+		// A prepared statement: single-user mode reads one statement per
+		// line.
+		setup := []string{"SET fence.token = '42';"}
+		if c.lock {
+			setup = append(setup, "SET fence.lock = 'bench';")
 		}
-		per := (total[1] - total[0]) / 1000
+		setup = append(setup, fmt.Sprintf("PREPARE u(int) AS %s;", c.sql))
+		per, err := counter.PerStatement(setup, func(i int) string { return fmt.Sprintf("EXECUTE u(%d);", i%256+1) })
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
 		if !c.guard {
 			ref = per
 		}
 		fmt.Printf("| %-10s | %12.0f | %5.2f |\n", c.name, per, per/ref)
 	}
 	return cl.StartServer(ctx)
-}
-
-// callgrindRun runs sql, prepared, n times in a single-user postgres under
-// callgrind and returns the instructions counted. The server must be
-// stopped; the single-user postgres runs as the data directory's owner.
-func callgrindRun(valgrind, binDir, dataDir, sql string, lock bool, n int) (float64, error) {
-	work, err := os.MkdirTemp("", "fenceproxy-callgrind-")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(work)
-	var in strings.Builder
-	in.WriteString("SET fence.token = '42';\n")
-	if lock {
-		in.WriteString("SET fence.lock = 'bench';\n")
-	}
-	// Single-user mode reads one statement per line.
-	fmt.Fprintf(&in, "PREPARE u(int) AS %s;\n", sql)
-	for i := range n {
-		fmt.Fprintf(&in, "EXECUTE u(%d);\n", i%256+1)
-	}
-	out := filepath.Join(work, "callgrind.out")
-	cmd := exec.Command(valgrind, "--tool=callgrind", "--callgrind-out-file="+out,
-		filepath.Join(binDir, "postgres"), "--single", "-D", dataDir, "-c", "synchronous_commit=off", "postgres")
-	cmd.Stdin = strings.NewReader(in.String())
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := asDataOwner(cmd, dataDir, work); err != nil {
-		return 0, err
-	}
-	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("%v\n%s", err, stderr.String())
-	}
-	if i := strings.Index(stderr.String(), "ERROR:"); i >= 0 {
-		return 0, fmt.Errorf("single-user postgres: %s", stderr.String()[i:])
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "summary: "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, fmt.Errorf("no summary in %s", out)
-}
-
-// asDataOwner runs cmd as the owner of dataDir (PostgreSQL refuses to run
-// as root) and gives it dir.
-func asDataOwner(cmd *exec.Cmd, dataDir, dir string) error {
-	var st syscall.Stat_t
-	if err := syscall.Stat(dataDir, &st); err != nil {
-		return err
-	}
-	if int(st.Uid) == os.Geteuid() {
-		return nil
-	}
-	if err := os.Chown(dir, int(st.Uid), int(st.Gid)); err != nil {
-		return err
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: st.Uid, Gid: st.Gid}}
-	return nil
 }
