@@ -280,3 +280,39 @@ func TestGolden(t *testing.T) {
 		}
 	}
 }
+
+// TestServerFunctionsEquivalent: over every golden statement and rule set,
+// the error raisers' form decides as the inline form does (action, tables,
+// refusal, lock registration), and differs in text only where the inline
+// form raises.
+func TestServerFunctionsEquivalent(t *testing.T) {
+	sets := compileSets(t)
+	files, err := filepath.Glob(filepath.Join("testdata", "rewrite", "*.txt"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	n := 0
+	for _, path := range files {
+		for _, c := range parseGolden(t, path).cases {
+			for name, r := range sets {
+				if r != r.ServerFunctions() {
+					n++
+					a, b := r.Decide(c.sql), r.ServerFunctions().Decide(c.sql)
+					switch {
+					case a.Action != b.Action || strings.Join(a.Tables, ",") != strings.Join(b.Tables, ","),
+						(a.Err == nil) != (b.Err == nil) || a.Err != nil && *a.Err != *b.Err,
+						(a.Lock == nil) != (b.Lock == nil) || a.Lock != nil && a.Lock.Call != b.Lock.Call:
+						t.Errorf("%s, %s: %q decided differently:\ninline  %+v\nraisers %+v", path, name, c.name, a, b)
+					case !strings.Contains(a.SQL, "'fenceproxy:") && a.SQL != b.SQL:
+						t.Errorf("%s, %s: %q: the raisers' form changed a statement that raises nothing:\n%s\n%s", path, name, c.name, a.SQL, b.SQL)
+					case strings.Contains(b.SQL, "'fenceproxy:stale:") || strings.Contains(b.SQL, "'fenceproxy:token:"):
+						t.Errorf("%s, %s: %q: the raisers' form still casts a marker:\n%s", path, name, c.name, b.SQL)
+					}
+				}
+			}
+		}
+	}
+	if n < 100 {
+		t.Errorf("only %d decisions compared", n)
+	}
+}
