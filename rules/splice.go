@@ -549,12 +549,17 @@ func verify(out string, tree *pg.ParseResult) error {
 // fragmentText prints node and proves the print parses back into it
 // (deparseExpr, checkFragment). Fragments repeat across statements (the
 // same fence expressions for the same table), so proven prints are kept,
-// keyed by the node's exact encoding: a hit skips a deparse and a parse.
+// keyed by an exact encoding of the node (fragmentKey, or else protobuf's):
+// a hit skips a deparse and a parse.
 func fragmentText(version int32, node *pg.Node) (string, error) {
-	enc, err := proto.MarshalOptions{Deterministic: true}.Marshal(node)
 	key := ""
-	if err == nil {
-		key = strconv.Itoa(int(version)) + "|" + string(enc)
+	kb := strconv.AppendInt(make([]byte, 0, 512), int64(version), 10)
+	if enc, ok := fragmentKey(append(kb, "|f|"...), node); ok {
+		key = string(enc)
+	} else if enc, err := (proto.MarshalOptions{Deterministic: true}).MarshalAppend(append(kb, "|p|"...), node); err == nil {
+		key = string(enc)
+	}
+	if key != "" {
 		if t, ok := provenFragments.get(key); ok {
 			return t, nil
 		}
