@@ -50,7 +50,7 @@ const (
 	tagBsval
 )
 
-func (e *keyEncoder) tag(t byte)      { e.b = append(e.b, t) }
+func (e *keyEncoder) tag(t byte) { e.b = append(e.b, t) }
 func (e *keyEncoder) bool(v bool) {
 	if v {
 		e.b = append(e.b, 1)
