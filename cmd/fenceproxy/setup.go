@@ -308,6 +308,11 @@ func checkMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if len(rep.Guarded) > 0 {
 			fmt.Fprintf(stdout, "  guarded: %s\n", strings.Join(rep.Guarded, ", "))
 		}
+		if rep.Raisers {
+			fmt.Fprintln(stdout, "  error raisers: in place (the proxy's fenced writes call them)")
+		} else {
+			fmt.Fprintln(stdout, "  error raisers: not usable: fenceproxy setup installs them, and fenced writes then cost the server less")
+		}
 		if !rep.OK() && code == 0 {
 			code = exitFailed
 		}

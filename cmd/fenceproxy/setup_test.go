@@ -68,6 +68,7 @@ tables:
 				"fix: fenceproxy setup -c " + cfg + "\n",
 				"public.config: fence column last_fence is missing",
 				"fix: fenceproxy setup -c " + cfg + " --add-columns (or in SQL: ALTER TABLE public.config ADD COLUMN last_fence bigint NOT NULL DEFAULT 0;)",
+				"  error raisers: not usable: fenceproxy setup installs them",
 			},
 		},
 		{
@@ -91,7 +92,7 @@ tables:
 		},
 		{
 			name: "check passes", args: []string{"check", "-c", cfg}, wantCode: 0,
-			want: []string{"database app: ok\n"},
+			want: []string{"database app: ok\n", "  error raisers: in place"},
 		},
 		{
 			name: "check: a role lacks the register procedure",
