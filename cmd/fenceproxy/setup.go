@@ -311,7 +311,7 @@ func checkMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if rep.Raisers {
 			fmt.Fprintln(stdout, "  error raisers: in place (the proxy's fenced writes call them)")
 		} else {
-			fmt.Fprintln(stdout, "  error raisers: not usable: fenceproxy setup installs them, and fenced writes then cost the server less")
+			fmt.Fprintln(stdout, "  error raisers: not usable (missing, changed, not callable by all, or changeable by other roles): fenceproxy setup installs them, and fenced writes then cost the server less")
 		}
 		if !rep.OK() && code == 0 {
 			code = exitFailed

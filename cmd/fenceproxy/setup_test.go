@@ -68,7 +68,7 @@ tables:
 				"fix: fenceproxy setup -c " + cfg + "\n",
 				"public.config: fence column last_fence is missing",
 				"fix: fenceproxy setup -c " + cfg + " --add-columns (or in SQL: ALTER TABLE public.config ADD COLUMN last_fence bigint NOT NULL DEFAULT 0;)",
-				"  error raisers: not usable: fenceproxy setup installs them",
+				"  error raisers: not usable (missing, changed, not callable by all, or changeable by other roles): fenceproxy setup installs them",
 			},
 		},
 		{

@@ -200,8 +200,10 @@ func fingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
 }
 
 // readRaisers reports whether the error raisers are objects.sql's, with
-// the argument and result types the rewriter calls them with, and PUBLIC
-// may call them (USAGE on the schema, EXECUTE on each).
+// the argument and result types the rewriter calls them with, PUBLIC may
+// call them (USAGE on the schema, EXECUTE on each), and only the schema's
+// owner can change them (it owns them, and no one else may CREATE in the
+// schema).
 func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT p.proname, p.prosrc,
@@ -210,6 +212,11 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 				WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
 			EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
 				WHERE a.grantee = 0 AND a.privilege_type = 'USAGE')
+			-- No one but the schema's owner may add functions (an overload
+			-- that wins the call) or replace these.
+			AND p.proowner = n.nspowner
+			AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
+				WHERE a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner)
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		WHERE n.nspname = 'fenceproxy' AND p.proname IN ('stale', 'stale_b', 'no_token', 'no_token_b')`)
 	if err != nil {
@@ -225,12 +232,12 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 	ok := true
 	for rows.Next() {
 		var name, src, sig string
-		var exec, usage bool
-		if err := rows.Scan(&name, &src, &sig, &exec, &usage); err != nil {
+		var exec, usable bool
+		if err := rows.Scan(&name, &src, &sig, &exec, &usable); err != nil {
 			return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 		}
-		if found[name] || src != raiserBodies[name] || sig != want[name] || !exec || !usage {
-			ok = false // an overload, another body, or not callable by all
+		if found[name] || src != raiserBodies[name] || sig != want[name] || !exec || !usable {
+			ok = false // an overload, another body, not callable by all, or changeable by others
 		}
 		found[name] = true
 	}

@@ -3,6 +3,9 @@
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
 GRANT USAGE ON SCHEMA fenceproxy TO PUBLIC;
+-- No one else adds functions here (an overload could win a rewritten
+-- statement's call of an error raiser).
+REVOKE CREATE ON SCHEMA fenceproxy FROM PUBLIC;
 
 -- Version of the objects below, for later upgrades.
 CREATE TABLE IF NOT EXISTS fenceproxy.meta (

@@ -95,14 +95,19 @@ func TestRaisers(t *testing.T) {
 		{"overloaded", "CREATE FUNCTION fenceproxy.stale(token_setting text, fence integer, sized_table text) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'"},
 		{"execute revoked", "REVOKE EXECUTE ON FUNCTION fenceproxy.stale_b(text, bigint, text) FROM PUBLIC"},
 		{"schema usage revoked", "REVOKE USAGE ON SCHEMA fenceproxy FROM PUBLIC"},
+		{"anyone may create in the schema", "GRANT CREATE ON SCHEMA fenceproxy TO PUBLIC"},
+		{"owned by another role", "CREATE ROLE raiser_owner; ALTER FUNCTION fenceproxy.no_token(text, text) OWNER TO raiser_owner"},
 		{"version 1", "UPDATE fenceproxy.meta SET value = '1' WHERE key = 'version'"},
 	} {
 		execSQL(t, conn, tc.breakSQL)
 		if raisers() {
 			t.Errorf("%s: check still reports the raisers usable", tc.name)
 		}
-		if tc.name == "overloaded" {
+		switch tc.name {
+		case "overloaded":
 			execSQL(t, conn, "DROP FUNCTION fenceproxy.stale(text, integer, text)")
+		case "owned by another role":
+			execSQL(t, conn, "ALTER FUNCTION fenceproxy.no_token(text, text) OWNER TO CURRENT_USER; DROP ROLE raiser_owner")
 		}
 		setup()
 		if !raisers() {
