@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
@@ -121,7 +122,47 @@ var lockModes = []pgx.QueryExecMode{
 
 func TestLockFencing(t *testing.T) {
 	t.Parallel()
-	e := startLockEnv(t)
+	testLockFencing(t, startLockEnv(t))
+}
+
+// TestLockFencingRaisers: the same behind a real dbsetup.Checker, so that
+// in databases with fenceproxy's objects the rewrites call the error
+// raisers while the registration runs before them.
+func TestLockFencingRaisers(t *testing.T) {
+	t.Parallel()
+	specs, err := rules.Specs(lockRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checker := dbsetup.NewChecker(func(ctx context.Context, db string) (*pgx.Conn, error) {
+		return pgx.Connect(ctx, cluster.SuperuserDSN(db))
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("checker"), nil)
+	t.Cleanup(checker.Close)
+	checker.ReloadWith(specs, dbsetup.CheckOptions{Tables: lockRules.Tables, LockSetting: lockRules.LockSetting, TokenSetting: lockRules.TokenSetting})
+	e := startLockEnvWith(t, policy.Options{Checks: checker})
+
+	// The form sent: the registration, then the UPDATE calling the raisers.
+	db := newLockDB(t, true)
+	c := e.holder(t, db, "L", 7, pgx.QueryExecModeSimpleProtocol)
+	var pid int
+	if err := c.QueryRow(ctxT(t), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	var q string
+	if err := direct(t, db).QueryRow(ctxT(t), "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(q, "CALL fenceproxy.register(") || !strings.Contains(q, "fenceproxy.stale(") {
+		t.Fatalf("sent %s; want the registration and the raisers' form", q)
+	}
+
+	testLockFencing(t, e)
+}
+
+func testLockFencing(t *testing.T, e *lockEnv) {
 	t.Run("stale holder refused after new holder's first read", func(t *testing.T) {
 		for _, mode := range lockModes {
 			t.Run(mode.String(), func(t *testing.T) {
