@@ -36,9 +36,9 @@ var registerBody = dollarBody("body")
 // before the proxy uses them.
 var raiserBodies = map[string]string{
 	"stale":      dollarBody("stale"),
-	"stale_b":    dollarBody("stale"),
+	"stale_b":    dollarBody("stale_b"),
 	"no_token":   dollarBody("no_token"),
-	"no_token_b": dollarBody("no_token"),
+	"no_token_b": dollarBody("no_token_b"),
 }
 
 // dollarBody returns the text between the first "AS $tag$" of objects.sql

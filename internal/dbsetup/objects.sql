@@ -199,10 +199,10 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, tex
 --
 -- stale(token_setting, fence, sized_table) raises FP001
 --   "fenceproxy:stale:<token>:<fence>:<sized_table>" and returns bigint;
---   stale_b is the same, returning boolean.
+--   stale_b, for boolean places, calls it.
 -- no_token(token_setting, sized_names) raises FP002
 --   "fenceproxy:token:<sized_names><quote_nullable(token)>" and returns
---   bigint; no_token_b returns boolean.
+--   bigint; no_token_b, for boolean places, calls it.
 CREATE OR REPLACE FUNCTION fenceproxy.stale(token_setting text, fence bigint, sized_table text)
 RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $stale$
@@ -215,14 +215,12 @@ END
 $stale$;
 CREATE OR REPLACE FUNCTION fenceproxy.stale_b(token_setting text, fence bigint, sized_table text)
 RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
-AS $stale$
+AS $stale_b$
 BEGIN
-	RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = 'fenceproxy:stale:'
-		OPERATOR(pg_catalog.||) COALESCE(pg_catalog.current_setting(token_setting, true), '')
-		OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) COALESCE(fence::pg_catalog.text, '')
-		OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) sized_table;
+	PERFORM fenceproxy.stale(token_setting, fence, sized_table);
+	RETURN NULL; -- not reached: stale raises
 END
-$stale$;
+$stale_b$;
 CREATE OR REPLACE FUNCTION fenceproxy.no_token(token_setting text, sized_names text)
 RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $no_token$
@@ -234,13 +232,12 @@ END
 $no_token$;
 CREATE OR REPLACE FUNCTION fenceproxy.no_token_b(token_setting text, sized_names text)
 RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
-AS $no_token$
+AS $no_token_b$
 BEGIN
-	RAISE EXCEPTION USING ERRCODE = 'FP002', MESSAGE = 'fenceproxy:token:'
-		OPERATOR(pg_catalog.||) sized_names
-		OPERATOR(pg_catalog.||) pg_catalog.quote_nullable(pg_catalog.current_setting(token_setting, true));
+	PERFORM fenceproxy.no_token(token_setting, sized_names);
+	RETURN NULL; -- not reached: no_token raises
 END
-$no_token$;
+$no_token_b$;
 GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
 	fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text) TO PUBLIC;
 

@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
@@ -130,15 +129,7 @@ func TestLockFencing(t *testing.T) {
 // raisers while the registration runs before them.
 func TestLockFencingRaisers(t *testing.T) {
 	t.Parallel()
-	specs, err := rules.Specs(lockRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checker := dbsetup.NewChecker(func(ctx context.Context, db string) (*pgx.Conn, error) {
-		return pgx.Connect(ctx, cluster.SuperuserDSN(db))
-	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("checker"), nil)
-	t.Cleanup(checker.Close)
-	checker.ReloadWith(specs, dbsetup.CheckOptions{Tables: lockRules.Tables, LockSetting: lockRules.LockSetting, TokenSetting: lockRules.TokenSetting})
+	checker, _ := startChecker(t, lockRules)
 	e := startLockEnvWith(t, policy.Options{Checks: checker})
 
 	// The form sent: the registration, then the UPDATE calling the raisers.

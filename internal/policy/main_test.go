@@ -135,7 +135,19 @@ func startRaisersEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	specs, err := rules.Specs(testRules)
+	checker, specs := startChecker(t, testRules)
+	return &env{specs: specs, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+		Policy: policy.New(rs, false, policy.Options{Checks: checker}),
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+	})}
+}
+
+// startChecker starts a real dbsetup.Checker of the cluster's databases
+// for cfg, connecting as the superuser, closed when the test ends; it
+// returns it with cfg's table specs.
+func startChecker(t *testing.T, cfg rules.Config) (*dbsetup.Checker, []rules.TableSpec) {
+	t.Helper()
+	specs, err := rules.Specs(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,11 +155,8 @@ func startRaisersEnv(t *testing.T) *env {
 		return pgx.Connect(ctx, cluster.SuperuserDSN(db))
 	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("checker"), nil)
 	t.Cleanup(checker.Close)
-	checker.ReloadWith(specs, dbsetup.CheckOptions{Tables: testRules.Tables})
-	return &env{specs: specs, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{Checks: checker}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	checker.ReloadWith(specs, dbsetup.CheckOptions{Tables: cfg.Tables, LockSetting: cfg.LockSetting, TokenSetting: cfg.TokenSetting})
+	return checker, specs
 }
 
 // startEnv starts a proxy enforcing testRules for one test.
