@@ -57,9 +57,7 @@ type checkedDB struct {
 	done     chan struct{}
 	finished bool // done is closed: a first run finished
 	known    bool
-	problems map[string][]Problem
-	indirect []IndirectPath // to unguarded tables in mode enforce
-	raisers  bool           // Report.Raisers of the last run
+	result   Result
 	failedAt time.Time      // end of the last run, if it failed
 	endedAt  time.Time      // end of the last run
 	// recheckDue: Recheck asked for a run that waits for
@@ -168,42 +166,43 @@ func (c *Checker) Recheck(database string) {
 	}
 }
 
-// Problems returns the problems found by the last check of database, by
-// table display name ("" for the database as a whole); the map must not be
-// modified. known is false while the first check runs, when it could not
-// run (the error is logged), and for a database Ensure was not called for.
-func (c *Checker) Problems(database string) (problems map[string][]Problem, known bool) {
+// Result is what the last check of a database found.
+type Result struct {
+	// Problems are by table display name ("" for the database as a
+	// whole); the map must not be modified.
+	Problems map[string][]Problem
+	// Indirect are the relations through which writes reach a table in
+	// mode enforce without naming it, except those whose target the
+	// database guard protects. The slice must not be modified.
+	Indirect []IndirectPath
+	// Raisers: the error raisers are current and callable by all
+	// (Report.Raisers), so the rewrites there may call them.
+	Raisers bool
+}
+
+// Result returns what the last check of database found. known is false
+// while the first check runs, when it could not run (the error is
+// logged), and for a database Ensure was not called for.
+func (c *Checker) Result(database string) (r Result, known bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d, ok := c.dbs[database]
 	if !ok || !d.known {
-		return nil, false
+		return Result{}, false
 	}
-	return d.problems, true
+	return d.result, true
 }
 
-// Indirect returns the relations through which writes reach a table in
-// mode enforce of database without naming it, as the last check found
-// them, except those whose target the database guard protects; known as
-// for Problems. The slice must not be modified.
-func (c *Checker) Indirect(database string) (paths []IndirectPath, known bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d, ok := c.dbs[database]
-	if !ok || !d.known {
-		return nil, false
-	}
-	return d.indirect, true
+// Problems returns Result's Problems.
+func (c *Checker) Problems(database string) (map[string][]Problem, bool) {
+	r, known := c.Result(database)
+	return r.Problems, known
 }
 
-// Raisers reports whether the last check of database found the error
-// raisers current and callable by all (Report.Raisers): the rewrites there
-// may call them. False while no check has succeeded.
+// Raisers returns Result's Raisers (false while no check has succeeded).
 func (c *Checker) Raisers(database string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d, ok := c.dbs[database]
-	return ok && d.known && d.raisers
+	r, _ := c.Result(database)
+	return r.Raisers
 }
 
 // ErrNotChecked is Wait's error for a database Ensure was not called for
@@ -278,7 +277,8 @@ func (c *Checker) run(database string, d *checkedDB) {
 			}
 		}
 		c.mu.Lock()
-		d.known, d.problems, d.indirect, d.raisers = err == nil, byTable, indirect, err == nil && rep.Raisers
+		d.known = err == nil
+		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers}
 		for _, p := range indirect {
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", pathRelName(p.Schema, p.Name)),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))

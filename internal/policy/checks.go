@@ -19,9 +19,7 @@ import (
 type Checks interface {
 	Ensure(database string)
 	Wait(ctx context.Context, database string) error
-	Problems(database string) (map[string][]dbsetup.Problem, bool)
-	Indirect(database string) ([]dbsetup.IndirectPath, bool)
-	Raisers(database string) bool
+	Result(database string) (dbsetup.Result, bool)
 	Recheck(database string)
 }
 
@@ -86,9 +84,9 @@ func (p *Policy) dbState(database string) *dbChecks {
 		}
 		cancel()
 	}
-	problems, known := p.checks.Problems(database)
-	paths, _ := p.checks.Indirect(database)
-	next := &dbChecks{at: time.Now(), known: known, problems: problems, paths: paths, raisers: p.checks.Raisers(database)}
+	res, known := p.checks.Result(database)
+	paths := res.Indirect
+	next := &dbChecks{at: time.Now(), known: known, problems: res.Problems, paths: paths, raisers: res.Raisers}
 	if st != nil && samePaths(st.paths, paths) {
 		next.indirect = st.indirect
 	} else {
@@ -145,4 +143,14 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		}
 	}
 	return st.indirect.Check(sql)
+}
+
+// checkedRaisers reports whether the last check of database found the
+// error raisers.
+func (p *Policy) checkedRaisers(database string) bool {
+	if p.checks == nil {
+		return false
+	}
+	r, _ := p.checks.Result(database)
+	return r.Raisers
 }

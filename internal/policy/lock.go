@@ -80,7 +80,7 @@ func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) b
 			p.metrics.LockRejections.WithLabelValues("other", "missing_token").Inc()
 		}
 	case e.Code == "42883" && (strings.Contains(e.Message, "fenceproxy.stale") || strings.Contains(e.Message, "fenceproxy.no_token")),
-		e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`) && p.checks != nil && p.checks.Raisers(info.Database):
+		e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`) && p.checkedRaisers(info.Database):
 		// The error raisers were removed after the check that found them:
 		// the statement did not run (fail closed). A new check finds them
 		// missing, and the rewrites go back to the inline form.
