@@ -58,8 +58,8 @@ type checkedDB struct {
 	finished bool // done is closed: a first run finished
 	known    bool
 	result   Result
-	failedAt time.Time      // end of the last run, if it failed
-	endedAt  time.Time      // end of the last run
+	failedAt time.Time // end of the last run, if it failed
+	endedAt  time.Time // end of the last run
 	// recheckDue: Recheck asked for a run that waits for
 	// minRecheckInterval to pass.
 	recheckDue bool
