@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 )
@@ -68,11 +69,7 @@ func run() error {
 	}
 	defer os.RemoveAll(work)
 
-	// PostgreSQL's default durability (the test harness turns it off for
-	// speed): commits reach the disk, as they do in production.
-	cl, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
-		"max_connections": "100", "fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
-	}})
+	cl, err := pgcost.StartDurable(ctx)
 	if err != nil {
 		return err
 	}

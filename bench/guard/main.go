@@ -105,11 +105,7 @@ func run(duration time.Duration, clientList string, reps int, syncModes string, 
 		return err
 	}
 	defer os.RemoveAll(work)
-	// PostgreSQL's default durability (the test harness turns it off);
-	// synchronous_commit is set per run.
-	cl, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
-		"max_connections": "100", "fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
-	}})
+	cl, err := pgcost.StartDurable(ctx)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,5 @@
-// Package pgcost counts what statements cost PostgreSQL itself, in
+// Package pgcost starts the benchmarks' throwaway server (StartDurable)
+// and counts what statements cost PostgreSQL itself, in
 // instructions: valgrind's callgrind runs a single-user postgres (the
 // server stopped) that reads its statements from standard input. Counts
 // do not depend on the machine's load, unlike CPU times.
@@ -10,6 +11,7 @@
 package pgcost
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,7 +19,19 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 )
+
+// StartDurable starts a throwaway PostgreSQL server with PostgreSQL's
+// default durability (the test harness turns it off for speed): commits
+// reach the disk, as they do in production. synchronous_commit may be set
+// per session.
+func StartDurable(ctx context.Context) (*pgcluster.Cluster, error) {
+	return pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
+		"max_connections": "100", "fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
+	}})
+}
 
 // Valgrind returns the valgrind binary, or an error saying how to install
 // it.
