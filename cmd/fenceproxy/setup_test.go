@@ -116,19 +116,7 @@ tables:
 				t.Fatal(err)
 			}
 		}
-		code, stdout, _ := runCommand(t, s.args...)
-		if code != s.wantCode {
-			t.Errorf("%s: exit %d, want %d", s.name, code, s.wantCode)
-		}
-		rest := stdout
-		for _, w := range s.want {
-			i := strings.Index(rest, w)
-			if i < 0 {
-				t.Errorf("%s: output lacks %q (in order):\n%s", s.name, w, stdout)
-				break
-			}
-			rest = rest[i+len(w):]
-		}
+		runStep(t, s.name, s.args, s.wantCode, s.want)
 	}
 }
 
@@ -241,18 +229,25 @@ guard:
 		},
 		{name: "check after removal", args: []string{"check", "-c", changed}, want: []string{"database app: ok\n"}},
 	} {
-		code, stdout, _ := runCommand(t, s.args...)
-		if code != s.wantCode {
-			t.Errorf("%s: exit %d, want %d", s.name, code, s.wantCode)
+		runStep(t, s.name, s.args, s.wantCode, s.want)
+	}
+}
+
+// runStep runs the fenceproxy command args and checks its exit code and
+// that its standard output holds want, in this order.
+func runStep(t *testing.T, name string, args []string, wantCode int, want []string) {
+	t.Helper()
+	code, stdout, _ := runCommand(t, args...)
+	if code != wantCode {
+		t.Errorf("%s: exit %d, want %d", name, code, wantCode)
+	}
+	rest := stdout
+	for _, w := range want {
+		i := strings.Index(rest, w)
+		if i < 0 {
+			t.Errorf("%s: output lacks %q (in order):\n%s", name, w, stdout)
+			return
 		}
-		rest := stdout
-		for _, w := range s.want {
-			i := strings.Index(rest, w)
-			if i < 0 {
-				t.Errorf("%s: output lacks %q (in order):\n%s", s.name, w, stdout)
-				break
-			}
-			rest = rest[i+len(w):]
-		}
+		rest = rest[i+len(w):]
 	}
 }

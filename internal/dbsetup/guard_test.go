@@ -63,15 +63,7 @@ func wantState(t *testing.T, conn *pgx.Conn, sql, state string) {
 // fences returns the fence column by id, as "id=fence" pairs.
 func fences(t *testing.T, conn *pgx.Conn, table string) string {
 	t.Helper()
-	rows, err := conn.Query(t.Context(), "SELECT format('%s=%s', id, last_fence) FROM "+table+" ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Join(got, " ")
+	return strings.Join(queryStrings(t, conn, "SELECT format('%s=%s', id, last_fence) FROM "+table+" ORDER BY id"), " ")
 }
 
 const configTable = "CREATE TABLE config (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', last_fence bigint NOT NULL DEFAULT 0)"
@@ -430,7 +422,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 // that wrote them.
 func guardState(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	rows, err := conn.Query(t.Context(), `
+	state := queryStrings(t, conn, `
 		SELECT format('trigger %s %s %s %s', tgrelid::regclass, tgname, xmin, tgenabled) FROM pg_trigger WHERE tgname LIKE 'fenceproxy_guard%'
 		UNION ALL
 		SELECT format('function %s %s', proname, xmin) FROM pg_proc WHERE pronamespace = 'fenceproxy'::regnamespace AND proname LIKE 'guard%'
@@ -439,13 +431,6 @@ func guardState(t *testing.T, conn *pgx.Conn) []string {
 		UNION ALL
 		SELECT format('meta %s %s', xmin, value) FROM fenceproxy.meta WHERE key = 'guard'
 		ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	state, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
 	return state
 }
 

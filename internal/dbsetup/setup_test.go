@@ -19,7 +19,7 @@ import (
 // contents shows too.
 func objectsState(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	rows, err := conn.Query(t.Context(), `
+	state := queryStrings(t, conn, `
 		SELECT format('schema %s %s', n.xmin, n.nspacl) FROM pg_namespace n WHERE nspname = 'fenceproxy'
 		UNION ALL
 		SELECT format('relation %s %s %s', c.relname, c.xmin, c.relacl) FROM pg_class c
@@ -33,13 +33,6 @@ func objectsState(t *testing.T, conn *pgx.Conn) []string {
 		SELECT format('column %s %s %s %s', a.attrelid::regclass, a.attname, a.xmin, format_type(a.atttypid, a.atttypmod))
 		FROM pg_attribute a WHERE a.attrelid = 'public.config'::regclass AND a.attnum > 0
 		ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	state, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
 	return state
 }
 
