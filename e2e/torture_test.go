@@ -56,11 +56,19 @@ func TestTorture(t *testing.T) {
 		maxThink: tortureMaxThink,
 		fenced:   true,
 	})
+	res.wantFenced(t, "writer")
+}
+
+// wantFenced fails t unless the run found no anomaly, fenced at least one
+// operation (stale names what the pauses must have produced) and
+// acknowledged at least one.
+func (res *tortureResult) wantFenced(t *testing.T, stale string) {
+	t.Helper()
 	if len(res.Anomalies) > 0 {
 		t.Errorf("%d anomalies:\n%s", len(res.Anomalies), res.details(50))
 	}
 	if res.Fenced == 0 {
-		t.Errorf("no operation was fenced: the pauses produced no stale writer, so the run proved nothing")
+		t.Errorf("no operation was fenced: the pauses produced no stale %s, so the run proved nothing", stale)
 	}
 	if res.Acked == 0 {
 		t.Errorf("no operation was acknowledged")
