@@ -162,42 +162,25 @@ func testLockFencing(t *testing.T, e *lockEnv) {
 			})
 		}
 	})
-	t.Run("same token not serialised, newer waits for older", func(t *testing.T) {
-		t.Parallel()
-		testLockWaits(t, e)
-	})
-	t.Run("required", func(t *testing.T) {
-		t.Parallel()
-		testLockRequired(t, e)
-	})
-	t.Run("sessions without a lock name are untouched", func(t *testing.T) {
-		t.Parallel()
-		testNoLockName(t, e)
-	})
-	t.Run("multi-statement query", func(t *testing.T) {
-		t.Parallel()
-		testLockMultiStatement(t, e)
-	})
-	t.Run("SQL-level PREPARE and EXECUTE", func(t *testing.T) {
-		t.Parallel()
-		testLockSQLPrepared(t, e)
-	})
-	t.Run("pipeline", func(t *testing.T) {
-		t.Parallel()
-		testLockPipeline(t, e)
-	})
-	t.Run("repeatable read", func(t *testing.T) {
-		t.Parallel()
-		testLockRepeatableRead(t, e)
-	})
-	t.Run("registration statement kept prepared", func(t *testing.T) {
-		t.Parallel()
-		testLockPreparedRegistration(t, e)
-	})
-	t.Run("audit mode", func(t *testing.T) {
-		t.Parallel()
-		testLockAudit(t, e)
-	})
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T, *lockEnv)
+	}{
+		{"same token not serialised, newer waits for older", testLockWaits},
+		{"required", testLockRequired},
+		{"sessions without a lock name are untouched", testNoLockName},
+		{"multi-statement query", testLockMultiStatement},
+		{"SQL-level PREPARE and EXECUTE", testLockSQLPrepared},
+		{"pipeline", testLockPipeline},
+		{"repeatable read", testLockRepeatableRead},
+		{"registration statement kept prepared", testLockPreparedRegistration},
+		{"audit mode", testLockAudit},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t, e)
+		})
+	}
 }
 
 func testStaleHolder(t *testing.T, e *lockEnv, mode pgx.QueryExecMode) {
