@@ -193,18 +193,6 @@ func (c *Checker) Result(database string) (r Result, known bool) {
 	return d.result, true
 }
 
-// Problems returns Result's Problems.
-func (c *Checker) Problems(database string) (map[string][]Problem, bool) {
-	r, known := c.Result(database)
-	return r.Problems, known
-}
-
-// Raisers returns Result's Raisers (false while no check has succeeded).
-func (c *Checker) Raisers(database string) bool {
-	r, _ := c.Result(database)
-	return r.Raisers
-}
-
 // ErrNotChecked is Wait's error for a database Ensure was not called for
 // (or not accepted: too many databases).
 var ErrNotChecked = errors.New("dbsetup: database not being checked")

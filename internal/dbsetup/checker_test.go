@@ -70,7 +70,7 @@ func TestChecker(t *testing.T) {
 
 	c.Ensure(db)
 	c.Reload(sp)
-	if _, known := c.Problems(db); known {
+	if _, known := c.Result(db); known {
 		t.Error("problems known while the check is still connecting")
 	}
 	close(release)
@@ -79,7 +79,8 @@ func TestChecker(t *testing.T) {
 	if err := c.Wait(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	problems, known := c.Problems(db)
+	res, known := c.Result(db)
+	problems := res.Problems
 	if !known || len(problems) != 1 || len(problems["public.config"]) != 1 ||
 		!strings.Contains(problems["public.config"][0].Description, "last_fence is missing") {
 		t.Fatalf("problems %+v, known %v; want the missing column", problems, known)
@@ -104,8 +105,8 @@ func TestChecker(t *testing.T) {
 	if r := nextResult(t, metrics); r != (checkResult{db, 0, true}) {
 		t.Errorf("metrics after the fix got %+v", r)
 	}
-	if problems, known := c.Problems(db); !known || len(problems) != 0 {
-		t.Errorf("after the fix: problems %+v, known %v", problems, known)
+	if res, known := c.Result(db); !known || len(res.Problems) != 0 {
+		t.Errorf("after the fix: problems %+v, known %v", res.Problems, known)
 	}
 
 	// A database that does not exist: the check cannot connect.
@@ -113,7 +114,7 @@ func TestChecker(t *testing.T) {
 	if err := c.Wait(ctx, "no_such_database"); err != nil {
 		t.Fatal(err)
 	}
-	if _, known := c.Problems("no_such_database"); known {
+	if _, known := c.Result("no_such_database"); known {
 		t.Error("problems known for a database the check could not connect to")
 	}
 	if r := nextResult(t, metrics); r != (checkResult{"no_such_database", 0, false}) {
@@ -149,7 +150,7 @@ func TestCheckerRecheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	nextResult(t, metrics)
-	if !c.Raisers(db) {
+	if !raisers(c, db) {
 		t.Fatal("Raisers false after setup")
 	}
 
@@ -160,7 +161,7 @@ func TestCheckerRecheck(t *testing.T) {
 		c.Recheck(db)
 	}
 	nextResult(t, metrics)
-	if c.Raisers(db) {
+	if raisers(c, db) {
 		t.Error("Raisers still true after the recheck")
 	}
 	// The burst asked for more; at most one more run follows.
@@ -182,7 +183,13 @@ func TestCheckerRecheck(t *testing.T) {
 	}
 	c.Recheck(db)
 	nextResult(t, metrics)
-	if !c.Raisers(db) {
+	if !raisers(c, db) {
 		t.Error("Raisers false after setup restored them and a recheck")
 	}
+}
+
+// raisers is the Raisers of c's last result for db.
+func raisers(c *dbsetup.Checker, db string) bool {
+	r, _ := c.Result(db)
+	return r.Raisers
 }
