@@ -79,28 +79,35 @@ func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) b
 		if p.metrics != nil {
 			p.metrics.LockRejections.WithLabelValues("other", "missing_token").Inc()
 		}
+	}
+	return false
+}
+
+// missingObjectsError handles the errors of statements that call objects
+// of `fenceproxy setup` the database no longer has: the statement did not
+// run (fail closed), and the client learns why and the fix. It reports
+// whether it rewrote e.
+func (p *Policy) missingObjectsError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
+	schemaGone := e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`)
+	var msg, hint string
+	switch {
 	case e.Code == "42883" && (strings.Contains(e.Message, "fenceproxy.stale") || strings.Contains(e.Message, "fenceproxy.no_token")),
-		e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`) && p.checkedRaisers(info.Database):
-		// The error raisers were removed after the check that found them:
-		// the statement did not run (fail closed). A new check finds them
-		// missing, and the rewrites go back to the inline form.
+		schemaGone && p.checkedRaisers(info.Database):
+		// The error raisers were removed after the check that found them.
+		// A new check finds them missing, and the rewrites go back to the
+		// inline form.
 		if p.checks != nil {
 			p.checks.Recheck(info.Database)
 		}
-		e.Detail = "PostgreSQL: " + e.Message
-		e.Message = "fenceproxy: the error raisers of fenceproxy setup were removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
-		e.Hint = "Retry it: fenceproxy checks the database again and fences without them meanwhile. Run `fenceproxy setup -c <config file>` to restore them."
-		e.Position = 0
-		return true
-	case (e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`)) ||
-		(e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):
-		// The objects of `fenceproxy setup` are missing: the statement
-		// did not run (fail closed), and the client learns the fix.
-		e.Detail = "PostgreSQL: " + e.Message
-		e.Message = "fenceproxy: lock fencing is not set up in database " + info.Database + ": the procedure " + rules.RegisterProc + " is missing"
-		e.Hint = "Run `fenceproxy setup -c <config file>` for this database, or set lock: off for the table."
-		e.Position = 0
-		return true
+		msg = "fenceproxy: the error raisers of fenceproxy setup were removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
+		hint = "Retry it: fenceproxy checks the database again and fences without them meanwhile. Run `fenceproxy setup -c <config file>` to restore them."
+	case schemaGone || (e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):
+		msg = "fenceproxy: lock fencing is not set up in database " + info.Database + ": the procedure " + rules.RegisterProc + " is missing"
+		hint = "Run `fenceproxy setup -c <config file>` for this database, or set lock: off for the table."
+	default:
+		return false
 	}
-	return false
+	e.Detail = "PostgreSQL: " + e.Message
+	e.Message, e.Hint, e.Position = msg, hint, 0
+	return true
 }

@@ -251,7 +251,7 @@ func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
 
 // TranslateError implements proxy.Policy.
 func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
-	if p.lockError(info, e) {
+	if p.lockError(info, e) || p.missingObjectsError(info, e) {
 		return true
 	}
 	fe, ok := rules.TranslateError(e.Code, e.Message)
