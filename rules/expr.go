@@ -47,6 +47,10 @@ import (
 // check) it needs the setting only once.
 var tokenPattern = rangePattern(MaxToken)
 
+// TokenPattern returns the regular expression the rewrites validate the
+// token with; fenceproxy setup's functions use the same one.
+func TokenPattern() string { return tokenPattern }
+
 // rangePattern builds an anchored regular expression matching the decimal
 // numbers 1..max (max without leading zeros), optionally zero-padded: all
 // numbers with fewer digits than max, and for numbers with as many digits,
@@ -164,12 +168,17 @@ func (f *fencer) raiseStale(typ string) *pg.Node {
 // raises FP002 with the same marker.
 func (f *fencer) raiseToken(typ string) *pg.Node {
 	if f.raisers {
-		return raiserCall("no_token", typ, aStr(f.setting), aStr(sized(f.t.display)+":"+sized(f.setting)+":"))
+		return raiserCall("no_token", typ, aStr(f.setting), aStr(f.sizedNames()))
 	}
 	return cast(op("||",
 		aStr(markerPrefix+markerToken+":"+sized(f.t.display)+":"+sized(f.setting)+":"),
 		fn("quote_nullable", f.settingExpr()),
 	), typ)
+}
+
+// sizedNames is the invalid-token marker's table and setting fields.
+func (f *fencer) sizedNames() string {
+	return sized(f.t.display) + ":" + sized(f.setting) + ":"
 }
 
 // raiserCall calls the error raiser fenceproxy.<name> (bigint) or
@@ -202,7 +211,14 @@ func sized(s string) string { return strconv.Itoa(len(s)) + ":" + s }
 // guard returns CASE WHEN V THEN true ELSE RAISE(token) END, the
 // pseudo-constant WHERE conjunct that fails a statement with an invalid
 // token before any row is read.
+//
+// With the server's error raisers it is fenceproxy.tok_b('<setting>',
+// '<n>:<table>:<n>:<setting>:'), which returns true or raises FP002 as
+// raiseToken does.
 func (f *fencer) guard() *pg.Node {
+	if f.raisers {
+		return raiserCall("tok", "bool", aStr(f.setting), aStr(f.sizedNames()))
+	}
 	return caseExpr([]*pg.Node{f.valid(), aBool(true)}, f.raiseToken("bool"))
 }
 
@@ -240,9 +256,14 @@ func (f *fencer) tokenGuard() *pg.Node {
 // NOTIFY out (ELSE 0): every row of a multi-row VALUES list is computed, so
 // recording the first one is enough, and a sub-select per row would cost
 // the server a sub-plan per row.
+//
+// With the server's error raisers, reject's is fenceproxy.tok('<setting>',
+// '<n>:<table>:<n>:<setting>:'), which returns TOK or raises FP002.
 func (f *fencer) stamp(record bool) *pg.Node {
 	var invalid *pg.Node
 	switch {
+	case !f.lenient() && f.raisers:
+		return raiserCall("tok", "int8", aStr(f.setting), aStr(f.sizedNames()))
 	case !f.lenient():
 		invalid = f.raiseToken("int8")
 	case record:
@@ -291,7 +312,19 @@ func (f *fencer) rowStamp(first bool) (string, *pg.Node) {
 // invalid token (no WHERE guard, no stamp): then the NOT V branch raises,
 // or with missing_token: allow records the write and keeps F. When checkV
 // is false it is left out, or with missing_token: allow keeps F.
+//
+// With the server's error raisers and missing_token: reject it is one call,
+//
+//	fenceproxy.advance('<setting>', F, <strict>, '<n>:<table>', '<n>:<table>:<n>:<setting>:')
+//
+// which returns TOK for a fresh row and raises as RAISE(stale) and
+// RAISE(token) do, checking the token whatever checkV says (when the
+// statement checks it elsewhere first, that check has raised already).
 func (f *fencer) errorSetValue(checkV bool) *pg.Node {
+	if f.raisers && !f.t.allow {
+		return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode("advance")},
+			[]*pg.Node{aStr(f.setting), f.fence(), aBool(f.t.strict), aStr(sized(f.t.display)), aStr(f.sizedNames())}, -1)
+	}
 	var whens []*pg.Node
 	switch {
 	case f.t.allow:

@@ -48,7 +48,7 @@ func checkFenced(sql string, cfg rules.Config, auditRefused bool) error {
 			col = splitName(tb.Column)[0]
 		}
 		ct := checkTable{schema: parts[0], rel: parts[1], col: col,
-			skip: tb.OnStale == "skip", allow: tb.MissingToken == "allow", audit: tb.Mode == "audit"}
+			skip: tb.OnStale == "skip", allow: tb.MissingToken == "allow", audit: tb.Mode == "audit", strict: tb.Strict}
 		if ct.audit {
 			ct.skip, ct.allow = false, false
 		}
@@ -80,7 +80,7 @@ func splitName(s string) []string {
 type checkTable struct {
 	schema, rel, col string
 	skip, allow      bool
-	audit            bool
+	audit, strict    bool
 }
 
 // lenient reports whether an invalid token lets the write through (and
@@ -116,12 +116,38 @@ func raises(s string) bool { return raisesStale(s) || raisesToken(s) }
 // raisesStale reports whether expression text s can raise the stale-token
 // error: inline (a marker cast) or through the server's error raisers.
 func raisesStale(s string) bool {
-	return strings.Contains(s, "fenceproxy:stale:") || strings.Contains(s, "fenceproxy.stale(") || strings.Contains(s, "fenceproxy.stale_b(")
+	return strings.Contains(s, "fenceproxy:stale:") || strings.Contains(s, "fenceproxy.stale(") || strings.Contains(s, "fenceproxy.stale_b(") ||
+		strings.Contains(s, "fenceproxy.advance(")
 }
 
 // raisesToken is raisesStale for the invalid-token error.
 func raisesToken(s string) bool {
-	return strings.Contains(s, "fenceproxy:token:") || strings.Contains(s, "fenceproxy.no_token(") || strings.Contains(s, "fenceproxy.no_token_b(")
+	return strings.Contains(s, "fenceproxy:token:") || strings.Contains(s, "fenceproxy.no_token(") || strings.Contains(s, "fenceproxy.no_token_b(") ||
+		strings.Contains(s, "fenceproxy.tok(") || strings.Contains(s, "fenceproxy.tok_b(") || strings.Contains(s, "fenceproxy.advance(")
+}
+
+// stampsToken reports whether expression text s yields the token: read
+// inline, or through fenceproxy.tok.
+func (c *checker) stampsToken(s string) bool {
+	return strings.Contains(s, c.tok) || strings.Contains(s, "fenceproxy.tok('"+c.setting+"', ")
+}
+
+// advanceCall reports whether v is the error raisers' checked fence value
+// for t: fenceproxy.advance('<setting>', <qualifier>.<fence column>,
+// <t's strictness>, ...).
+func (c *checker) advanceCall(v *pg.Node, t *checkTable) bool {
+	f := v.GetFuncCall()
+	if f == nil || len(f.Funcname) != 2 || f.Funcname[0].GetString_().GetSval() != "fenceproxy" ||
+		f.Funcname[1].GetString_().GetSval() != "advance" || len(f.Args) != 5 {
+		return false
+	}
+	col := f.Args[1].GetColumnRef()
+	if f.Args[0].GetAConst().GetSval().GetSval() != c.setting || col == nil || len(col.Fields) != 2 ||
+		col.Fields[1].GetString_().GetSval() != t.col {
+		return false
+	}
+	strict := f.Args[2].GetAConst()
+	return strict.GetBoolval() != nil && strict.GetBoolval().Boolval == t.strict
 }
 
 // unrewritten reports whether an audit write was left as the client sent it
@@ -290,7 +316,8 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContai
 			val = row.Args[ma.Colno-1]
 		}
 		v := expr(val)
-		if !strings.Contains(v, c.tok) {
+		advance := c.advanceCall(val, t)
+		if !strings.Contains(v, c.tok) && !advance {
 			c.fail("%s SET %s = %s does not use the token", what, t.col, v)
 		}
 		switch {
@@ -299,7 +326,7 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContai
 				c.fail("%s (audit) SET %s = %s raises or does not record stale rows", what, t.col, v)
 			}
 		case !t.skip:
-			if !raisesStale(v) || !strings.Contains(v, t.col+" OPERATOR(pg_catalog.<") {
+			if !advance && (!raisesStale(v) || !strings.Contains(v, t.col+" OPERATOR(pg_catalog.<")) {
 				c.fail("%s (error) SET %s = %s does not check the fence", what, t.col, v)
 			}
 		}
@@ -319,7 +346,7 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContai
 // rows that must record an invalid token (the first of a VALUES list).
 func (c *checker) checkStamp(what string, v *pg.Node, t *checkTable, record bool) {
 	s := expr(v)
-	if !strings.Contains(s, c.tok) {
+	if !c.stampsToken(s) {
 		c.fail("%s: fence value %s does not use the token", what, s)
 	}
 	if !t.lenient() && record && !raisesToken(s) {
@@ -443,9 +470,11 @@ func (c *checker) checkMerge(n *pg.MergeStmt, t *checkTable) {
 			}
 			// Error mode: either a fenced UPDATE or the raise clause
 			// that guards the DELETE after it.
-			if !t.audit && len(w.TargetList) == 1 && raisesStale(expr(w.TargetList[0].GetResTarget().GetVal())) &&
-				!strings.Contains(expr(w.TargetList[0].GetResTarget().GetVal()), " THEN "+c.tok) {
-				continue
+			if !t.audit && len(w.TargetList) == 1 {
+				if val := w.TargetList[0].GetResTarget().GetVal(); raisesStale(expr(val)) &&
+					!strings.Contains(expr(val), " THEN "+c.tok) && !c.advanceCall(val, t) {
+					continue
+				}
 			}
 			c.checkSet("MERGE UPDATE", w.TargetList, t, true)
 		case pg.CmdType_CMD_DELETE:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -218,15 +220,9 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 			AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
 				WHERE a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner)
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		WHERE n.nspname = 'fenceproxy' AND p.proname IN ('stale', 'stale_b', 'no_token', 'no_token_b')`)
+		WHERE n.nspname = 'fenceproxy' AND p.proname = ANY($1)`, slices.Collect(maps.Keys(raiserSignatures)))
 	if err != nil {
 		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
-	}
-	want := map[string]string{
-		"stale":      "token_setting text, fence bigint, sized_table text -> bigint",
-		"stale_b":    "token_setting text, fence bigint, sized_table text -> boolean",
-		"no_token":   "token_setting text, sized_names text -> bigint",
-		"no_token_b": "token_setting text, sized_names text -> boolean",
 	}
 	found := map[string]bool{}
 	ok := true
@@ -236,7 +232,7 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 		if err := rows.Scan(&name, &src, &sig, &exec, &usable); err != nil {
 			return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 		}
-		if found[name] || src != raiserBodies[name] || sig != want[name] || !exec || !usable {
+		if found[name] || src != raiserBodies[name] || sig != raiserSignatures[name] || !exec || !usable {
 			ok = false // an overload, another body, not callable by all, or changeable by others
 		}
 		found[name] = true
@@ -244,5 +240,5 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err := rows.Err(); err != nil {
 		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 	}
-	return ok && len(found) == len(want), nil
+	return ok && len(found) == len(raiserSignatures), nil
 }

@@ -18,11 +18,11 @@ var objectsSQL string
 // Version is the version of the objects in objects.sql, stored in
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy needs objects of exactly this version.
-const Version = 2
+const Version = 3
 
 // lockVersion is the oldest version whose objects lock fencing works
-// with: version 2 added the error raisers (raiserBodies) and left the
-// register procedure as it was.
+// with: versions 2 and 3 added the error raisers (raiserBodies) and left
+// the register procedure as it was.
 const lockVersion = 1
 
 // registerBody is the register procedure's source in objects.sql, the text
@@ -39,6 +39,22 @@ var raiserBodies = map[string]string{
 	"stale_b":    dollarBody("stale_b"),
 	"no_token":   dollarBody("no_token"),
 	"no_token_b": dollarBody("no_token_b"),
+	"tok":        dollarBody("tok"),
+	"tok_b":      dollarBody("tok_b"),
+	"advance":    dollarBody("advance"),
+}
+
+// raiserSignatures are the raisers' arguments and result, as
+// pg_get_function_identity_arguments and the result type print them: the
+// calls the rewriter writes resolve to these, and to no overload.
+var raiserSignatures = map[string]string{
+	"stale":      "token_setting text, fence bigint, sized_table text -> bigint",
+	"stale_b":    "token_setting text, fence bigint, sized_table text -> boolean",
+	"no_token":   "token_setting text, sized_names text -> bigint",
+	"no_token_b": "token_setting text, sized_names text -> boolean",
+	"tok":        "token_setting text, sized_names text -> bigint",
+	"tok_b":      "token_setting text, sized_names text -> boolean",
+	"advance":    "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint",
 }
 
 // dollarBody returns the text between the first "AS $tag$" of objects.sql

@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 2. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 3. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -238,8 +238,73 @@ BEGIN
 	RETURN NULL; -- not reached: no_token raises
 END
 $no_token_b$;
-GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
-	fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '2')
+-- Version 3: the checks themselves, so that a rewritten statement carries
+-- one call where it carried a token read, a validation and a CASE. The
+-- server analyses and plans the statement's expressions every time it is
+-- sent (simple protocol); a PL/pgSQL function's expressions are prepared
+-- once per session. Measured with callgrind, an UPDATE costs a third
+-- fewer instructions than with the CASE forms above (README, Benchmarks).
+--
+-- The pattern is the one the inline form uses (rules.TokenPattern): it
+-- matches exactly the decimal strings of 1..2^63-1.
+--
+-- tok(token_setting, sized_names) returns the session's token as bigint,
+--   or raises FP002 as no_token does when it is not valid (the fence value
+--   of a new row); tok_b returns true or raises (the one-time WHERE
+--   conjunct that fails a statement without a valid token before it reads
+--   a row). tok_b repeats tok's test rather than calling it: a nested
+--   call would double its cost.
+-- advance(token_setting, fence, strict, sized_table, sized_names) returns
+--   the token when the row's fence is older (or equal, unless strict),
+--   raises FP001 as stale does when it is newer (or NULL), and FP002 as
+--   no_token does when the token is not valid: the new fence value of an
+--   updated row in on_stale: error mode.
+CREATE OR REPLACE FUNCTION fenceproxy.tok(token_setting text, sized_names text)
+RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $tok$
+DECLARE
+	tk pg_catalog.text := pg_catalog.current_setting(token_setting, true);
+BEGIN
+	IF tk OPERATOR(pg_catalog.~) '^0*([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$' THEN
+		RETURN tk::pg_catalog.int8;
+	END IF;
+	RETURN fenceproxy.no_token(token_setting, sized_names);
+END
+$tok$;
+CREATE OR REPLACE FUNCTION fenceproxy.tok_b(token_setting text, sized_names text)
+RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $tok_b$
+BEGIN
+	IF pg_catalog.current_setting(token_setting, true) OPERATOR(pg_catalog.~) '^0*([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$' THEN
+		RETURN true;
+	END IF;
+	PERFORM fenceproxy.no_token(token_setting, sized_names);
+	RETURN NULL; -- not reached: no_token raises
+END
+$tok_b$;
+CREATE OR REPLACE FUNCTION fenceproxy.advance(token_setting text, fence bigint, strict boolean,
+	sized_table text, sized_names text)
+RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $advance$
+DECLARE
+	tk pg_catalog.text := pg_catalog.current_setting(token_setting, true);
+	t pg_catalog.int8;
+BEGIN
+	IF tk OPERATOR(pg_catalog.~) '^0*([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$' THEN
+		t := tk::pg_catalog.int8;
+		IF fence OPERATOR(pg_catalog.<) t OR (fence OPERATOR(pg_catalog.=) t AND NOT strict) THEN
+			RETURN t;
+		END IF;
+		RETURN fenceproxy.stale(token_setting, fence, sized_table);
+	END IF;
+	RETURN fenceproxy.no_token(token_setting, sized_names);
+END
+$advance$;
+GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
+	fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text),
+	fenceproxy.tok(text, text), fenceproxy.tok_b(text, text),
+	fenceproxy.advance(text, bigint, boolean, text, text) TO PUBLIC;
+
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '3')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -2,9 +2,12 @@ package dbsetup_test
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
@@ -64,8 +67,11 @@ func TestRaisers(t *testing.T) {
 		if tc.set != "" {
 			execSQL(t, conn, tc.set)
 		}
-		for _, fn := range []string{"no_token", "no_token_b"} {
-			pe := raise("SELECT fenceproxy." + fn + "('fence.token', '13:public.config:11:fence.token:')")
+		for _, call := range []string{"no_token('fence.token', '13:public.config:11:fence.token:')", "no_token_b('fence.token', '13:public.config:11:fence.token:')",
+			"tok('fence.token', '13:public.config:11:fence.token:')", "tok_b('fence.token', '13:public.config:11:fence.token:')",
+			"advance('fence.token', 0, false, '13:public.config', '13:public.config:11:fence.token:')"} {
+			fn, _, _ := strings.Cut(call, "(")
+			pe := raise("SELECT fenceproxy." + call)
 			fe, ok := rules.TranslateError(pe.Code, pe.Message)
 			if pe.Code != "FP002" || !ok || fe.Code != rules.CodeMissingToken || fe.Detail != tc.detail || fe.Table != "public.config" {
 				t.Errorf("%s after %s: %s %q → %+v", fn, tc.set, pe.Code, pe.Message, fe)
@@ -84,10 +90,14 @@ func TestRaisers(t *testing.T) {
 			t.Errorf("%s translated: %+v, %v", fn, fe, ok)
 		}
 	}
-	pe := raise("SELECT fenceproxy.stale('fence.token', NULL, '13:public.config')")
-	if fe, ok := rules.TranslateError(pe.Code, pe.Message); !ok || !strings.HasSuffix(fe.Message, "(stored watermark NULL)") {
-		t.Errorf("NULL fence: %q → %+v", pe.Message, fe)
+	for _, fn := range []string{"stale('fence.token', NULL, '13:public.config')",
+		"advance('fence.token', NULL, false, '13:public.config', '13:public.config:11:fence.token:')"} {
+		pe := raise("SELECT fenceproxy." + fn)
+		if fe, ok := rules.TranslateError(pe.Code, pe.Message); !ok || !strings.HasSuffix(fe.Message, "(stored watermark NULL)") {
+			t.Errorf("NULL fence, %s: %q → %+v", fn, pe.Message, fe)
+		}
 	}
+	testCheckingRaisers(t, conn, raise)
 	// Check finds each way they could stop being usable; setup mends it.
 	for _, tc := range []struct{ name, breakSQL string }{
 		{"dropped", "DROP FUNCTION fenceproxy.no_token_b(text, text)"},
@@ -98,6 +108,9 @@ func TestRaisers(t *testing.T) {
 		{"anyone may create in the schema", "GRANT CREATE ON SCHEMA fenceproxy TO PUBLIC"},
 		{"owned by another role", "CREATE ROLE raiser_owner; ALTER FUNCTION fenceproxy.no_token(text, text) OWNER TO raiser_owner"},
 		{"version 1", "UPDATE fenceproxy.meta SET value = '1' WHERE key = 'version'"},
+		{"version 2", "UPDATE fenceproxy.meta SET value = '2' WHERE key = 'version'"},
+		{"advance replaced", "CREATE OR REPLACE FUNCTION fenceproxy.advance(token_setting text, fence bigint, strict boolean, sized_table text, sized_names text) RETURNS bigint LANGUAGE sql STABLE AS 'SELECT 1::bigint'"},
+		{"tok_b dropped", "DROP FUNCTION fenceproxy.tok_b(text, text)"},
 	} {
 		execSQL(t, conn, tc.breakSQL)
 		if raisers() {
@@ -113,6 +126,79 @@ func TestRaisers(t *testing.T) {
 		if !raisers() {
 			t.Errorf("%s: setup did not restore the raisers", tc.name)
 		}
+	}
+}
+
+// testCheckingRaisers: the raisers that check (tok, tok_b, advance) accept
+// exactly the tokens the inline form accepts, and advance moves the
+// watermark as the inline CASE does, raising FP001 as stale does.
+func testCheckingRaisers(t *testing.T, conn *pgx.Conn, raise func(string) *pgconn.PgError) {
+	t.Helper()
+	for _, tc := range []struct {
+		token string
+		want  int64 // 0: FP002
+	}{
+		{"7", 7}, {"007", 7}, {"9223372036854775807", 9223372036854775807},
+		{"0", 0}, {"-5", 0}, {"+5", 0}, {" 5", 0}, {"5 ", 0}, {"1e3", 0}, {"0x10", 0}, {"9223372036854775808", 0}, {"٣", 0},
+	} {
+		execSQL(t, conn, "SELECT pg_catalog.set_config('fence.token', '"+strings.ReplaceAll(tc.token, "'", "''")+"', false)")
+		for _, call := range []string{"tok('fence.token', '13:public.config:11:fence.token:')",
+			"advance('fence.token', 1, false, '13:public.config', '13:public.config:11:fence.token:')"} {
+			if tc.want == 0 {
+				if pe := raise("SELECT fenceproxy." + call); pe.Code != "FP002" {
+					t.Errorf("token %q, %s: %s %s", tc.token, call, pe.Code, pe.Message)
+				}
+				continue
+			}
+			var got int64
+			if err := conn.QueryRow(t.Context(), "SELECT fenceproxy."+call).Scan(&got); err != nil || got != tc.want {
+				t.Errorf("token %q, %s: %d, %v; want %d", tc.token, call, got, err, tc.want)
+			}
+		}
+		if tc.want == 0 {
+			if pe := raise("SELECT fenceproxy.tok_b('fence.token', '13:public.config:11:fence.token:')"); pe.Code != "FP002" {
+				t.Errorf("token %q, tok_b: %s %s", tc.token, pe.Code, pe.Message)
+			}
+		} else {
+			var ok bool
+			if err := conn.QueryRow(t.Context(), "SELECT fenceproxy.tok_b('fence.token', '13:public.config:11:fence.token:')").Scan(&ok); err != nil || !ok {
+				t.Errorf("token %q, tok_b: %v, %v", tc.token, ok, err)
+			}
+		}
+	}
+	execSQL(t, conn, "SET fence.token = '007'")
+	for _, tc := range []struct {
+		fence  int64
+		strict bool
+		stale  bool
+	}{
+		{6, false, false}, {6, true, false}, {7, false, false}, {7, true, true}, {8, false, true}, {8, true, true},
+	} {
+		call := fmt.Sprintf("SELECT fenceproxy.advance('fence.token', %d, %v, '13:public.config', '13:public.config:11:fence.token:')", tc.fence, tc.strict)
+		if !tc.stale {
+			var got int64
+			if err := conn.QueryRow(t.Context(), call).Scan(&got); err != nil || got != 7 {
+				t.Errorf("%s: %d, %v; want 7", call, got, err)
+			}
+			continue
+		}
+		pe := raise(call)
+		if pe.Code != "FP001" || pe.Message != fmt.Sprintf("fenceproxy:stale:007:%d:13:public.config", tc.fence) {
+			t.Errorf("%s: %s %q", call, pe.Code, pe.Message)
+		}
+	}
+}
+
+// TestRaisersPattern: the raisers that validate the token do it with the
+// inline form's pattern.
+func TestRaisersPattern(t *testing.T) {
+	objects, err := os.ReadFile("objects.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uses := strings.Count(string(objects), "OPERATOR(pg_catalog.~) '"+rules.TokenPattern()+"' THEN")
+	if all := strings.Count(string(objects), "OPERATOR(pg_catalog.~)"); uses != 3 || all != uses {
+		t.Errorf("objects.sql validates the token with rules.TokenPattern %d times (want 3: tok, tok_b, advance), uses ~ %d times", uses, all)
 	}
 }
 
@@ -140,7 +226,7 @@ func TestLockWithVersion1Objects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(up.Actions) != 1 || up.Actions[0] != "upgraded the fenceproxy objects from version 1 to 2" {
+	if len(up.Actions) != 1 || up.Actions[0] != "upgraded the fenceproxy objects from version 1 to 3" {
 		t.Errorf("setup: %+v", up.Actions)
 	}
 	if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || len(rep.Notes) != 0 {
