@@ -138,7 +138,9 @@ func testCheckingRaisers(t *testing.T, conn *pgx.Conn, raise func(string) *pgcon
 		token string
 		want  int64 // 0: FP002
 	}{
-		{"7", 7}, {"007", 7}, {"9223372036854775807", 9223372036854775807},
+		{"7", 7}, {"007", 7}, {"9223372036854775807", 9223372036854775807}, {"00009223372036854775807", 9223372036854775807},
+		{"999999999999999999", 999999999999999999}, {"1000000000000000000", 1000000000000000000}, {"000000000000000000001", 1},
+		{"9223372036854775806", 9223372036854775806}, {"99999999999999999999", 0}, {"10000000000000000000", 0}, {"", 0}, {"00", 0},
 		{"0", 0}, {"-5", 0}, {"+5", 0}, {" 5", 0}, {"5 ", 0}, {"1e3", 0}, {"0x10", 0}, {"9223372036854775808", 0}, {"٣", 0},
 	} {
 		execSQL(t, conn, "SELECT pg_catalog.set_config('fence.token', '"+strings.ReplaceAll(tc.token, "'", "''")+"', false)")
@@ -196,9 +198,12 @@ func TestRaisersPattern(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uses := strings.Count(string(objects), "OPERATOR(pg_catalog.~) '"+rules.TokenPattern()+"' THEN")
-	if all := strings.Count(string(objects), "OPERATOR(pg_catalog.~)"); uses != 3 || all != uses {
-		t.Errorf("objects.sql validates the token with rules.TokenPattern %d times (want 3: tok, tok_b, advance), uses ~ %d times", uses, all)
+	// The short pattern first (up to 18 significant digits, all in range),
+	// then the full one: together they accept what the full one accepts.
+	test := "IF tk OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR tk OPERATOR(pg_catalog.~) '" + rules.TokenPattern() + "' THEN"
+	uses := strings.Count(string(objects), test)
+	if all := strings.Count(string(objects), "OPERATOR(pg_catalog.~)"); uses != 3 || all != 2*uses {
+		t.Errorf("objects.sql validates the token with the short and the full pattern %d times (want 3: tok, tok_b, advance), uses ~ %d times", uses, all)
 	}
 }
 

@@ -83,6 +83,18 @@ func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) b
 	return false
 }
 
+// raiserMissing reports whether a 42883 message names one of the error
+// raisers (objects.sql): fenceproxy.stale[_b], no_token[_b], tok[_b],
+// advance.
+func raiserMissing(msg string) bool {
+	for _, name := range []string{"fenceproxy.stale", "fenceproxy.no_token", "fenceproxy.tok", "fenceproxy.advance"} {
+		if strings.Contains(msg, name) {
+			return true
+		}
+	}
+	return false
+}
+
 // missingObjectsError handles the errors of statements that call objects
 // of `fenceproxy setup` the database no longer has: the statement did not
 // run (fail closed), and the client learns why and the fix. It reports
@@ -91,7 +103,7 @@ func (p *Policy) missingObjectsError(info *proxy.SessionInfo, e *pgproto3.ErrorR
 	schemaGone := e.Code == "3F000" && strings.Contains(e.Message, `"fenceproxy"`)
 	var msg, hint string
 	switch {
-	case e.Code == "42883" && (strings.Contains(e.Message, "fenceproxy.stale") || strings.Contains(e.Message, "fenceproxy.no_token")),
+	case e.Code == "42883" && raiserMissing(e.Message),
 		schemaGone && p.checkedRaisers(info.Database):
 		// The error raisers were removed after the check that found them.
 		// A new check finds them missing, and the rewrites go back to the

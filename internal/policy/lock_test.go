@@ -146,7 +146,7 @@ func TestLockFencingRaisers(t *testing.T) {
 	if err := direct(t, db).QueryRow(ctxT(t), "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(q, "CALL fenceproxy.register(") || !strings.Contains(q, "fenceproxy.stale(") {
+	if !strings.HasPrefix(q, "CALL fenceproxy.register(") || !strings.Contains(q, "fenceproxy.advance(") {
 		t.Fatalf("sent %s; want the registration and the raisers' form", q)
 	}
 

@@ -48,7 +48,7 @@ func TestRaisersUsed(t *testing.T) {
 	if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = 2", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	if q := pid2query(t, dF, pid); !strings.Contains(q, "fenceproxy.stale(") || !strings.Contains(q, "fenceproxy.no_token_b(") || strings.Contains(q, "'fenceproxy:stale:'") {
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "fenceproxy.advance(") || !strings.Contains(q, "fenceproxy.tok_b(") || strings.Contains(q, "'fenceproxy:stale:'") {
 		t.Fatalf("the proxy did not send the raisers' form: %s", q)
 	}
 	var fence int64
@@ -97,12 +97,12 @@ func TestRaisersUsed(t *testing.T) {
 
 	// The raisers dropped behind the proxy's back: fail closed, then the
 	// inline form once the database has been checked again.
-	if _, err := dF.Exec(ctxT(t), "DROP FUNCTION fenceproxy.stale(text, bigint, text)"); err != nil {
+	if _, err := dF.Exec(ctxT(t), "DROP FUNCTION fenceproxy.advance(text, bigint, boolean, text, text)"); err != nil {
 		t.Fatal(err)
 	}
 	setToken(t, cF, "60")
 	o := run(cF, "60", "UPDATE acct SET n = n + 1 WHERE id = 2", pgx.QueryExecModeSimpleProtocol)
-	if !strings.Contains(o.msg, "error raisers") || !strings.Contains(o.detail, "fenceproxy.stale") {
+	if !strings.Contains(o.msg, "error raisers") || !strings.Contains(o.detail, "fenceproxy.advance") {
 		t.Errorf("write after the raisers were dropped: %+v", o)
 	}
 	deadline := time.Now().Add(20 * time.Second)
