@@ -186,5 +186,32 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster) error {
 		}
 		fmt.Printf("| %s | %d | %.0fk | %.0fk | %.2f | %s |\n", st.name, len(st.sql), n/1000, net/1000, net/ref, target)
 	}
+	return preparedInstructions(c, setup, perByte)
+}
+
+// preparedInstructions counts what executing the row fencing statements of
+// serverCPUTable costs once they are prepared (PREPARE in the session,
+// then EXECUTE, as an extended-protocol client's prepared statement runs):
+// the analysis and planning that the simple protocol repeats are paid once,
+// and what remains is the execution of the checks.
+func preparedInstructions(c pgcost.Counter, setup []string, perByte float64) error {
+	const exec = "EXECUTE p"
+	fmt.Println()
+	fmt.Println("prepared (PREPARE once, then EXECUTE; the statement's analysis and planning are not repeated):")
+	fmt.Println()
+	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written |")
+	fmt.Println("|---|---|---|---|")
+	var ref float64
+	for i, st := range lastServerStatements[:3] {
+		n, err := c.PerStatement(append(append([]string(nil), setup...), "PREPARE p AS "+st.sql+";"), func(int) string { return exec })
+		if err != nil {
+			return fmt.Errorf("%s, prepared: %w", st.name, err)
+		}
+		net := n - perByte*float64(len(exec))
+		if i == 0 {
+			ref = net
+		}
+		fmt.Printf("| %s | %.0fk | %.0fk | %.2f |\n", st.name, n/1000, net/1000, net/ref)
+	}
 	return nil
 }
