@@ -126,16 +126,26 @@ func raisesToken(s string) bool {
 		strings.Contains(s, "fenceproxy.tok(") || strings.Contains(s, "fenceproxy.tok_b(") || strings.Contains(s, "fenceproxy.advance(")
 }
 
-// stampsToken reports whether expression text s yields the token: read
-// inline, or through fenceproxy.tok.
-func (c *checker) stampsToken(s string) bool {
-	return strings.Contains(s, c.tok) || strings.Contains(s, "fenceproxy.tok('"+c.setting+"', ")
+// stampsToken reports whether expression text s yields the token for t:
+// read inline, or through fenceproxy.tok (which raises for an invalid
+// token, so only where that is what t wants).
+func (c *checker) stampsToken(s string, t *checkTable) bool {
+	return strings.Contains(s, c.tok) || !t.lenient() && strings.Contains(s, "fenceproxy.tok('"+c.setting+"', ")
 }
 
 // advanceCall reports whether v is the error raisers' checked fence value
 // for t: fenceproxy.advance('<setting>', <qualifier>.<fence column>,
 // <t's strictness>, ...).
+//
+// A fence value that replaces the client's own keeps it in a branch that
+// is never taken (CASE WHEN false THEN <client's> ELSE <value> END, so that
+// its parameters keep their types): the value is the ELSE.
 func (c *checker) advanceCall(v *pg.Node, t *checkTable) bool {
+	if ce := v.GetCaseExpr(); ce != nil && len(ce.Args) == 1 && ce.Defresult != nil {
+		if cond := ce.Args[0].GetCaseWhen().GetExpr().GetAConst(); cond != nil && cond.GetBoolval() != nil && !cond.GetBoolval().Boolval {
+			v = ce.Defresult
+		}
+	}
 	f := v.GetFuncCall()
 	if f == nil || len(f.Funcname) != 2 || f.Funcname[0].GetString_().GetSval() != "fenceproxy" ||
 		f.Funcname[1].GetString_().GetSval() != "advance" || len(f.Args) != 5 {
@@ -147,7 +157,8 @@ func (c *checker) advanceCall(v *pg.Node, t *checkTable) bool {
 		return false
 	}
 	strict := f.Args[2].GetAConst()
-	return strict.GetBoolval() != nil && strict.GetBoolval().Boolval == t.strict
+	return strict.GetBoolval() != nil && strict.GetBoolval().Boolval == t.strict &&
+		f.Args[3].GetAConst().GetSval() != nil && f.Args[4].GetAConst().GetSval() != nil
 }
 
 // unrewritten reports whether an audit write was left as the client sent it
@@ -320,6 +331,10 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContai
 		if !strings.Contains(v, c.tok) && !advance {
 			c.fail("%s SET %s = %s does not use the token", what, t.col, v)
 		}
+		if advance && (t.skip || t.lenient()) {
+			// It raises for stale rows and invalid tokens.
+			c.fail("%s SET %s = %s: advance in skip, allow or audit mode", what, t.col, v)
+		}
 		switch {
 		case t.audit:
 			if raises(v) || !c.records(v, t, "stale") || !strings.Contains(v, t.col+" OPERATOR(pg_catalog.<") {
@@ -346,7 +361,7 @@ func (c *checker) checkSet(what string, tl []*pg.Node, t *checkTable, selfContai
 // rows that must record an invalid token (the first of a VALUES list).
 func (c *checker) checkStamp(what string, v *pg.Node, t *checkTable, record bool) {
 	s := expr(v)
-	if !c.stampsToken(s) {
+	if !c.stampsToken(s, t) {
 		c.fail("%s: fence value %s does not use the token", what, s)
 	}
 	if !t.lenient() && record && !raisesToken(s) {

@@ -31,7 +31,8 @@ func FuzzRewrite(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		sets = append(sets, set{name, cfg, r})
+		// And the error raisers' form of the same rules.
+		sets = append(sets, set{name, cfg, r}, set{name + " (raisers)", cfg, r.ServerFunctions()})
 	}
 	f.Fuzz(func(t *testing.T, sql string) {
 		for _, s := range sets {

@@ -287,6 +287,7 @@ func TestGolden(t *testing.T) {
 // form raises.
 func TestServerFunctionsEquivalent(t *testing.T) {
 	sets := compileSets(t)
+	fixtures := readRuleSets(t)
 	files, err := filepath.Glob(filepath.Join("testdata", "rewrite", "*.txt"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden files: %v", err)
@@ -307,6 +308,11 @@ func TestServerFunctionsEquivalent(t *testing.T) {
 						t.Errorf("%s, %s: %q: the raisers' form changed a statement that raises nothing:\n%s\n%s", path, name, c.name, a.SQL, b.SQL)
 					case strings.Contains(b.SQL, "'fenceproxy:stale:") || strings.Contains(b.SQL, "'fenceproxy:token:"):
 						t.Errorf("%s, %s: %q: the raisers' form still casts a marker:\n%s", path, name, c.name, b.SQL)
+					}
+					if b.Action == rules.Rewrite {
+						if err := checkFenced(b.SQL, fixtures[name].Config, b.AuditRefusal != nil); err != nil {
+							t.Errorf("%s, %s: %q: the raisers' form is not fenced: %v\n%s", path, name, c.name, err, b.SQL)
+						}
 					}
 				}
 			}

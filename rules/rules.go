@@ -106,11 +106,12 @@ type Rules struct {
 const raisersCacheSet = 1 << 31
 
 // ServerFunctions returns the set that decides like r, but whose rewrites
-// raise the stale-token and invalid-token errors by calling the error
-// raisers fenceproxy setup installs in the database (fenceproxy.stale,
-// fenceproxy.stale_b, fenceproxy.no_token, fenceproxy.no_token_b) instead
-// of casting a marker text, which costs PostgreSQL's parse analysis far
-// less. Both forms raise the same errors (TranslateError reads both). Use
+// call the functions fenceproxy setup installs in the database (objects
+// version 3): the error raisers fenceproxy.stale[_b] and no_token[_b]
+// instead of casting a marker text, and the checks fenceproxy.tok[_b] and
+// advance instead of the token read, its validation and the CASE, which
+// costs PostgreSQL's parse analysis far less. Both forms raise the same
+// errors (TranslateError reads both). Use
 // it only for a database whose check found the raisers current, and call
 // it on the set ForSession returns (ForSession on the result returns sets
 // without raisers). The result is made once per set and kept.

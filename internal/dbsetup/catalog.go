@@ -202,7 +202,9 @@ func fingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
 }
 
 // readRaisers reports whether the error raisers are objects.sql's, with
-// the argument and result types the rewriter calls them with, PUBLIC may
+// the argument and result types the rewriter calls them with, declared as
+// objects.sql declares them (STABLE PL/pgSQL, not STRICT, not SECURITY
+// DEFINER, no settings), PUBLIC may
 // call them (USAGE on the schema, EXECUTE on each), and only the schema's
 // owner can change them (it owns them, and no one else may CREATE in the
 // schema).
@@ -218,7 +220,15 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 			-- that wins the call) or replace these.
 			AND p.proowner = n.nspowner
 			AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
-				WHERE a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner)
+				WHERE a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner),
+			-- Declared as objects.sql declares them: an IMMUTABLE tok_b
+			-- with constant arguments would be folded away when the
+			-- statement is planned (a prepared statement would keep the
+			-- token it was planned with), a STRICT one would return NULL
+			-- for a NULL fence instead of raising.
+			p.provolatile = 's' AND NOT p.proisstrict AND NOT p.prosecdef AND p.proconfig IS NULL
+				AND p.prosupport = 0 AND p.prokind = 'f' AND NOT p.proretset
+				AND p.prolang = (SELECT l.oid FROM pg_catalog.pg_language l WHERE l.lanname = 'plpgsql')
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		WHERE n.nspname = 'fenceproxy' AND p.proname = ANY($1)`, slices.Collect(maps.Keys(raiserSignatures)))
 	if err != nil {
@@ -228,12 +238,12 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 	ok := true
 	for rows.Next() {
 		var name, src, sig string
-		var exec, usable bool
-		if err := rows.Scan(&name, &src, &sig, &exec, &usable); err != nil {
+		var exec, usable, declared bool
+		if err := rows.Scan(&name, &src, &sig, &exec, &usable, &declared); err != nil {
 			return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 		}
-		if found[name] || src != raiserBodies[name] || sig != raiserSignatures[name] || !exec || !usable {
-			ok = false // an overload, another body, not callable by all, or changeable by others
+		if found[name] || src != raiserBodies[name] || sig != raiserSignatures[name] || !exec || !usable || !declared {
+			ok = false // an overload, another body or declaration, not callable by all, or changeable by others
 		}
 		found[name] = true
 	}

@@ -142,8 +142,8 @@ type Report struct {
 	// however they arrive. Setup leaves it empty.
 	Guarded []string
 	// Raisers reports that Check found the error raisers of this version
-	// (fenceproxy.stale, stale_b, no_token, no_token_b) current and
-	// callable by every role (PUBLIC has USAGE on schema fenceproxy and
+	// (fenceproxy.stale, stale_b, no_token, no_token_b, tok, tok_b,
+	// advance: raiserSignatures) current and callable by every role (PUBLIC has USAGE on schema fenceproxy and
 	// EXECUTE on them): the proxy's rewrites may call them. Setup leaves
 	// it false.
 	Raisers bool

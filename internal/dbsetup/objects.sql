@@ -265,6 +265,13 @@ $no_token_b$;
 --   raises FP001 as stale does when it is newer (or NULL), and FP002 as
 --   no_token does when the token is not valid: the new fence value of an
 --   updated row in on_stale: error mode.
+--
+-- tok and tok_b are called with constant arguments, where STABLE is what
+-- keeps PostgreSQL from computing them once, when the statement is planned
+-- (as it does IMMUTABLE functions of constants): a prepared statement would
+-- keep the token it was planned with. The check requires every raiser to
+-- be declared exactly as here (STABLE, not STRICT, no SECURITY DEFINER, no
+-- settings).
 CREATE OR REPLACE FUNCTION fenceproxy.tok(token_setting text, sized_names text)
 RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $tok$

@@ -111,6 +111,10 @@ func TestRaisers(t *testing.T) {
 		{"version 2", "UPDATE fenceproxy.meta SET value = '2' WHERE key = 'version'"},
 		{"advance replaced", "CREATE OR REPLACE FUNCTION fenceproxy.advance(token_setting text, fence bigint, strict boolean, sized_table text, sized_names text) RETURNS bigint LANGUAGE sql STABLE AS 'SELECT 1::bigint'"},
 		{"tok_b dropped", "DROP FUNCTION fenceproxy.tok_b(text, text)"},
+		{"tok_b immutable", "ALTER FUNCTION fenceproxy.tok_b(text, text) IMMUTABLE"},
+		{"advance strict", "ALTER FUNCTION fenceproxy.advance(text, bigint, boolean, text, text) STRICT"},
+		{"tok security definer", "ALTER FUNCTION fenceproxy.tok(text, text) SECURITY DEFINER"},
+		{"stale with a setting", "ALTER FUNCTION fenceproxy.stale(text, bigint, text) SET search_path = public"},
 	} {
 		execSQL(t, conn, tc.breakSQL)
 		if raisers() {

@@ -83,16 +83,30 @@ func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) b
 	return false
 }
 
-// raiserMissing reports whether a 42883 message names one of the error
-// raisers (objects.sql): fenceproxy.stale[_b], no_token[_b], tok[_b],
-// advance.
+// raiserMissing reports whether a 42883 message ("function
+// fenceproxy.tok_b(unknown, unknown) does not exist", in the server's
+// language) names one of the error raisers of objects.sql.
 func raiserMissing(msg string) bool {
-	for _, name := range []string{"fenceproxy.stale", "fenceproxy.no_token", "fenceproxy.tok", "fenceproxy.advance"} {
-		if strings.Contains(msg, name) {
-			return true
+	for _, name := range []string{"stale", "stale_b", "no_token", "no_token_b", "tok", "tok_b", "advance"} {
+		call := "fenceproxy." + name + "("
+		for rest, at := msg, 0; ; {
+			i := strings.Index(rest, call)
+			if i < 0 {
+				break
+			}
+			// Not the end of a longer name (myfenceproxy.tok).
+			if at+i == 0 || !isIdentByte(msg[at+i-1]) {
+				return true
+			}
+			at += i + len(call)
+			rest = msg[at:]
 		}
 	}
 	return false
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || c == '$' || c >= 0x80 || ('0' <= c && c <= '9') || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
 }
 
 // missingObjectsError handles the errors of statements that call objects

@@ -36,3 +36,27 @@ func TestLockLabelsBounded(t *testing.T) {
 		t.Errorf("a known name = %q", got)
 	}
 }
+
+// TestRaiserMissing: only the raisers' own names count as missing raisers
+// (a client's call of another fenceproxy function must not start a
+// recheck or be reported as removed raisers).
+func TestRaiserMissing(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"function fenceproxy.tok_b(unknown, unknown) does not exist":                             true,
+		"function fenceproxy.tok(unknown, unknown) does not exist":                               true,
+		"function fenceproxy.advance(unknown, bigint, boolean, unknown, unknown) does not exist": true,
+		"function fenceproxy.stale(unknown, bigint, unknown) does not exist":                     true,
+		"function fenceproxy.no_token_b(unknown, unknown) does not exist":                        true,
+		"function fenceproxy.token(unknown) does not exist":                                      false,
+		"function fenceproxy.tokens(unknown, unknown) does not exist":                            false,
+		"function public.tok(unknown, unknown) does not exist":                                   false,
+		"Funktion fenceproxy.tok_b(unknown, unknown) existiert nicht":                            true,
+		"fenceproxy.advance(unknown) does not exist":                                             true,
+		"function myfenceproxy.tok_b(unknown) and myfenceproxy.stale( do not exist":              false,
+		"function myfenceproxy.tok_b(unknown) does not exist":                                    false,
+	} {
+		if got := raiserMissing(msg); got != want {
+			t.Errorf("raiserMissing(%q) = %v, want %v", msg, got, want)
+		}
+	}
+}
