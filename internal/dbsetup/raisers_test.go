@@ -193,6 +193,21 @@ func testCheckingRaisers(t *testing.T, conn *pgx.Conn, raise func(string) *pgcon
 			t.Errorf("%s: %s %q", call, pe.Code, pe.Message)
 		}
 	}
+	// A NULL fence is stale, strict or not; an invalid token is FP002
+	// whatever the fence, as the inline form's order has it.
+	for _, strict := range []bool{false, true} {
+		call := fmt.Sprintf("SELECT fenceproxy.advance('fence.token', NULL, %v, '13:public.config', '13:public.config:11:fence.token:')", strict)
+		if pe := raise(call); pe.Code != "FP001" || pe.Message != "fenceproxy:stale:007::13:public.config" {
+			t.Errorf("%s: %s %q", call, pe.Code, pe.Message)
+		}
+	}
+	execSQL(t, conn, "SET fence.token = 'x'")
+	for _, fence := range []string{"NULL", "100", "1"} {
+		call := "SELECT fenceproxy.advance('fence.token', " + fence + ", false, '13:public.config', '13:public.config:11:fence.token:')"
+		if pe := raise(call); pe.Code != "FP002" {
+			t.Errorf("invalid token, %s: %s %q", call, pe.Code, pe.Message)
+		}
+	}
 }
 
 // TestRaisersPattern: the raisers that validate the token do it with the
