@@ -171,7 +171,7 @@ func (f *fencer) raiseToken(typ string) *pg.Node {
 		return raiserCall("no_token", typ, aStr(f.setting), aStr(f.sizedNames()))
 	}
 	return cast(op("||",
-		aStr(markerPrefix+markerToken+":"+sized(f.t.display)+":"+sized(f.setting)+":"),
+		aStr(markerPrefix+markerToken+":"+f.sizedNames()),
 		fn("quote_nullable", f.settingExpr()),
 	), typ)
 }
