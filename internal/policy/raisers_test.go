@@ -126,3 +126,83 @@ func TestRaisersUsed(t *testing.T) {
 		t.Errorf("stale write with the inline form: %+v", o)
 	}
 }
+
+// TestRaisersPreparedTokens: prepared statements read the token when they
+// execute, not when they were planned — with a generic plan too, where a
+// function of constants that PostgreSQL folded at planning time would keep
+// the token of the first execution (the guard and the stamp are calls with
+// constant arguments) — in both forms; and a prepared write that matches
+// no row still fails without a token.
+func TestRaisersPreparedTokens(t *testing.T) {
+	t.Parallel()
+	for _, form := range []struct {
+		name  string
+		start func(*testing.T) *env
+	}{{"inline", startEnv}, {"raisers", startRaisersEnv}} {
+		t.Run(form.name, func(t *testing.T) {
+			e := form.start(t)
+			db := e.newDB(t)
+			c, d := e.connect(t, db), direct(t, db)
+			ctx := ctxT(t)
+			if _, err := c.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+				t.Fatal(err)
+			}
+			for name, sql := range map[string]string{
+				"upd":    "UPDATE acct SET n = n + 1 WHERE id = $1",
+				"ins":    "INSERT INTO acct (id, payload) VALUES ($1, 'x')",
+				"norow":  "UPDATE acct SET n = n + 1 WHERE id = 999999",
+				"strict": "UPDATE acct_strict SET n = n + 1 WHERE id = 2",
+			} {
+				if _, err := c.Prepare(ctx, name, sql); err != nil {
+					t.Fatalf("prepare %s: %v", name, err)
+				}
+			}
+			fence := func(table string, id int64) int64 {
+				t.Helper()
+				var f int64
+				if err := d.QueryRow(ctx, "SELECT last_fence FROM "+table+" WHERE id = $1", id).Scan(&f); err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+			fails := func(code, name string, args ...any) {
+				t.Helper()
+				_, err := c.Exec(ctx, name, args...)
+				var pe *pgconn.PgError
+				if !errors.As(err, &pe) || pe.Code != code {
+					t.Errorf("%s %v: %v, want %s", name, args, err, code)
+				}
+			}
+			for i, tok := range []int64{60, 70} {
+				setTokenN(t, c, tok)
+				for _, run := range []struct {
+					name string
+					args []any
+				}{{"upd", []any{int64(2)}}, {"ins", []any{int64(500 + i)}}, {"norow", nil}, {"strict", nil}} {
+					if _, err := c.Exec(ctx, run.name, run.args...); err != nil {
+						t.Fatalf("token %d, %s: %v", tok, run.name, err)
+					}
+				}
+				if f, g, h := fence(tError, 2), fence(tError, int64(500+i)), fence(tStrict, 2); f != tok || g != tok || h != tok {
+					t.Errorf("token %d: fences %d (updated), %d (inserted), %d (strict); want the token", tok, f, g, h)
+				}
+			}
+			// Stale, equal under strict, and no token at all.
+			setTokenN(t, c, 65)
+			fails("FP001", "upd", int64(2))
+			setTokenN(t, c, 70)
+			fails("FP001", "strict")
+			resetToken(t, c)
+			fails("FP002", "norow")
+			fails("FP002", "upd", int64(2))
+			fails("FP002", "ins", int64(600))
+			if f := fence(tError, 2); f != 70 {
+				t.Errorf("row 2 after the refused writes: fence %d, want 70", f)
+			}
+			var n int
+			if err := d.QueryRow(ctx, "SELECT count(*) FROM acct WHERE id = 600").Scan(&n); err != nil || n != 0 {
+				t.Errorf("the refused insert: %d rows, %v", n, err)
+			}
+		})
+	}
+}
