@@ -226,14 +226,21 @@ func normalize(body []string) (string, error) {
 	return strings.Join(head, "\n") + "\n" + out, nil
 }
 
-func TestGolden(t *testing.T) {
-	sets := compileSets(t)
-	cfgs := loadRuleSets(t)
+// goldenFiles returns the golden files, sorted.
+func goldenFiles(t *testing.T) []string {
+	t.Helper()
 	files, err := filepath.Glob(filepath.Join("testdata", "rewrite", "*.txt"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden files: %v", err)
 	}
 	sort.Strings(files)
+	return files
+}
+
+func TestGolden(t *testing.T) {
+	sets := compileSets(t)
+	cfgs := loadRuleSets(t)
+	files := goldenFiles(t)
 	for _, path := range files {
 		g := parseGolden(t, path)
 		changed := false
@@ -287,11 +294,8 @@ func TestGolden(t *testing.T) {
 // form raises.
 func TestServerFunctionsEquivalent(t *testing.T) {
 	sets := compileSets(t)
-	fixtures := readRuleSets(t)
-	files, err := filepath.Glob(filepath.Join("testdata", "rewrite", "*.txt"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no golden files: %v", err)
-	}
+	cfgs := loadRuleSets(t)
+	files := goldenFiles(t)
 	n := 0
 	for _, path := range files {
 		for _, c := range parseGolden(t, path).cases {
@@ -310,7 +314,7 @@ func TestServerFunctionsEquivalent(t *testing.T) {
 						t.Errorf("%s, %s: %q: the raisers' form still casts a marker:\n%s", path, name, c.name, b.SQL)
 					}
 					if b.Action == rules.Rewrite {
-						if err := checkFenced(b.SQL, fixtures[name].Config, b.AuditRefusal != nil); err != nil {
+						if err := checkFenced(b.SQL, cfgs[name], b.AuditRefusal != nil); err != nil {
 							t.Errorf("%s, %s: %q: the raisers' form is not fenced: %v\n%s", path, name, c.name, err, b.SQL)
 						}
 					}
