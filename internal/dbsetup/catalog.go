@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -230,7 +228,7 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 				AND p.prosupport = 0 AND p.prokind = 'f' AND NOT p.proretset
 				AND p.prolang = (SELECT l.oid FROM pg_catalog.pg_language l WHERE l.lanname = 'plpgsql')
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		WHERE n.nspname = 'fenceproxy' AND p.proname = ANY($1)`, slices.Collect(maps.Keys(raiserSignatures)))
+		WHERE n.nspname = 'fenceproxy' AND p.proname = ANY($1)`, RaiserNames())
 	if err != nil {
 		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 	}
@@ -242,7 +240,7 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 		if err := rows.Scan(&name, &src, &sig, &exec, &usable, &declared); err != nil {
 			return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 		}
-		if found[name] || src != raiserBodies[name] || sig != raiserSignatures[name] || !exec || !usable || !declared {
+		if r, known := raiserFuncs[name]; found[name] || !known || src != r.body || sig != r.signature || !exec || !usable || !declared {
 			ok = false // an overload, another body or declaration, not callable by all, or changeable by others
 		}
 		found[name] = true
@@ -250,5 +248,5 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err := rows.Err(); err != nil {
 		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 	}
-	return ok && len(found) == len(raiserSignatures), nil
+	return ok && len(found) == len(raiserFuncs), nil
 }

@@ -2,6 +2,7 @@ package dbsetup
 
 import (
 	_ "embed"
+	"maps"
 	"slices"
 	"strings"
 
@@ -21,7 +22,7 @@ var objectsSQL string
 const Version = 3
 
 // lockVersion is the oldest version whose objects lock fencing works
-// with: versions 2 and 3 added the error raisers (raiserBodies) and left
+// with: versions 2 and 3 added the error raisers (raiserFuncs) and left
 // the register procedure as it was.
 const lockVersion = 1
 
@@ -31,31 +32,37 @@ const lockVersion = 1
 // same version, is reported.
 var registerBody = dollarBody("body")
 
-// raiserBodies are the sources of the error raisers the rewritten
-// statements call (see objects.sql), by function name. Check compares them
-// before the proxy uses them.
-var raiserBodies = map[string]string{
-	"stale":      dollarBody("stale"),
-	"stale_b":    dollarBody("stale_b"),
-	"no_token":   dollarBody("no_token"),
-	"no_token_b": dollarBody("no_token_b"),
-	"tok":        dollarBody("tok"),
-	"tok_b":      dollarBody("tok_b"),
-	"advance":    dollarBody("advance"),
+// raiser is an error raiser the rewritten statements call (objects.sql,
+// where each function's body is quoted with its name as the dollar tag).
+// Check compares both before the proxy uses them.
+type raiser struct {
+	// body is its source, as pg_proc.prosrc keeps it.
+	body string
+	// signature is its arguments and result, as
+	// pg_get_function_identity_arguments and the result type print them:
+	// the calls the rewriter writes resolve to these, and to no overload.
+	signature string
 }
 
-// raiserSignatures are the raisers' arguments and result, as
-// pg_get_function_identity_arguments and the result type print them: the
-// calls the rewriter writes resolve to these, and to no overload.
-var raiserSignatures = map[string]string{
-	"stale":      "token_setting text, fence bigint, sized_table text -> bigint",
-	"stale_b":    "token_setting text, fence bigint, sized_table text -> boolean",
-	"no_token":   "token_setting text, sized_names text -> bigint",
-	"no_token_b": "token_setting text, sized_names text -> boolean",
-	"tok":        "token_setting text, sized_names text -> bigint",
-	"tok_b":      "token_setting text, sized_names text -> boolean",
-	"advance":    "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint",
-}
+var raiserFuncs = func() map[string]raiser {
+	out := map[string]raiser{}
+	for name, sig := range map[string]string{
+		"stale":      "token_setting text, fence bigint, sized_table text -> bigint",
+		"stale_b":    "token_setting text, fence bigint, sized_table text -> boolean",
+		"no_token":   "token_setting text, sized_names text -> bigint",
+		"no_token_b": "token_setting text, sized_names text -> boolean",
+		"tok":        "token_setting text, sized_names text -> bigint",
+		"tok_b":      "token_setting text, sized_names text -> boolean",
+		"advance":    "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint",
+	} {
+		out[name] = raiser{body: dollarBody(name), signature: sig}
+	}
+	return out
+}()
+
+// RaiserNames returns the names of the error raisers in schema
+// fenceproxy, sorted.
+func RaiserNames() []string { return slices.Sorted(maps.Keys(raiserFuncs)) }
 
 // dollarBody returns the text between the first "AS $tag$" of objects.sql
 // and the "$tag$;" after it.
@@ -142,10 +149,9 @@ type Report struct {
 	// however they arrive. Setup leaves it empty.
 	Guarded []string
 	// Raisers reports that Check found the error raisers of this version
-	// (fenceproxy.stale, stale_b, no_token, no_token_b, tok, tok_b,
-	// advance: raiserSignatures) current and callable by every role (PUBLIC has USAGE on schema fenceproxy and
-	// EXECUTE on them): the proxy's rewrites may call them. Setup leaves
-	// it false.
+	// (RaiserNames) current and callable by every role (PUBLIC has USAGE
+	// on schema fenceproxy and EXECUTE on them): the proxy's rewrites may
+	// call them. Setup leaves it false.
 	Raisers bool
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -255,5 +257,22 @@ func TestLockWithVersion1Objects(t *testing.T) {
 	}
 	if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || len(rep.Notes) != 0 {
 		t.Errorf("check after the upgrade: %+v, %v", rep, err)
+	}
+}
+
+// TestRaiserNames: the raisers the check knows are exactly the functions
+// objects.sql creates.
+func TestRaiserNames(t *testing.T) {
+	objects, err := os.ReadFile("objects.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created []string
+	for _, m := range regexp.MustCompile(`CREATE OR REPLACE FUNCTION fenceproxy\.(\w+)\(`).FindAllStringSubmatch(string(objects), -1) {
+		created = append(created, m[1])
+	}
+	slices.Sort(created)
+	if got := dbsetup.RaiserNames(); !slices.Equal(got, created) {
+		t.Errorf("RaiserNames() = %v, objects.sql creates %v", got, created)
 	}
 }

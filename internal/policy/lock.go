@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -85,9 +86,9 @@ func (p *Policy) lockError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) b
 
 // raiserMissing reports whether a 42883 message ("function
 // fenceproxy.tok_b(unknown, unknown) does not exist", in the server's
-// language) names one of the error raisers of objects.sql.
+// language) names one of the error raisers of fenceproxy setup.
 func raiserMissing(msg string) bool {
-	for _, name := range []string{"stale", "stale_b", "no_token", "no_token_b", "tok", "tok_b", "advance"} {
+	for _, name := range dbsetup.RaiserNames() {
 		call := "fenceproxy." + name + "("
 		for rest, at := msg, 0; ; {
 			i := strings.Index(rest, call)
