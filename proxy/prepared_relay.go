@@ -23,6 +23,9 @@ func (s *session) preparedResponse(typ byte, status byte) bool {
 	if mismatch {
 		s.ps.loseTrack()
 	}
+	if mismatch {
+		s.wakeIdleLocked()
+	}
 	s.mu.Unlock()
 	if mismatch {
 		s.idleCond.Broadcast()
@@ -611,6 +614,7 @@ func (s *session) losePreparedTrack() {
 		go s.terminate(fatal("XX000", "fenceproxy: lost track of the responses to prepared statements it re-prepared; reconnect"), "prepared-statement bookkeeping lost")
 	}
 	s.idleCond.Broadcast()
+	s.wakeIdleLocked()
 }
 
 // trackPrepared does the prepared-statement bookkeeping of a Query or

@@ -178,6 +178,7 @@ func (s *session) copyInStarted() {
 	// inFlight may have dropped, and the server now waits for the
 	// client: wake lexingFor.
 	s.idleCond.Broadcast()
+	s.wakeIdleLocked()
 }
 
 // copyInEnded records an ErrorResponse: a server in copy-in mode leaves it
@@ -356,6 +357,10 @@ var lexWaitTimeout = 5 * time.Second
 // session is not finishing, for at most lexWaitTimeout. The upstream-to-
 // client goroutine broadcasts idleCond when responses arrive.
 func (s *session) waitLocked(pending func() bool) {
+	if s.loop != nil {
+		s.waitOnLoop(pending)
+		return
+	}
 	timedOut := false
 	t := time.AfterFunc(lexWaitTimeout, func() {
 		s.mu.Lock()
@@ -366,5 +371,27 @@ func (s *session) waitLocked(pending func() bool) {
 	defer t.Stop()
 	for pending() && !s.state.finishing && !timedOut {
 		s.idleCond.Wait()
+	}
+}
+
+// waitOnLoop is waitLocked for a session on a loop: the task parks (s.mu
+// released) and the other direction's task wakes it (wakeIdleLocked).
+func (s *session) waitOnLoop(pending func() bool) {
+	l := s.loop
+	me := l.current()
+	timedOut := false // the loop thread's
+	t := time.AfterFunc(lexWaitTimeout, func() {
+		l.post(func() {
+			timedOut = true
+			l.makeReady(me)
+		})
+	})
+	defer t.Stop()
+	for pending() && !s.state.finishing && !timedOut {
+		s.idleWaiter = me
+		s.mu.Unlock()
+		l.park()
+		s.mu.Lock()
+		s.idleWaiter = nil
 	}
 }

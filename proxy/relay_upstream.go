@@ -41,7 +41,7 @@ func (s *session) copyUpstreamToClient() error {
 			return upstreamErr(err)
 		}
 		if !locked {
-			s.cwMu.Lock()
+			s.lockCW()
 			locked = true
 		}
 		if s.ps != nil && (typ == 'E' || isCompletion(typ)) && s.preparedResponse(typ, 0) {
@@ -155,6 +155,7 @@ func (s *session) readyForQuery(status byte) bool {
 		s.state.execsSinceIdle = 0
 	}
 	s.idleCond.Broadcast()
+	s.wakeIdleLocked()
 	if s.state.draining && s.state.idle() && !s.state.finishing {
 		s.state.finishing = true
 		return true

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,10 @@ type Options struct {
 	RequireClientTLS bool
 	// MaxConnections bounds concurrent sessions. Default 1000.
 	MaxConnections int
+	// RelayLoops is the number of event loops (one OS thread each) that
+	// relay the authenticated sessions. Default: half the CPUs Go may use,
+	// at least one.
+	RelayLoops int
 	// MaxMessageBytes bounds the body of any client message after
 	// authentication (before it, PostgreSQL's own limits). Default 64 MiB.
 	MaxMessageBytes int
@@ -53,6 +58,8 @@ type Options struct {
 	// Logger receives the proxy's logs. Default: no logging.
 	Logger *zap.Logger
 }
+
+func defaultRelayLoops() int { return max(1, runtime.GOMAXPROCS(0)/2) }
 
 // Server accepts client connections and runs a session for each.
 type Server struct {
@@ -69,7 +76,51 @@ type Server struct {
 	wg        sync.WaitGroup // sessions
 	serving   sync.WaitGroup // Serve loops
 	refusing  sync.WaitGroup // refused connections; Add only from Serve loops
+
+	// loops relay the authenticated sessions (see loop.go); started on
+	// first use, stopped by Shutdown. loopErr: they could not start.
+	loopMu   sync.Mutex
+	loops    []*loop
+	loopErr  error
+	nextLoop atomic.Uint64
 }
+
+// pickLoop returns the event loop for a new session, or nil if the loops
+// cannot run here.
+func (s *Server) pickLoop() *loop {
+	s.loopMu.Lock()
+	defer s.loopMu.Unlock()
+	if s.loops == nil && s.loopErr == nil {
+		n := s.opts.RelayLoops
+		for range n {
+			l, err := newLoop()
+			if err != nil {
+				s.loopErr = err
+				s.log.Error("event loop failed to start; sessions are relayed by goroutines", zap.Error(err))
+				break
+			}
+			s.loops = append(s.loops, l)
+		}
+	}
+	if len(s.loops) == 0 {
+		return nil
+	}
+	return s.loops[s.nextLoop.Add(1)%uint64(len(s.loops))]
+}
+
+// stopLoops stops the event loops once no session uses them.
+func (s *Server) stopLoops() {
+	s.loopMu.Lock()
+	loops := s.loops
+	s.loops = nil
+	s.loopErr = errServerClosed
+	s.loopMu.Unlock()
+	for _, l := range loops {
+		l.stop()
+	}
+}
+
+var errServerClosed = errors.New("proxy: server closed")
 
 // ErrServerClosed is returned by Serve after Shutdown.
 var ErrServerClosed = errors.New("proxy: server closed")
@@ -91,6 +142,9 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.MaxConnections <= 0 {
 		opts.MaxConnections = 1000
+	}
+	if opts.RelayLoops <= 0 {
+		opts.RelayLoops = defaultRelayLoops()
 	}
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = 64 << 20
@@ -334,6 +388,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 
+	s.stopLoops()
 	var errs []error
 	s.mu.Lock()
 	for l := range s.listeners {

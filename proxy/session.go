@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -57,9 +59,9 @@ type session struct {
 	refusals map[uint64]*pgproto3.ErrorResponse
 	nextRef  uint64
 
-	closeOnce sync.Once
-	cause     error // guarded by mu
-	closed    bool  // guarded by mu
+	closing bool  // close has begun; guarded by mu
+	cause   error // guarded by mu
+	closed  bool  // guarded by mu
 
 	// idleCond is signalled (with mu) at each ReadyForQuery and at close;
 	// relaySQL waits on it for the server to catch up (see lexing).
@@ -72,6 +74,11 @@ type session struct {
 	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
 	// by mu.
 	lex Lexing
+	// loop is the event loop relaying the session (nil before, or when the
+	// connections cannot be on one); set with state.relaying.
+	loop *loop
+	// idleWaiter is the task parked in waitLocked; guarded by mu.
+	idleWaiter *task
 	// ps tracks prepared statements and portals across rules reloads, when
 	// the policy's rules can change (PreparedPolicy); guarded by mu.
 	ps *preparedState
@@ -139,22 +146,161 @@ func (s *session) run() {
 	// buffers are held only while a batch is written (relayWriter).
 	s.cw = newRelayWriter(s.client)
 	s.uw = newRelayWriter(s.upstream)
+	l, ok := s.toLoop()
+	if !ok {
+		s.close(errSessionDone)
+		s.logEnd()
+		return
+	}
 	s.mu.Lock()
-	s.state.relaying = true
 	draining := s.state.draining
 	s.mu.Unlock()
 	if draining {
 		s.drain()
 	}
 
+	if l == nil {
+		// A connection without a socket of its own (net.Pipe in tests, a
+		// listener of the embedder's): the same relay, each direction in a
+		// goroutine.
+		done := make(chan struct{})
+		go func() {
+			s.close(s.copyUpstreamToClient())
+			close(done)
+		}()
+		s.close(s.copyClientToUpstream())
+		<-done
+		s.logEnd()
+		return
+	}
 	done := make(chan struct{})
-	go func() {
-		s.close(s.copyUpstreamToClient())
-		close(done)
-	}()
-	s.close(s.copyClientToUpstream())
+	l.post(func() {
+		left := 2
+		end := func() {
+			if left--; left == 0 {
+				close(done)
+			}
+		}
+		l.spawn(func() { s.close(s.copyUpstreamToClient()) }, end)
+		l.spawn(func() { s.close(s.copyClientToUpstream()) }, end)
+	})
 	<-done
 	s.logEnd()
+}
+
+// toLoop moves the session's sockets to one of the server's loops and
+// marks the session as relaying. It returns the loop, or nil when the
+// connections cannot go on one (they have no socket, or the loop failed to
+// start), and false if the session was closed meanwhile.
+func (s *session) toLoop() (*loop, bool) {
+	l := s.srv.pickLoop()
+	var cl, ul *loopConn
+	rawClient, setClient := s.rawClient()
+	rawUp, setUp := s.rawUpstream()
+	if l != nil && rawClient != nil && rawUp != nil {
+		var err error
+		if cl, err = detach(l, rawClient); err == nil {
+			if ul, err = detach(l, rawUp); err != nil {
+				_ = unix.Close(cl.fd)
+				cl = nil
+			}
+		}
+		if err != nil {
+			s.logger().Warn("session relayed without the event loop", zap.Error(err))
+		}
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		if cl != nil {
+			_ = unix.Close(cl.fd)
+			_ = unix.Close(ul.fd)
+		}
+		return nil, false
+	}
+	if cl == nil {
+		s.state.relaying = true
+		s.mu.Unlock()
+		return nil, true
+	}
+	// The originals leave Go's netpoller; the sockets live on in the
+	// duplicated descriptors.
+	_ = rawClient.Close()
+	_ = rawUp.Close()
+	setClient(cl)
+	setUp(ul)
+	s.loop = l
+	s.state.relaying = true
+	s.mu.Unlock()
+	registered := make(chan error, 1)
+	l.post(func() {
+		err := l.register(cl)
+		if err == nil {
+			if err = l.register(ul); err != nil {
+				cl.release()
+			}
+		}
+		registered <- err
+	})
+	if err := <-registered; err != nil {
+		// The sockets are closed by now; the relay fails on them at once.
+		s.logger().Warn("event loop registration failed", zap.Error(err))
+	}
+	return l, true
+}
+
+// rawClient returns the socket under the client connection and how to put
+// a loopConn in its place.
+func (s *session) rawClient() (net.Conn, func(net.Conn)) {
+	if tc, ok := s.client.(*tls.Conn); ok {
+		if pc, ok := tc.NetConn().(*prefixConn); ok && len(pc.prefix) == 0 {
+			return pc.Conn, func(c net.Conn) { pc.Conn = c }
+		}
+		return nil, nil
+	}
+	return s.client, func(c net.Conn) {
+		s.client = c
+		s.cr.src = c
+		s.cw = newRelayWriter(c)
+	}
+}
+
+// rawUpstream does for the upstream connection what rawClient does for the
+// client's.
+func (s *session) rawUpstream() (net.Conn, func(net.Conn)) {
+	up := s.upstream
+	if tc, ok := up.(*tls.Conn); ok {
+		if ac, ok := tc.NetConn().(*answerConn); ok {
+			return ac.Conn, func(c net.Conn) { ac.Conn = c }
+		}
+		return nil, nil
+	}
+	if ac, ok := up.(*answerConn); ok {
+		return ac.Conn, func(c net.Conn) {
+			s.upstream = c
+			s.ur.src = c
+			s.uw = newRelayWriter(c)
+		}
+	}
+	return up, func(c net.Conn) {
+		s.upstream = c
+		s.ur.src = c
+		s.uw = newRelayWriter(c)
+	}
+}
+
+// elsewhere has f run as a task on the session's loop and reports true when
+// the caller is not on that loop and the session is on one: then the
+// caller must not go on (its connections are the loop's).
+func (s *session) elsewhere(f func()) bool {
+	s.mu.Lock()
+	l := s.loop
+	s.mu.Unlock()
+	if l == nil || l.onLoop() {
+		return false
+	}
+	l.goTask(f)
+	return true
 }
 
 // upstreamStartupFailed tells the client, with 08006, that the upstream
@@ -186,25 +332,36 @@ func (s *session) upstreamStartupFailed(err error) {
 // closed socket only when it next does I/O, so it would otherwise run to
 // its end, holding its locks.
 func (s *session) close(cause error) {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
+	if s.elsewhere(func() { s.close(cause) }) {
+		return
+	}
+	// Not a sync.Once: a second caller on a loop must not block its thread
+	// while the first one, parked, is still closing.
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return
+	}
+	s.closing = true
+	func() {
 		s.cause = cause
 		s.closed = true
 		busy := s.state.relaying && !s.state.finishing && (s.state.inFlight > 0 || s.state.unsynced)
 		s.state.finishing = true
-		up := s.upstream
+		up, client := s.upstream, s.client
+		s.wakeIdleLocked()
 		s.mu.Unlock()
 		s.idleCond.Broadcast()
 		if busy && sideOf(cause) == "client" {
-			_ = s.client.Close() // stop relaying to it while cancelling
+			_ = client.Close() // stop relaying to it while cancelling
 			s.logger().Info("client went away during a statement; cancelling it")
 			s.cancelUpstream()
 		}
-		_ = s.client.Close()
+		_ = client.Close()
 		if up != nil {
 			_ = up.Close()
 		}
-	})
+	}()
 }
 
 // sideError marks an error with the side of the session that caused it
@@ -285,6 +442,9 @@ func (s *session) drain() {
 // terminate sends a final error to the client (if the relay is running),
 // tells the upstream goodbye and closes the session.
 func (s *session) terminate(e *pgproto3.ErrorResponse, why string) {
+	if s.elsewhere(func() { s.terminate(e, why) }) {
+		return
+	}
 	s.mu.Lock()
 	relaying := s.state.relaying
 	busy := s.state.inFlight > 0 || s.state.unsynced
@@ -317,12 +477,44 @@ func (s *session) terminate(e *pgproto3.ErrorResponse, why string) {
 func (s *session) lockClientWriter(d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for !s.cwMu.TryLock() {
-		if time.Now().After(deadline) {
+		s.mu.Lock()
+		closing := s.closing
+		s.mu.Unlock()
+		if closing || time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		s.pause(5 * time.Millisecond)
 	}
 	return true
+}
+
+// lockCW locks cwMu. On a loop the holder may be a parked task: wait by
+// parking too, never by blocking the loop's thread.
+func (s *session) lockCW() {
+	if s.loop == nil {
+		s.cwMu.Lock()
+		return
+	}
+	for !s.cwMu.TryLock() {
+		s.pause(time.Millisecond)
+	}
+}
+
+// pause sleeps for d, parking the task when the session is on a loop.
+func (s *session) pause(d time.Duration) {
+	if s.loop != nil && s.loop.onLoop() {
+		s.loop.sleep(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+// wakeIdleLocked wakes a task waiting for the session's bookkeeping to
+// change (waitLocked); s.mu is held. The goroutine relay waits on idleCond.
+func (s *session) wakeIdleLocked() {
+	if s.idleWaiter != nil {
+		s.loop.wake(s.idleWaiter)
+	}
 }
 
 // cancelUpstream asks the upstream to cancel the session's running
@@ -333,7 +525,13 @@ func (s *session) cancelUpstream() {
 	}
 	pkt := binary.BigEndian.AppendUint32(nil, uint32(8+len(s.backendKey)))
 	pkt = binary.BigEndian.AppendUint32(pkt, codeCancelRequest)
-	s.forwardCancel(append(pkt, s.backendKey...))
+	pkt = append(pkt, s.backendKey...)
+	if s.loop != nil && s.loop.onLoop() {
+		// A connection and a round trip of its own: off the loop's thread.
+		s.loop.await(func() { s.forwardCancel(pkt) })
+		return
+	}
+	s.forwardCancel(pkt)
 }
 
 // decided counts a decision for the session's snapshot and reports it to

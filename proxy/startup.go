@@ -213,10 +213,9 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 }
 
 func (s *session) startTLS(prefix []byte) error {
-	var raw net.Conn = s.client
-	if len(prefix) > 0 {
-		raw = &prefixConn{Conn: s.client, prefix: append([]byte(nil), prefix...)}
-	}
+	// Always through a prefixConn: once authenticated, the session moves
+	// the socket under it to an event loop (session.toLoop).
+	raw := &prefixConn{Conn: s.client, prefix: append([]byte(nil), prefix...)}
 	tc := tls.Server(raw, s.srv.opts.ClientTLS)
 	if err := tc.Handshake(); err != nil {
 		return clientErr(fmt.Errorf("TLS handshake: %w", err))
