@@ -1,0 +1,16 @@
+package proxy
+
+// LoopedSessions counts the server's sessions relayed by an event loop.
+func LoopedSessions(s *Server) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for sess := range s.sessions {
+		sess.mu.Lock()
+		if sess.loop != nil {
+			n++
+		}
+		sess.mu.Unlock()
+	}
+	return n
+}
