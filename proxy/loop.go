@@ -139,7 +139,7 @@ func (l *loop) spawn(body func(), end func()) {
 	l.makeReady(t)
 }
 
-// go_ has f run as a task, from any goroutine.
+// goTask has f run as a task, from any goroutine.
 func (l *loop) goTask(f func()) {
 	if l.onLoop() {
 		l.spawn(f, nil)
