@@ -276,11 +276,7 @@ func (s *session) rawUpstream() (net.Conn, func(net.Conn)) {
 		return nil, nil
 	}
 	if ac, ok := up.(*answerConn); ok {
-		return ac.Conn, func(c net.Conn) {
-			s.upstream = c
-			s.ur.src = c
-			s.uw = newRelayWriter(c)
-		}
+		up = ac.Conn // its first-answer bound has passed: drop the wrapper
 	}
 	return up, func(c net.Conn) {
 		s.upstream = c
