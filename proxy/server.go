@@ -113,14 +113,12 @@ func (s *Server) stopLoops() {
 	s.loopMu.Lock()
 	loops := s.loops
 	s.loops = nil
-	s.loopErr = errServerClosed
+	s.loopErr = ErrServerClosed
 	s.loopMu.Unlock()
 	for _, l := range loops {
 		l.stop()
 	}
 }
-
-var errServerClosed = errors.New("proxy: server closed")
 
 // ErrServerClosed is returned by Serve after Shutdown.
 var ErrServerClosed = errors.New("proxy: server closed")
