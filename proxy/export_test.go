@@ -14,3 +14,8 @@ func LoopedSessions(s *Server) int {
 	}
 	return n
 }
+
+func init() {
+	// Every wait on a loop checks that it runs on the loop's thread.
+	checkLoopThread = true
+}

@@ -166,10 +166,16 @@ func (l *loop) wake(t *task) {
 	l.post(func() { l.makeReady(t) })
 }
 
+// checkLoopThread has current also check the calling thread (a system
+// call per wait). The tests turn it on; in production l.cur alone is
+// checked, and a goroutine off the loop reading it is a data race that the
+// race detector reports.
+var checkLoopThread = false
+
 // current returns the running task. It panics outside of one: a wait on
 // the loop's thread that is not in a task would stall the loop for good.
 func (l *loop) current() *task {
-	if l.cur == nil || !l.onLoop() {
+	if l.cur == nil || (checkLoopThread && !l.onLoop()) {
 		panic("proxy: a relay coroutine wait outside of a loop task")
 	}
 	return l.cur
@@ -177,10 +183,10 @@ func (l *loop) current() *task {
 
 // park suspends the running task until something makes it ready. Callers
 // check their condition again when it returns: wake-ups may be spurious.
-func (l *loop) park() {
-	t := l.current()
-	t.yield(struct{}{})
-}
+func (l *loop) park() { l.current().park() }
+
+// park suspends t, the running task (from current).
+func (t *task) park() { t.yield(struct{}{}) }
 
 // sleep parks the running task for d.
 func (l *loop) sleep(d time.Duration) {
@@ -194,7 +200,7 @@ func (l *loop) sleep(d time.Duration) {
 	})
 	defer tm.Stop()
 	for !done {
-		l.park()
+		t.park()
 	}
 }
 
@@ -211,7 +217,7 @@ func (l *loop) await(f func()) {
 		})
 	}()
 	for !done {
-		l.park()
+		t.park()
 	}
 }
 

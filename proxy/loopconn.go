@@ -139,7 +139,7 @@ func (c *loopConn) Write(p []byte) (int, error) {
 func (c *loopConn) waitFor(slot **task) {
 	t := c.l.current()
 	*slot = t
-	c.l.park()
+	t.park()
 	if *slot == t {
 		*slot = nil
 	}

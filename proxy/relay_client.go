@@ -390,7 +390,7 @@ func (s *session) waitOnLoop(pending func() bool) {
 	for pending() && !s.state.finishing && !timedOut {
 		s.idleWaiter = me
 		s.mu.Unlock()
-		l.park()
+		me.park()
 		s.mu.Lock()
 		s.idleWaiter = nil
 	}
