@@ -1,7 +1,15 @@
 package proxy_test
 
 import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
@@ -23,5 +31,108 @@ func TestSessionsOnEventLoops(t *testing.T) {
 	}
 	if n := proxy.LoopedSessions(p.Server); n != 3 {
 		t.Fatalf("%d of 3 sessions on an event loop", n)
+	}
+}
+
+// slowPolicy blocks its decision on statements that mention
+// "slow_decision" until release is closed, and panics on "panic_decision";
+// as a QuickPolicy (quick set) it answers the other statements quickly.
+type slowPolicy struct {
+	quick   bool
+	entered chan struct{}
+	release chan struct{}
+	quicks  atomic.Int64
+}
+
+func (p *slowPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) proxy.Decision {
+	switch {
+	case strings.Contains(sql, "slow_decision"):
+		p.entered <- struct{}{}
+		<-p.release
+	case strings.Contains(sql, "panic_decision"):
+		panic("policy bug")
+	}
+	return proxy.Decision{}
+}
+
+func (p *slowPolicy) TranslateError(*proxy.SessionInfo, *pgproto3.ErrorResponse) bool {
+	return false
+}
+
+// quickPolicy is a slowPolicy that is also a QuickPolicy.
+type quickPolicy struct{ *slowPolicy }
+
+func (p quickPolicy) DecideQuick(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) (proxy.Decision, bool) {
+	if strings.Contains(sql, "slow_decision") || strings.Contains(sql, "panic_decision") {
+		return proxy.Decision{}, false
+	}
+	if strings.Contains(sql, "panic_quick") {
+		panic("policy bug")
+	}
+	p.quicks.Add(1)
+	return proxy.Decision{}, true
+}
+
+// TestSlowDecisionOffLoop checks that a decision that takes long (a
+// first-seen statement's parse, a wait for the database's check) holds up
+// its own session only: the other sessions of its event loop go on.
+// Policy panics refuse the statement on either path.
+func TestSlowDecisionOffLoop(t *testing.T) {
+	t.Parallel()
+	for _, quick := range []bool{false, true} {
+		t.Run(fmt.Sprintf("quick=%v", quick), func(t *testing.T) {
+			t.Parallel()
+			sp := &slowPolicy{entered: make(chan struct{}), release: make(chan struct{})}
+			var pol proxy.Policy = sp
+			if quick {
+				pol = quickPolicy{sp}
+			}
+			p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: pol})
+			var releaseOnce sync.Once
+			release := func() { releaseOnce.Do(func() { close(sp.release) }) }
+			t.Cleanup(release) // before the proxy's shutdown, on failure
+			a := connect(t, superDSN(p))
+			b := connect(t, superDSN(p))
+			selectOne(t, a)
+			selectOne(t, b)
+			if n := proxy.LoopedSessions(p.Server); n != 2 {
+				t.Fatalf("%d of 2 sessions on the event loop", n)
+			}
+
+			done := make(chan error, 1)
+			var got string
+			go func() { done <- a.QueryRow(context.Background(), "SELECT 'slow_decision'").Scan(&got) }()
+			select {
+			case <-sp.entered:
+			case <-time.After(15 * time.Second):
+				t.Fatal("the slow decision never started")
+			}
+			// a's decision is under way: b, on the same loop, is served.
+			for range 20 {
+				selectOne(t, b)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("a's statement ended before its decision was released: %v", err)
+			default:
+			}
+			release()
+			if err := <-done; err != nil || got != "slow_decision" {
+				t.Fatalf("a's statement = %q, %v", got, err)
+			}
+			selectOne(t, a)
+
+			_, err := b.Exec(ctxT(t), "SELECT 'panic_decision'")
+			wantSQLState(t, err, "XX000")
+			selectOne(t, b)
+			if quick {
+				_, err = b.Exec(ctxT(t), "SELECT 'panic_quick'")
+				wantSQLState(t, err, "XX000")
+				selectOne(t, b)
+				if sp.quicks.Load() == 0 {
+					t.Fatal("no decision was made on the loop")
+				}
+			}
+		})
 	}
 }

@@ -109,6 +109,16 @@ type Policy interface {
 	TranslateError(info *SessionInfo, e *pgproto3.ErrorResponse) bool
 }
 
+// QuickPolicy is an optional Policy extension for sessions relayed on an
+// event loop, where one session's wait holds up every session of its loop.
+// DecideQuick returns Decide's answer when it costs little (no parse, no
+// wait for the network or the database), and false otherwise; then the
+// relay runs Decide in a goroutine of its own while the session waits. A
+// policy without it has every decision made off the loop.
+type QuickPolicy interface {
+	DecideQuick(info *SessionInfo, lex Lexing, sql string) (Decision, bool)
+}
+
 // MayTouchPolicy is an optional Policy extension: MayTouch reports, cheaply
 // and conservatively, whether Decide could do anything but forward sql
 // unchanged whatever the Lexing. The relay then does not wait for the

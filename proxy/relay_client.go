@@ -282,17 +282,53 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 
 // decide asks the policy, failing closed if it panics: a bug in the
 // rewriter or the parser must refuse one statement, not crash the proxy.
-func (s *session) decide(lex Lexing, sql string) (d Decision) {
+//
+// On an event loop, a decision that may take long (a first-seen statement's
+// parse, the first wait for a database's check) is made off the loop's
+// thread while the session's task waits, so that the loop's other sessions
+// go on.
+func (s *session) decide(lex Lexing, sql string) Decision {
+	if s.loop == nil || !s.loop.onLoop() {
+		return s.policyDecide(lex, sql)
+	}
+	if q, ok := s.srv.opts.Policy.(QuickPolicy); ok {
+		if d, ok := s.quickDecide(q, lex, sql); ok {
+			return d
+		}
+	}
+	var d Decision
+	s.loop.await(func() { d = s.policyDecide(lex, sql) })
+	return d
+}
+
+// quickDecide asks q, refusing the statement if q panics.
+func (s *session) quickDecide(q QuickPolicy, lex Lexing, sql string) (d Decision, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.logger().Error("policy panicked; statement refused", zap.Any("panic", r), zap.Stack("stack"))
-			d = Decision{Action: Refuse, Refusal: &pgproto3.ErrorResponse{
-				Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000",
-				Message: "fenceproxy: internal error while inspecting the statement; it was not executed",
-			}}
+			d, ok = s.policyPanicked(r), true
+		}
+	}()
+	return q.DecideQuick(&s.info, lex, sql)
+}
+
+// policyDecide asks the policy, refusing the statement if it panics.
+func (s *session) policyDecide(lex Lexing, sql string) (d Decision) {
+	defer func() {
+		if r := recover(); r != nil {
+			d = s.policyPanicked(r)
 		}
 	}()
 	return s.srv.opts.Policy.Decide(&s.info, lex, sql)
+}
+
+// policyPanicked logs a panic of the policy and returns the refusal of the
+// statement it was deciding.
+func (s *session) policyPanicked(r any) Decision {
+	s.logger().Error("policy panicked; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+	return Decision{Action: Refuse, Refusal: &pgproto3.ErrorResponse{
+		Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000",
+		Message: "fenceproxy: internal error while inspecting the statement; it was not executed",
+	}}
 }
 
 // lexingFor returns how the server will tokenize sql. Only backslashes

@@ -65,19 +65,29 @@ func NewIndirectSet(paths []Indirect) *IndirectSet {
 // the set's relations, nil otherwise. A statement that names none of them
 // is not parsed. One that does and cannot be parsed is refused.
 func (s *IndirectSet) Check(sql string) *Error {
-	if s == nil {
-		return nil
-	}
-	found := slices.ContainsFunc(s.needles, func(n string) bool { return containsFoldASCII(sql, n) })
-	if !found && !(&Rules{}).unicodeEscape(sql) {
-		return nil
-	}
-	if d, ok := s.verdicts.get(0, sql); ok {
-		return d.Err
+	if e, ok := s.CheckCached(sql); ok {
+		return e
 	}
 	e := s.check(sql)
 	s.verdicts.put(0, strings.Clone(sql), Decision{Err: e})
 	return e
+}
+
+// CheckCached is Check when its answer costs no parse: sql names none of
+// the set's relations, or its verdict is cached. It reports false
+// otherwise.
+func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
+	if s == nil {
+		return nil, true
+	}
+	found := slices.ContainsFunc(s.needles, func(n string) bool { return containsFoldASCII(sql, n) })
+	if !found && !(&Rules{}).unicodeEscape(sql) {
+		return nil, true
+	}
+	if d, ok := s.verdicts.get(0, sql); ok {
+		return d.Err, true
+	}
+	return nil, false
 }
 
 // check is Check without the cache.

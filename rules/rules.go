@@ -462,6 +462,21 @@ func (r *Rules) Decide(sql string) Decision {
 	return d
 }
 
+// DecideCached is Decide when its answer costs no parse: the statement
+// cannot touch a protected table, or its decision is cached. It reports
+// false otherwise, leaving the work to Decide.
+func (r *Rules) DecideCached(sql string) (Decision, bool) {
+	if !r.MayTouch(sql) {
+		return Decision{Action: Forward}, true
+	}
+	if r.cache != nil {
+		if d, ok := r.cache.get(r.cacheSet, sql); ok {
+			return d, true
+		}
+	}
+	return Decision{}, false
+}
+
 func sortedUnique(s []string) []string {
 	if len(s) < 2 {
 		return s

@@ -109,6 +109,23 @@ func (a *Listener) Ensure(database string) error {
 	}
 }
 
+// Ready reports whether Ensure would return nil at once: database's
+// listener is connected. It never waits.
+func (a *Listener) Ready(database string) bool {
+	a.mu.Lock()
+	l, ok := a.listeners[database]
+	a.mu.Unlock()
+	if !ok {
+		return false
+	}
+	select {
+	case <-l.ready:
+		return l.up.Load()
+	default:
+		return false
+	}
+}
+
 // Close stops every listener.
 func (a *Listener) Close() {
 	a.cancel()

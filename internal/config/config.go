@@ -153,6 +153,9 @@ type ClientTLS struct {
 	Require bool `yaml:"require"`
 }
 
+// maxRelayLoops bounds limits.relay_loops: a loop is an OS thread.
+const maxRelayLoops = 256
+
 // Limits bounds client resource use.
 type Limits struct {
 	// MaxConnections is the maximum number of concurrent client sessions;
@@ -166,6 +169,10 @@ type Limits struct {
 	// StartupTimeout bounds the time from accept to the end of
 	// authentication. Default 30s.
 	StartupTimeout time.Duration `yaml:"startup_timeout"`
+	// RelayLoops is the number of event loops, one OS thread each, that
+	// relay the authenticated sessions. 0 (the default): half the CPUs the
+	// process may use, at least one.
+	RelayLoops int `yaml:"relay_loops"`
 }
 
 // Shutdown controls graceful shutdown.
@@ -385,6 +392,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		bad("limits.max_message_bytes", "must be between 1024 and 1073741824, got %d", c.Limits.MaxMessageBytes)
+	}
+	if c.Limits.RelayLoops < 0 || c.Limits.RelayLoops > maxRelayLoops {
+		bad("limits.relay_loops", "must be between 0 (half the CPUs) and %d, got %d", maxRelayLoops, c.Limits.RelayLoops)
 	}
 	if c.Limits.StartupTimeout <= 0 {
 		bad("limits.startup_timeout", "must be positive, got %v", c.Limits.StartupTimeout)

@@ -54,15 +54,35 @@ const maxCheckedDBs = 4096
 // waits (at most wait) for the first check, so that what it finds applies
 // from the start.
 func (p *Policy) dbState(database string) *dbChecks {
+	if st, ok := p.dbStateNow(database); ok {
+		return st
+	}
+	return p.refreshDBState(database)
+}
+
+// dbStateNow returns database's check results when they are known and
+// fresh, and false when dbState would have to look (and maybe wait).
+func (p *Policy) dbStateNow(database string) (*dbChecks, bool) {
+	if p.checks == nil {
+		return nil, true
+	}
+	if v, ok := p.checkCache.byDB.Load(database); ok {
+		if st := v.(*dbChecks); time.Since(st.at) < dbRefresh {
+			return st, true
+		}
+	}
+	return nil, false
+}
+
+// refreshDBState is dbState once the fresh results are not at hand.
+func (p *Policy) refreshDBState(database string) *dbChecks {
 	if p.checks == nil {
 		return nil
 	}
 	c := &p.checkCache
 	var st *dbChecks
 	if v, ok := c.byDB.Load(database); ok {
-		if st = v.(*dbChecks); time.Since(st.at) < dbRefresh {
-			return st
-		}
+		st = v.(*dbChecks)
 	}
 	c.mu.Lock()
 	first := !c.waited[database]
@@ -121,9 +141,11 @@ func indirectRules(paths []dbsetup.IndirectPath) []rules.Indirect {
 // checkRefusal returns the refusal of a statement that writes tables whose
 // check failed in this database, or that writes through a relation that
 // reaches a protected table. nil when the database is not checked.
-func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision) *rules.Error {
+//
+// Quick, it reports false instead of parsing sql.
+func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, quick bool) (*rules.Error, bool) {
 	if st == nil || !st.known {
-		return nil
+		return nil, true
 	}
 	if d.Action == rules.Rewrite {
 		for _, t := range d.Tables {
@@ -138,11 +160,14 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 					Detail:  strings.Join(fixes, "\n"),
 					Hint:    "Fix: " + probs[0].FixFor(p.configFile),
 					Table:   t,
-				}
+				}, true
 			}
 		}
 	}
-	return st.indirect.Check(sql)
+	if quick {
+		return st.indirect.CheckCached(sql)
+	}
+	return st.indirect.Check(sql), true
 }
 
 // checkedRaisers reports whether the last check of database found the

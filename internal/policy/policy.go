@@ -73,6 +73,8 @@ func (s *ruleSet) tableLabel(t string) string {
 // a listener in a database before a statement that reports there runs.
 type Auditor interface {
 	Ensure(database string) error
+	// Ready reports, without waiting, whether Ensure would return nil.
+	Ready(database string) bool
 }
 
 // Options configure a Policy.
@@ -97,6 +99,7 @@ var (
 	_ proxy.MayTouchPolicy = (*Policy)(nil)
 	_ proxy.PreparedPolicy = (*Policy)(nil)
 	_ proxy.LockPolicy     = (*Policy)(nil)
+	_ proxy.QuickPolicy    = (*Policy)(nil)
 )
 
 // New returns a Policy enforcing rs (nil: forward everything). notifies
@@ -160,29 +163,64 @@ func (p *Policy) Rules() *rules.Rules { return p.current.Load().rules }
 
 // Decide implements proxy.Policy.
 func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) proxy.Decision {
+	d, _ := p.decide(info, lex, sql, false)
+	return d
+}
+
+// DecideQuick implements proxy.QuickPolicy: Decide when the answer needs
+// no parse and no wait for the database or the audit listener.
+func (p *Policy) DecideQuick(info *proxy.SessionInfo, lex proxy.Lexing, sql string) (proxy.Decision, bool) {
+	return p.decide(info, lex, sql, true)
+}
+
+// decide is Decide; quick, it reports false instead of parsing or waiting.
+func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, quick bool) (proxy.Decision, bool) {
 	set := p.current.Load()
 	rs := set.rules
 	if rs == nil {
-		return proxy.Decision{}
+		return proxy.Decision{}, true
 	}
 	// Rules may be scoped to databases, users and application names (as
 	// sent in the startup packet).
 	rs = rs.ForSession(info.Database, info.User, info.ApplicationName)
 	if e := lexingRefusal(set, rs, lex, sql); e != nil {
-		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}
+		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}, true
 	}
 	// The database's check results: its problems and indirect paths refuse
 	// statements below, and where it has the error raisers the rewrites
 	// call them.
-	st := p.dbState(info.Database)
+	var st *dbChecks
+	if quick {
+		var ok bool
+		if st, ok = p.dbStateNow(info.Database); !ok {
+			return proxy.Decision{}, false
+		}
+	} else {
+		st = p.dbState(info.Database)
+	}
 	if st != nil && st.raisers {
 		rs = rs.ServerFunctions()
 	}
-	d := rs.Decide(sql)
-	if d.Action != rules.Refuse && st != nil {
-		if e := p.checkRefusal(st, info, sql, &d); e != nil {
-			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}
+	var d rules.Decision
+	if quick {
+		var ok bool
+		if d, ok = rs.DecideCached(sql); !ok {
+			return proxy.Decision{}, false
 		}
+	} else {
+		d = rs.Decide(sql)
+	}
+	if d.Action != rules.Refuse && st != nil {
+		e, ok := p.checkRefusal(st, info, sql, &d, quick)
+		if !ok {
+			return proxy.Decision{}, false
+		}
+		if e != nil {
+			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}, true
+		}
+	}
+	if quick && (d.Action == rules.Rewrite || d.Lock != nil) && !p.auditorReady(set, info) {
+		return proxy.Decision{}, false
 	}
 	if d.AuditRefusal != nil {
 		// Every table involved is in audit mode: the statement enforce would
@@ -192,15 +230,20 @@ func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) p
 	switch d.Action {
 	case rules.Rewrite:
 		p.ensureAuditor(set, info)
-		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock)}
+		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
 	case rules.Refuse:
-		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}
+		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}, true
 	default:
 		if d.Lock != nil {
 			p.ensureAuditor(set, info) // the registration may report
 		}
-		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}
+		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
 	}
+}
+
+// auditorReady reports whether ensureAuditor would return at once.
+func (p *Policy) auditorReady(set *ruleSet, info *proxy.SessionInfo) bool {
+	return !set.notifies || p.auditor == nil || p.auditor.Ready(info.Database)
 }
 
 // ensureAuditor puts the audit listener in place, if statements of this

@@ -370,6 +370,7 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 		MaxConnections:   cfg.Limits.MaxConnections,
 		MaxMessageBytes:  cfg.Limits.MaxMessageBytes,
 		StartupTimeout:   cfg.Limits.StartupTimeout,
+		RelayLoops:       cfg.Limits.RelayLoops,
 		RequireClientTLS: cfg.TLS.Require,
 	}
 	if cfg.TLS.CertFile != "" {
