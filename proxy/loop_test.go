@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/proxy"
@@ -134,5 +136,59 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTLSSessionsOnEventLoops checks that TLS sessions, negotiated with an
+// SSLRequest or directly, are relayed by the event loops too (crypto/tls
+// over the loop's connection), and work there, large results included.
+func TestTLSSessionsOnEventLoops(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig(), RelayLoops: 1})
+	var conns []*pgx.Conn
+	for _, params := range [][]string{
+		{"sslmode", "require"},
+		{"sslmode", "require", "sslnegotiation", "direct"},
+	} {
+		conn, err := pgx.Connect(ctxT(t), withQuery(p.URL("postgres", "", "postgres"), params...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		if _, ok := conn.PgConn().Conn().(*tls.Conn); !ok {
+			t.Fatalf("%v: not TLS", params)
+		}
+		conns = append(conns, conn)
+	}
+	for range 20 {
+		for _, c := range conns {
+			selectOne(t, c)
+		}
+	}
+	if n := proxy.LoopedSessions(p.Server); n != 2 {
+		t.Fatalf("%d of 2 TLS sessions on an event loop", n)
+	}
+	// A large result crosses the loop in many TLS records.
+	var sum int64
+	if err := conns[0].QueryRow(ctxT(t), "SELECT sum(length(repeat('x', g))) FROM generate_series(1, 3000) g").Scan(&sum); err != nil {
+		t.Fatal(err)
+	}
+	var rows int
+	if err := conns[1].QueryRow(ctxT(t), "SELECT count(*) FROM (SELECT repeat('y', 1000) FROM generate_series(1, 5000)) s").Scan(&rows); err != nil || rows != 5000 {
+		t.Fatalf("count = %d, %v", rows, err)
+	}
+	r, err := conns[1].Query(ctxT(t), "SELECT repeat('z', 500) FROM generate_series(1, 4000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for r.Next() {
+		n++
+	}
+	if r.Err() != nil || n != 4000 {
+		t.Fatalf("streamed %d rows, %v", n, r.Err())
+	}
+	if sum != 3000*3001/2 {
+		t.Fatalf("sum = %d", sum)
 	}
 }
