@@ -40,17 +40,38 @@ func TestSessionsOnEventLoops(t *testing.T) {
 // "slow_decision" until release is closed, and panics on "panic_decision";
 // as a QuickPolicy (quick set) it answers the other statements quickly.
 type slowPolicy struct {
-	quick   bool
 	entered chan struct{}
-	release chan struct{}
 	quicks  atomic.Int64
+
+	mu      sync.Mutex
+	release chan struct{} // closed to let the blocked decisions return
+}
+
+// gate returns the channel a slow decision waits on.
+func (p *slowPolicy) gate() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.release
+}
+
+// block makes the next slow decisions wait again, and returns the
+// function that lets them go (idempotent, also run when the test ends).
+func (p *slowPolicy) block(t *testing.T) func() {
+	ch := make(chan struct{})
+	p.mu.Lock()
+	p.release = ch
+	p.mu.Unlock()
+	var once sync.Once
+	release := func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release) // before the proxy's shutdown, on failure
+	return release
 }
 
 func (p *slowPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) proxy.Decision {
 	switch {
 	case strings.Contains(sql, "slow_decision"):
 		p.entered <- struct{}{}
-		<-p.release
+		<-p.gate()
 	case strings.Contains(sql, "panic_decision"):
 		panic("policy bug")
 	}
@@ -84,15 +105,13 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 	for _, quick := range []bool{false, true} {
 		t.Run(fmt.Sprintf("quick=%v", quick), func(t *testing.T) {
 			t.Parallel()
-			sp := &slowPolicy{entered: make(chan struct{}), release: make(chan struct{})}
+			sp := &slowPolicy{entered: make(chan struct{})}
 			var pol proxy.Policy = sp
 			if quick {
 				pol = quickPolicy{sp}
 			}
 			p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: pol})
-			var releaseOnce sync.Once
-			release := func() { releaseOnce.Do(func() { close(sp.release) }) }
-			t.Cleanup(release) // before the proxy's shutdown, on failure
+			release := sp.block(t)
 			a := connect(t, superDSN(p))
 			b := connect(t, superDSN(p))
 			selectOne(t, a)
@@ -123,6 +142,35 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 				t.Fatalf("a's statement = %q, %v", got, err)
 			}
 			selectOne(t, a)
+
+			// A client that leaves while its decision is under way: its
+			// session ends once the decision returns, and the loop's other
+			// session is not disturbed.
+			c := connect(t, superDSN(p))
+			selectOne(t, c)
+			release2 := sp.block(t)
+			cdone := make(chan error, 1)
+			go func() { _, err := c.Exec(context.Background(), "SELECT 'slow_decision'"); cdone <- err }()
+			select {
+			case <-sp.entered:
+			case <-time.After(15 * time.Second):
+				t.Fatal("the second slow decision never started")
+			}
+			_ = c.PgConn().Conn().Close() // the client's socket, under pgx
+			if err := <-cdone; err == nil {
+				t.Fatal("the statement of a closed connection succeeded")
+			}
+			selectOne(t, b)
+			release2()
+			deadline := time.Now().Add(15 * time.Second)
+			for p.Server.ActiveSessions() != 2 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d sessions active; want 2 once the left client's decision returned", p.Server.ActiveSessions())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			selectOne(t, a)
+			selectOne(t, b)
 
 			_, err := b.Exec(ctxT(t), "SELECT 'panic_decision'")
 			wantSQLState(t, err, "XX000")
