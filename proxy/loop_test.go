@@ -82,6 +82,21 @@ func (p *slowPolicy) TranslateError(*proxy.SessionInfo, *pgproto3.ErrorResponse)
 	return false
 }
 
+// preparedSlowPolicy is a slowPolicy that tracks prepared statements, and
+// whose PreparedOps (a parse, in the real policy) blocks like its slow
+// decisions on texts that mention "slow_ops".
+type preparedSlowPolicy struct{ *slowPolicy }
+
+func (preparedSlowPolicy) Generation() uint64 { return 1 }
+
+func (p preparedSlowPolicy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
+	if strings.Contains(sql, "slow_ops") {
+		p.entered <- struct{}{}
+		<-p.gate()
+	}
+	return nil, nil
+}
+
 // quickPolicy is a slowPolicy that is also a QuickPolicy.
 type quickPolicy struct{ *slowPolicy }
 
@@ -239,4 +254,33 @@ func TestTLSSessionsOnEventLoops(t *testing.T) {
 	if sum != 3000*3001/2 {
 		t.Fatalf("sum = %d", sum)
 	}
+}
+
+// TestPreparedOpsOffLoop checks that listing a text's SQL-level prepared
+// statements, a parse in the real policy, holds up its own session only.
+func TestPreparedOpsOffLoop(t *testing.T) {
+	t.Parallel()
+	sp := &slowPolicy{entered: make(chan struct{})}
+	p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: preparedSlowPolicy{sp}})
+	release := sp.block(t)
+	a := connect(t, superDSN(p))
+	b := connect(t, superDSN(p))
+	done := make(chan error, 1)
+	var got string
+	go func() {
+		done <- a.QueryRow(context.Background(), "SELECT 'slow_ops, not a prepare'", pgx.QueryExecModeSimpleProtocol).Scan(&got)
+	}()
+	select {
+	case <-sp.entered:
+	case <-time.After(15 * time.Second):
+		t.Fatal("PreparedOps was never asked")
+	}
+	for range 20 {
+		selectOne(t, b)
+	}
+	release()
+	if err := <-done; err != nil || got != "slow_ops, not a prepare" {
+		t.Fatalf("a's statement = %q, %v", got, err)
+	}
+	selectOne(t, a)
 }

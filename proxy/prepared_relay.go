@@ -626,13 +626,13 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	if d.Action != Refuse {
 		if anyOp, exec := mentionsPrepared(sql); anyOp {
 			var err error
-			ops, err = s.ps.pol.PreparedOps(sql)
+			ops, err = s.preparedOps(sql)
 			switch {
 			case err != nil && exec:
 				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
 			case err != nil:
 				ops = nil
-			case d.Action == Rewrite && len(ops) > 0 && !sameOps(s.ps.pol, ops, d.SQL):
+			case d.Action == Rewrite && len(ops) > 0 && !s.sameOps(ops, d.SQL):
 				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot track the prepared statements of this text once rewritten", "Send PREPARE, EXECUTE and DEALLOCATE as statements of their own.")}
 			}
 		}
@@ -700,10 +700,21 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	return nil
 }
 
+// preparedOps asks the policy for the prepared-statement operations of
+// sql. It parses: on an event loop, that runs off the loop's thread (as
+// slow decisions do, see decide).
+func (s *session) preparedOps(sql string) (ops []PreparedOp, err error) {
+	if s.loop == nil || !s.loop.onLoop() {
+		return s.ps.pol.PreparedOps(sql)
+	}
+	s.loop.await(func() { ops, err = s.ps.pol.PreparedOps(sql) })
+	return ops, err
+}
+
 // sameOps reports whether the rewritten text out has the same
 // prepared-statement operations at the same statement indexes as ops.
-func sameOps(pol PreparedPolicy, ops []PreparedOp, out string) bool {
-	got, err := pol.PreparedOps(out)
+func (s *session) sameOps(ops []PreparedOp, out string) bool {
+	got, err := s.preparedOps(out)
 	if err != nil || len(got) != len(ops) {
 		return false
 	}
