@@ -172,6 +172,17 @@ func (l *loop) wake(t *task) {
 // race detector reports.
 var checkLoopThread = false
 
+// inTask reports whether the caller is a task of l, for code that runs
+// either in a task or in the goroutine relay: cheaper than onLoop (no
+// system call), and exact for such code, which never runs on another
+// goroutine while the loop runs one of its tasks.
+func (l *loop) inTask() bool {
+	if checkLoopThread {
+		return l.onLoop() && l.cur != nil
+	}
+	return l.cur != nil
+}
+
 // current returns the running task. It panics outside of one: a wait on
 // the loop's thread that is not in a task would stall the loop for good.
 func (l *loop) current() *task {

@@ -704,7 +704,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 // sql. It parses: on an event loop, that runs off the loop's thread (as
 // slow decisions do, see decide).
 func (s *session) preparedOps(sql string) (ops []PreparedOp, err error) {
-	if s.loop == nil || !s.loop.onLoop() {
+	if s.loop == nil || !s.loop.inTask() {
 		return s.ps.pol.PreparedOps(sql)
 	}
 	s.loop.await(func() { ops, err = s.ps.pol.PreparedOps(sql) })

@@ -288,7 +288,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 // thread while the session's task waits, so that the loop's other sessions
 // go on.
 func (s *session) decide(lex Lexing, sql string) Decision {
-	if s.loop == nil || !s.loop.onLoop() {
+	if s.loop == nil || !s.loop.inTask() {
 		return s.policyDecide(lex, sql)
 	}
 	if q, ok := s.srv.opts.Policy.(QuickPolicy); ok {
