@@ -152,6 +152,8 @@ func run() error {
 		fmt.Println()
 		fmt.Println("## select-only (pgbench -S), TPS and ratio to direct TPS; relay CPU per transaction (the relay process's utime+stime / transactions)")
 		fmt.Println()
+		fmt.Println("(target: fenceproxy's ratio ≥ pgbouncer's in every row, and its CPU per transaction no higher)")
+		fmt.Println()
 		fmt.Printf("| %-8s | %2s | %-22s |", "mode", "-c", "direct")
 		for _, c := range cols {
 			fmt.Printf(" %-28s |", c.title)
