@@ -192,11 +192,9 @@ func (l *loop) current() *task {
 	return l.cur
 }
 
-// park suspends the running task until something makes it ready. Callers
-// check their condition again when it returns: wake-ups may be spurious.
-func (l *loop) park() { l.current().park() }
-
-// park suspends t, the running task (from current).
+// park suspends t, the running task (from current), until something makes
+// it ready. Callers check their condition again when it returns: wake-ups
+// may be spurious.
 func (t *task) park() { t.yield(struct{}{}) }
 
 // sleep parks the running task for d.
