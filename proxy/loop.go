@@ -39,6 +39,9 @@ import (
 type loop struct {
 	ep, efd int
 	tid     int // the loop's OS thread
+	// now is read once per wake-up (clock reads cost a system call on
+	// some VMs); tasks time what they do with it (session.clock).
+	now time.Time
 
 	mu      sync.Mutex
 	posted  []func()
@@ -250,6 +253,7 @@ func (l *loop) resume(t *task) {
 func (l *loop) run(started chan<- struct{}) {
 	runtime.LockOSThread()
 	l.tid = unix.Gettid()
+	l.now = time.Now()
 	close(started)
 	defer func() {
 		// Unlocked, not ended with the loop: the thread may be the one
@@ -277,6 +281,7 @@ func (l *loop) run(started chan<- struct{}) {
 			return
 		}
 		n := l.wait()
+		l.now = time.Now()
 		for i := range n {
 			ev := &l.events[i]
 			if ev.Fd == wakeID {

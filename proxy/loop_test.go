@@ -97,6 +97,21 @@ func (p preparedSlowPolicy) PreparedOps(sql string) ([]proxy.PreparedOp, error) 
 	return nil, nil
 }
 
+// tookHooks records the longest decision time reported.
+type tookHooks struct {
+	mu      sync.Mutex
+	longest time.Duration
+}
+
+func (*tookHooks) SessionOpened()         {}
+func (*tookHooks) SessionClosed()         {}
+func (*tookHooks) UpstreamConnectFailed() {}
+func (h *tookHooks) Statement(_ *proxy.SessionInfo, _ proxy.Decision, took time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.longest = max(h.longest, took)
+}
+
 // quickPolicy is a slowPolicy that is also a QuickPolicy.
 type quickPolicy struct{ *slowPolicy }
 
@@ -125,7 +140,8 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 			if quick {
 				pol = quickPolicy{sp}
 			}
-			p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: pol})
+			hooks := &tookHooks{}
+			p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: pol, Hooks: hooks})
 			release := sp.block(t)
 			a := connect(t, superDSN(p))
 			b := connect(t, superDSN(p))
@@ -152,9 +168,18 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 				t.Fatalf("a's statement ended before its decision was released: %v", err)
 			default:
 			}
+			time.Sleep(50 * time.Millisecond)
 			release()
 			if err := <-done; err != nil || got != "slow_decision" {
 				t.Fatalf("a's statement = %q, %v", got, err)
+			}
+			// The decision's time, reported to the hooks, counts the wait
+			// (the loop's clock is read when it wakes up).
+			hooks.mu.Lock()
+			longest := hooks.longest
+			hooks.mu.Unlock()
+			if longest < 50*time.Millisecond {
+				t.Errorf("longest decision reported as %v; the slow one took over 50ms", longest)
 			}
 			selectOne(t, a)
 

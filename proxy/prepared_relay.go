@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
-	"time"
 	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -62,9 +61,9 @@ func (s *session) redecide(def *stmtDef) (same bool, d Decision, err error) {
 	if err != nil {
 		return false, d, err
 	}
-	start := time.Now()
+	start := s.clock()
 	d = s.decide(lex, def.sql)
-	s.decided(&d, time.Since(start))
+	s.decided(&d, s.clock().Sub(start))
 	return decisionHash(&d, def.sql) == def.sent, d, nil
 }
 

@@ -201,3 +201,24 @@ func BenchmarkRelayExtended(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchRows+6), "ns/message")
 }
+
+// BenchmarkRelayParseEach: an unnamed Parse, Bind, Describe, Execute and
+// Sync per op, as pgbench -M extended sends: every op carries a statement
+// to decide (a cached decision) and to track as a prepared statement.
+func BenchmarkRelayParseEach(b *testing.B) {
+	c, r := benchClient(b, benchProxy(b))
+	parse := msg('P', append(append(cstr(""), cstr("SELECT v FROM items WHERE id = $1")...), 0, 1, 0, 0, 0, 23))
+	bind := msg('B', append(append(cstr(""), cstr("")...), 0, 0, 0, 1, 0, 0, 0, 1, '1', 0, 0))
+	desc := msg('D', append([]byte{'P'}, cstr("")...))
+	exec := msg('E', append(cstr(""), 0, 0, 0, 0))
+	batch := append(append(append(append(parse, bind...), desc...), exec...), msg('S', nil)...)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(batch); err != nil {
+			b.Fatal(err)
+		}
+		readUntilReady(b, r)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchRows+10), "ns/message")
+}

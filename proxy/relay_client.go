@@ -195,7 +195,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	var (
 		p     pgproto3.Parse
 		sql   string
-		start = time.Now()
+		start = s.clock()
 	)
 	if typ == 'Q' {
 		// The text is read in place, without a copy: it aliases the read
@@ -227,7 +227,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		return err
 	}
 	d := s.decide(lex, sql)
-	s.decided(&d, time.Since(start))
+	s.decided(&d, s.clock().Sub(start))
 	if s.ps != nil {
 		if err := s.trackPrepared(typ, &p, sql, gen, &d); err != nil {
 			return err

@@ -496,6 +496,16 @@ func (s *session) lockCW() {
 	}
 }
 
+// clock is time.Now, or, in a task of the session's loop, the time the
+// loop last woke up: a duration measured with it counts the waits that
+// parked the task, and reads as zero for work done within one wake-up.
+func (s *session) clock() time.Time {
+	if s.loop != nil && s.loop.inTask() {
+		return s.loop.now
+	}
+	return time.Now()
+}
+
 // pause sleeps for d, parking the task when the session is on a loop.
 func (s *session) pause(d time.Duration) {
 	if s.loop != nil && s.loop.onLoop() {

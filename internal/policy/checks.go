@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,7 +29,9 @@ const dbRefresh = time.Second
 
 // dbChecks is the state of one database's checks, as the policy uses it.
 type dbChecks struct {
-	at       time.Time
+	// expired is set dbRefresh after the results were read (a timer: no
+	// clock read per statement, which costs a system call on some VMs).
+	expired  atomic.Bool
 	known    bool
 	problems map[string][]dbsetup.Problem
 	paths    []dbsetup.IndirectPath
@@ -67,7 +70,7 @@ func (p *Policy) dbStateNow(database string) (*dbChecks, bool) {
 		return nil, true
 	}
 	if v, ok := p.checkCache.byDB.Load(database); ok {
-		if st := v.(*dbChecks); time.Since(st.at) < dbRefresh {
+		if st := v.(*dbChecks); !st.expired.Load() {
 			return st, true
 		}
 	}
@@ -106,7 +109,8 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{at: time.Now(), known: known, problems: res.Problems, paths: paths, raisers: res.Raisers}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers}
+	time.AfterFunc(dbRefresh, func() { next.expired.Store(true) })
 	if st != nil && samePaths(st.paths, paths) {
 		next.indirect = st.indirect
 	} else {
