@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 	"unsafe"
@@ -583,6 +585,49 @@ func asciiFoldHasPrefix(s, prefix string) bool {
 
 // cstring splits a NUL-terminated string off b.
 // cstringView is cstring without a copy: the string aliases b.
+// cloneOps copies ops and their strings, to be kept past the message they
+// were found in.
+func cloneOps(ops []PreparedOp) []PreparedOp {
+	if len(ops) == 0 {
+		return nil
+	}
+	out := make([]PreparedOp, len(ops))
+	for i, op := range ops {
+		op.Name, op.Text = strings.Clone(op.Name), strings.Clone(op.Text)
+		out[i] = op
+	}
+	return out
+}
+
+// decodeParse decodes a Parse message's body as pgproto3.Parse.Decode
+// does, without copying the statement text: Query aliases body and lives
+// as long as the message. Name is copied; the parameter types are
+// appended to oids.
+func decodeParse(body []byte, oids []uint32) (pgproto3.Parse, error) {
+	var p pgproto3.Parse
+	name, rest, ok := cstringView(body)
+	if !ok {
+		return p, errors.New("invalid Parse message: unterminated statement name")
+	}
+	query, rest, ok := cstringView(rest)
+	if !ok {
+		return p, errors.New("invalid Parse message: unterminated query")
+	}
+	if len(rest) < 2 {
+		return p, errors.New("invalid Parse message: no parameter count")
+	}
+	n := int(binary.BigEndian.Uint16(rest))
+	rest = rest[2:]
+	if len(rest) < 4*n {
+		return p, errors.New("invalid Parse message: short parameter types")
+	}
+	for i := range n {
+		oids = append(oids, binary.BigEndian.Uint32(rest[4*i:]))
+	}
+	p.Name, p.Query, p.ParameterOIDs = strings.Clone(name), query, oids
+	return p, nil
+}
+
 func cstringView(b []byte) (string, []byte, bool) {
 	i := bytes.IndexByte(b, 0)
 	if i < 0 {
@@ -692,7 +737,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		// A refused named Parse fails before it would replace anything.
 	default:
 		def := s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
-		def.ops = ops
+		def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 		def.lock = d.Lock
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

@@ -208,9 +208,12 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 			sql = unsafe.String(&body[0], len(body)-1)
 		}
 	} else {
-		if err := p.Decode(body); err != nil {
+		// Read in place too (decodeParse): the name, a map key, is copied.
+		var err error
+		if p, err = decodeParse(body, s.oidBuf[:0]); err != nil {
 			return s.protocolViolation(err)
 		}
+		s.oidBuf = p.ParameterOIDs[:0]
 		sql = p.Query
 	}
 	var gen uint64

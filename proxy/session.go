@@ -27,6 +27,10 @@ const (
 
 // session is one client connection and its upstream connection.
 type session struct {
+	// oidBuf is reused for the parameter types of the client's Parse
+	// messages (client-to-upstream direction only).
+	oidBuf []uint32
+
 	srv  *Server
 	log  *zap.Logger
 	info SessionInfo // written during startup only; read by others once state.relaying

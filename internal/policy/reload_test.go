@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -142,6 +143,41 @@ var preparers = []preparer{
 		}
 	}},
 	sqlPreparer("sql-execute", "EXECUTE upd_doc('%s', %d)"),
+	// The PREPARE itself sent as an unnamed Parse, Bind and Execute: the
+	// proxy reads the Parse's text in place and must keep its own copy of
+	// what the PREPARE defines until the Execute (and after).
+	{name: "sql-prepare-in-parse", sqlLevel: true, open: func(t *testing.T, r *reloadEnv) *preparedClient {
+		c := connectDSN(t, r.proxy.DSN("postgres", "", r.db))
+		prepare := func() {
+			if _, err := c.PgConn().Prepare(ctxT(t), "", "PREPARE upd_doc(text, int) AS "+updDoc, nil); err != nil {
+				t.Fatalf("Parse of a PREPARE: %v", err)
+			}
+			if _, err := c.PgConn().ExecPrepared(ctxT(t), "", nil, nil, nil).Close(); err != nil {
+				t.Fatalf("Execute of a PREPARE: %v", err)
+			}
+			// Other messages go through the read buffer before the
+			// statement runs.
+			for i := range 20 {
+				if _, err := c.Exec(ctxT(t), fmt.Sprintf("SELECT '%s', %d", strings.Repeat("x", 200), i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return &preparedClient{
+			setToken: func(tok string) { setTokenOrReset(t, c, tok) },
+			prepare:  prepare,
+			exec: func(payload string, id int) error {
+				_, err := c.Exec(ctxT(t), fmt.Sprintf("EXECUTE upd_doc('%s', %d)", payload, id))
+				return err
+			},
+			reprepare: func() {
+				if _, err := c.Exec(ctxT(t), "DEALLOCATE upd_doc"); err != nil {
+					t.Fatalf("DEALLOCATE: %v", err)
+				}
+				prepare()
+			},
+		}
+	}},
 	sqlPreparer("sql-explain-analyze-execute", "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE upd_doc('%s', %d)"),
 	{name: "lib-pq-prepare", open: func(t *testing.T, r *reloadEnv) *preparedClient {
 		c := pinnedPQ(t, r.proxy.DSN("postgres", "", r.db))
