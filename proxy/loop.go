@@ -175,13 +175,13 @@ func (l *loop) wake(t *task) {
 // race detector reports.
 var checkLoopThread = false
 
-// inTask reports whether the caller is a task of l, for code that runs
-// either in a task or in the goroutine relay: cheaper than onLoop (no
-// system call), and exact for such code, which never runs on another
-// goroutine while the loop runs one of its tasks.
+// inTask reports whether the caller is a task of l (rather than a
+// function posted to it), for relay code of a session on l, which runs on
+// l's thread only: cheaper than onLoop (no system call). Under test it
+// panics when called from another thread.
 func (l *loop) inTask() bool {
-	if checkLoopThread {
-		return l.onLoop() && l.cur != nil
+	if checkLoopThread && !l.onLoop() {
+		panic("proxy: a looped session's relay code ran off its loop")
 	}
 	return l.cur != nil
 }

@@ -90,6 +90,9 @@ type preparedSlowPolicy struct{ *slowPolicy }
 func (preparedSlowPolicy) Generation() uint64 { return 1 }
 
 func (p preparedSlowPolicy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
+	if strings.Contains(sql, "panic_ops") {
+		panic("policy bug")
+	}
 	if strings.Contains(sql, "slow_ops") {
 		p.entered <- struct{}{}
 		<-p.gate()
@@ -308,4 +311,9 @@ func TestPreparedOpsOffLoop(t *testing.T) {
 		t.Fatalf("a's statement = %q, %v", got, err)
 	}
 	selectOne(t, a)
+
+	// A panic listing them refuses the statement; the session goes on.
+	_, err := b.Exec(ctxT(t), "SELECT 'panic_ops, not a prepare'", pgx.QueryExecModeSimpleProtocol)
+	wantSQLState(t, err, "XX000")
+	selectOne(t, b)
 }

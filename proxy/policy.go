@@ -95,8 +95,10 @@ type LockPolicy interface {
 // PreparedOps, NamesLock) may alias the relay's read buffer, to spare a
 // copy per message: they are valid only during the call, and an
 // implementation that keeps one (in a cache, say) must copy it first
-// (strings.Clone). Returned values may alias the text (PreparedOp.Text
-// does): the relay copies what it keeps of them.
+// (strings.Clone). PreparedOps' results may alias the text
+// (PreparedOp.Text does): the relay copies what it keeps of them. A
+// Decision must not: the relay keeps parts of it (the lock registration,
+// the refusal) past the message.
 type Policy interface {
 	// Decide returns the decision for one SQL text (a Query's string,
 	// possibly several statements, or a Parse's statement), which the
@@ -195,6 +197,11 @@ type forwardAll struct{}
 
 func (forwardAll) Decide(*SessionInfo, Lexing, string) Decision              { return Decision{} }
 func (forwardAll) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
+
+// DecideQuick implements QuickPolicy: forwarding needs no work.
+func (forwardAll) DecideQuick(*SessionInfo, Lexing, string) (Decision, bool) {
+	return Decision{}, true
+}
 
 // SessionInfo describes a client session for logging and metrics. It is set
 // once the startup packet is read and not changed afterwards.

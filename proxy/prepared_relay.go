@@ -583,8 +583,6 @@ func asciiFoldHasPrefix(s, prefix string) bool {
 	return true
 }
 
-// cstring splits a NUL-terminated string off b.
-// cstringView is cstring without a copy: the string aliases b.
 // cloneOps copies ops and their strings, to be kept past the message they
 // were found in.
 func cloneOps(ops []PreparedOp) []PreparedOp {
@@ -628,6 +626,8 @@ func decodeParse(body []byte, oids []uint32) (pgproto3.Parse, error) {
 	return p, nil
 }
 
+// cstringView splits a NUL-terminated string off b without a copy: the
+// string aliases b.
 func cstringView(b []byte) (string, []byte, bool) {
 	i := bytes.IndexByte(b, 0)
 	if i < 0 {
@@ -639,6 +639,7 @@ func cstringView(b []byte) (string, []byte, bool) {
 	return unsafe.String(&b[0], i), b[i+1:], true
 }
 
+// cstring splits a NUL-terminated string off b.
 func cstring(b []byte) (string, []byte, bool) {
 	i := bytes.IndexByte(b, 0)
 	if i < 0 {
@@ -672,6 +673,8 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			var err error
 			ops, err = s.preparedOps(sql)
 			switch {
+			case errors.Is(err, errPolicyPanicked):
+				*d = internalRefusal()
 			case err != nil && exec:
 				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
 			case err != nil:
@@ -748,12 +751,29 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 // sql. It parses: on an event loop, that runs off the loop's thread (as
 // slow decisions do, see decide).
 func (s *session) preparedOps(sql string) (ops []PreparedOp, err error) {
-	if s.loop == nil || !s.loop.inTask() {
-		return s.ps.pol.PreparedOps(sql)
-	}
-	s.loop.await(func() { ops, err = s.ps.pol.PreparedOps(sql) })
+	s.offLoop(func() { ops, err = s.policyPreparedOps(sql) })
 	return ops, err
 }
+
+// errPolicyPanicked reports a panic of the policy (logged), after which the
+// statement is refused.
+var errPolicyPanicked = errors.New("policy panicked")
+
+// policyPreparedOps asks the policy, returning errPolicyPanicked if it
+// panics.
+func (s *session) policyPreparedOps(sql string) (ops []PreparedOp, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger().Error("policy panicked listing prepared statements; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+			ops, err = nil, errPolicyPanicked
+		}
+	}()
+	return s.ps.pol.PreparedOps(sql)
+}
+
+// maxReusedOIDs bounds the parameter-type buffer a session keeps
+// (session.oidBuf): a Parse may declare 65535 types.
+const maxReusedOIDs = 256
 
 // sameOps reports whether the rewritten text out has the same
 // prepared-statement operations at the same statement indexes as ops.

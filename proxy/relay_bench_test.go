@@ -165,8 +165,12 @@ func benchProxy(b *testing.B) string {
 
 // BenchmarkRelaySimpleQuery: one simple Query (a read that names no
 // protected table) and its answer of benchRows rows per op.
-func BenchmarkRelaySimpleQuery(b *testing.B) {
-	c, r := benchClient(b, benchProxy(b))
+func BenchmarkRelaySimpleQuery(b *testing.B) { benchSimpleQuery(b, benchProxy(b)) }
+
+// benchSimpleQuery runs the simple Query of BenchmarkRelaySimpleQuery
+// through the proxy at addr.
+func benchSimpleQuery(b *testing.B, addr string) {
+	c, r := benchClient(b, addr)
 	q := msg('Q', cstr("SELECT v FROM items WHERE id = 1"))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -221,4 +225,10 @@ func BenchmarkRelayParseEach(b *testing.B) {
 		readUntilReady(b, r)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchRows+10), "ns/message")
+}
+
+// BenchmarkRelayNoPolicy is BenchmarkRelaySimpleQuery through a proxy
+// without a policy (an embedder's plain relay): no allocation either.
+func BenchmarkRelayNoPolicy(b *testing.B) {
+	benchSimpleQuery(b, proxytest.Start(b, scriptedServer(b), proxy.Options{}).Addr())
 }

@@ -213,7 +213,9 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		if p, err = decodeParse(body, s.oidBuf[:0]); err != nil {
 			return s.protocolViolation(err)
 		}
-		s.oidBuf = p.ParameterOIDs[:0]
+		if cap(p.ParameterOIDs) <= maxReusedOIDs {
+			s.oidBuf = p.ParameterOIDs[:0]
+		}
 		sql = p.Query
 	}
 	var gen uint64
@@ -291,17 +293,33 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 // thread while the session's task waits, so that the loop's other sessions
 // go on.
 func (s *session) decide(lex Lexing, sql string) Decision {
-	if s.loop == nil || !s.loop.inTask() {
-		return s.policyDecide(lex, sql)
-	}
-	if q, ok := s.srv.opts.Policy.(QuickPolicy); ok {
-		if d, ok := s.quickDecide(q, lex, sql); ok {
-			return d
+	if s.loop != nil && s.loop.inTask() {
+		if q, ok := s.srv.opts.Policy.(QuickPolicy); ok {
+			if d, ok := s.quickDecide(q, lex, sql); ok {
+				return d
+			}
 		}
 	}
 	var d Decision
-	s.loop.await(func() { d = s.policyDecide(lex, sql) })
+	s.offLoop(func() { d = s.policyDecide(lex, sql) })
 	return d
+}
+
+// offLoop runs f, which must not panic, in a goroutine of its own while
+// the session's task parks, when the session is on a loop (the caller is
+// its task); otherwise here. At most cap(Server.offLoop) such goroutines
+// run f at once: after a reload every session's next statement may be
+// first-seen, and each parse holds an OS thread.
+func (s *session) offLoop(f func()) {
+	if s.loop == nil || !s.loop.inTask() {
+		f()
+		return
+	}
+	s.loop.await(func() {
+		s.srv.offLoop <- struct{}{}
+		defer func() { <-s.srv.offLoop }()
+		f()
+	})
 }
 
 // quickDecide asks q, refusing the statement if q panics.
@@ -328,6 +346,11 @@ func (s *session) policyDecide(lex Lexing, sql string) (d Decision) {
 // statement it was deciding.
 func (s *session) policyPanicked(r any) Decision {
 	s.logger().Error("policy panicked; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+	return internalRefusal()
+}
+
+// internalRefusal refuses a statement the policy failed on.
+func internalRefusal() Decision {
 	return Decision{Action: Refuse, Refusal: &pgproto3.ErrorResponse{
 		Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000",
 		Message: "fenceproxy: internal error while inspecting the statement; it was not executed",

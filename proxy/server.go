@@ -83,7 +83,15 @@ type Server struct {
 	loops    []*loop
 	loopErr  error
 	nextLoop atomic.Uint64
+	// offLoop bounds the policy calls running off the loops at once
+	// (session.offLoop): each may hold an OS thread (a cgo parse).
+	offLoop chan struct{}
 }
+
+// maxOffLoop is the capacity of Server.offLoop: room for decisions that
+// wait (a database's first check) beside those that parse, and far below
+// the runtime's thread limit.
+func maxOffLoop() int { return max(64, 8*runtime.GOMAXPROCS(0)) }
 
 // pickLoop returns the event loop for a new session, or nil if the loops
 // cannot run here.
@@ -171,6 +179,7 @@ func NewServer(opts Options) (*Server, error) {
 		log:       log,
 		listeners: make(map[net.Listener]struct{}),
 		sessions:  make(map[*session]struct{}),
+		offLoop:   make(chan struct{}, maxOffLoop()),
 	}, nil
 }
 

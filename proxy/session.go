@@ -28,7 +28,7 @@ const (
 // session is one client connection and its upstream connection.
 type session struct {
 	// oidBuf is reused for the parameter types of the client's Parse
-	// messages (client-to-upstream direction only).
+	// messages (client-to-upstream direction only), up to maxReusedOIDs.
 	oidBuf []uint32
 
 	srv  *Server
