@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"crypto/sha256"
+	"slices"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -303,6 +304,32 @@ func (ps *preparedState) keepText(n int) bool {
 		return true
 	}
 	return false
+}
+
+// repeatDef returns the definition name is assumed to have when a Parse
+// of the same text, decided alike under the same rules, would build an
+// equal one, and nil otherwise. Definitions do not change once recorded,
+// so that one is recorded again: a client that parses the same unnamed
+// statement for every execution (pgbench -M extended, drivers without a
+// statement cache) costs no new definition.
+func (ps *preparedState) repeatDef(name, sql string, sent [32]byte, gen uint64, oids []uint32, ops []PreparedOp, lock *LockRegistration) *stmtDef {
+	e := ps.stmts[serverKey(name)]
+	if e == nil || len(ops) > 0 {
+		return nil
+	}
+	d := e.assumed()
+	if d == nil || !d.kept || d.sqlLevel || len(d.ops) > 0 || d.gen != gen || d.sent != sent || d.sql != sql ||
+		!slices.Equal(d.oids, oids) || !sameLock(d.lock, lock) {
+		return nil
+	}
+	return d
+}
+
+func sameLock(a, b *LockRegistration) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Call == b.Call && a.Query == b.Query && a.Required == b.Required && slices.Equal(a.Calls, b.Calls)
 }
 
 // newDef builds a definition, keeping sql if the budget allows.

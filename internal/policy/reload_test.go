@@ -142,6 +142,20 @@ var preparers = []preparer{
 			},
 		}
 	}},
+	// An unnamed Parse of the same text for every execution (as pgbench
+	// -M extended and drivers without a statement cache): the proxy keeps
+	// one definition while the text, rules and decision stay the same.
+	{name: "pgx-exec-mode-unnamed", open: func(t *testing.T, r *reloadEnv) *preparedClient {
+		c := connectDSN(t, r.proxy.DSN("postgres", "", r.db))
+		return &preparedClient{
+			setToken: func(tok string) { setTokenOrReset(t, c, tok) },
+			prepare:  func() {},
+			exec: func(payload string, id int) error {
+				_, err := c.Exec(ctxT(t), updDoc, pgx.QueryExecModeExec, payload, id)
+				return err
+			},
+		}
+	}},
 	sqlPreparer("sql-execute", "EXECUTE upd_doc('%s', %d)"),
 	// The PREPARE itself sent as an unnamed Parse, Bind and Execute: the
 	// proxy reads the Parse's text in place and must keep its own copy of
