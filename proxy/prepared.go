@@ -105,7 +105,10 @@ type pendingResp struct {
 	// swallow: an injected message whose response (this type) the client
 	// must not see.
 	swallow byte
-	done    func(outcome)
+	// op, when set, is resolved by the outcome (resolveStmtOp); else done,
+	// if set, is called with it.
+	op   *stmtOp
+	done func(outcome)
 }
 
 // preparedState is guarded by session.mu.
@@ -125,7 +128,10 @@ type preparedState struct {
 	idleSeg uint64 // portals bound in earlier segments are gone
 	// portalSeq numbers the Binds (portalEntry.id).
 	portalSeq uint64
-	fifo      []*pendingResp
+	fifo      []pendingResp
+	// fifoBase is the start of fifo's array, where fifo starts over once
+	// empty (push): the queue reuses one array instead of sliding off it.
+	fifoBase []pendingResp
 	// lost: the response bookkeeping lost track (COPY pipelined with
 	// Syncs, an unexpected ReadyForQuery): from then on every re-decision
 	// refuses.
@@ -194,19 +200,37 @@ func (ps *preparedState) countSent(typ byte) {
 
 // expect registers a pending response at the open segment's next position.
 func (ps *preparedState) expect(swallow byte, done func(outcome)) {
-	ps.fifo = append(ps.fifo, &pendingResp{seg: ps.sentSeg, idx: ps.sentIdx, swallow: swallow, done: done})
+	ps.push(pendingResp{seg: ps.sentSeg, idx: ps.sentIdx, swallow: swallow, done: done})
+}
+
+// maxReusedFifo bounds the response queue's array kept once it is empty.
+const maxReusedFifo = 1024
+
+// push appends h to the response queue.
+func (ps *preparedState) push(h pendingResp) {
+	if len(ps.fifo) == 0 {
+		if cap(ps.fifoBase) > maxReusedFifo {
+			ps.fifoBase = nil
+		}
+		ps.fifo = ps.fifoBase[:0]
+	}
+	before := cap(ps.fifo)
+	ps.fifo = append(ps.fifo, h)
+	if cap(ps.fifo) != before {
+		ps.fifoBase = ps.fifo[:0] // a new array, which fifo starts
+	}
 }
 
 // expectQuery registers a pending CommandComplete of statement idx of the
 // Query about to be sent.
 func (ps *preparedState) expectQuery(idx int, done func(outcome)) {
-	ps.fifo = append(ps.fifo, &pendingResp{seg: ps.sentSeg, idx: idx, query: true, done: done})
+	ps.push(pendingResp{seg: ps.sentSeg, idx: idx, query: true, done: done})
 }
 
 // swallowQuery registers the CommandComplete of statement idx of the Query
 // about to be sent, which the proxy inserted: the client must not see it.
 func (ps *preparedState) swallowQuery(idx int) {
-	ps.fifo = append(ps.fifo, &pendingResp{seg: ps.sentSeg, idx: idx, query: true, swallow: 'C'})
+	ps.push(pendingResp{seg: ps.sentSeg, idx: idx, query: true, swallow: 'C'})
 }
 
 // minGen is the oldest generation among the definitions the server may
@@ -267,11 +291,10 @@ func (ps *preparedState) addStmtOp(name string, def *stmtDef, emptyOnFailure boo
 	}
 	op := &stmtOp{key: key, def: def, seg: ps.sentSeg, emptyOnFailure: emptyOnFailure}
 	e.pending = append(e.pending, op)
-	done := func(o outcome) { ps.resolveStmtOp(op, o) }
 	if query {
-		ps.expectQuery(idx, done)
+		ps.push(pendingResp{seg: ps.sentSeg, idx: idx, query: true, op: op})
 	} else {
-		ps.expect(swallow, done)
+		ps.push(pendingResp{seg: ps.sentSeg, idx: ps.sentIdx, swallow: swallow, op: op})
 	}
 }
 
@@ -353,7 +376,16 @@ func (ps *preparedState) resolveStmtOp(op *stmtOp, o outcome) {
 		ps.lost = true
 		return
 	}
-	e.pending = e.pending[1:]
+	if len(e.pending) <= 8 {
+		// Shifted down rather than sliced off, so that the array is
+		// reused: an entry rarely has more than a few pending changes.
+		n := copy(e.pending, e.pending[1:])
+		e.pending[n] = nil
+		e.pending = e.pending[:n]
+	} else {
+		e.pending[0] = nil
+		e.pending = e.pending[1:]
+	}
 	switch {
 	case o == outcomeOK:
 		e.confirmed = op.def
@@ -436,9 +468,13 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 
 func (ps *preparedState) pop(o outcome) {
 	h := ps.fifo[0]
-	ps.fifo[0] = nil
+	ps.fifo[0] = pendingResp{}
 	ps.fifo = ps.fifo[1:]
-	if !ps.lost && h.done != nil {
+	switch {
+	case ps.lost:
+	case h.op != nil:
+		ps.resolveStmtOp(h.op, o)
+	case h.done != nil:
 		h.done(o)
 	}
 }

@@ -50,3 +50,60 @@ func TestRepeatDef(t *testing.T) {
 		t.Fatal("reused a definition without its text")
 	}
 }
+
+// TestResponseQueue checks the response queue's order through its array
+// reuse (push starts over at the array's beginning once empty, and moves
+// to a new array when it grows), and the resolution of a name's pending
+// changes, few (shifted down) or many (sliced off), in order.
+func TestResponseQueue(t *testing.T) {
+	ps := newPreparedState(nil, "n")
+	next, want := 0, 0
+	var got []int
+	record := func(i int) func(outcome) { return func(outcome) { got = append(got, i) } }
+	for round, n := range []int{1, 3, 1, 40, 2, 2000, 5} {
+		for range n {
+			ps.expect(0, record(next))
+			next++
+		}
+		// Pop all but one, then push more behind it, then drain.
+		for len(ps.fifo) > 1 {
+			ps.pop(outcomeOK)
+		}
+		ps.expect(0, record(next))
+		next++
+		for len(ps.fifo) > 0 {
+			ps.pop(outcomeOK)
+		}
+		for ; want < next; want++ {
+			if want >= len(got) || got[want] != want {
+				t.Fatalf("round %d: responses resolved out of order: %v", round, got[max(0, want-3):min(len(got), want+3)])
+			}
+		}
+	}
+
+	for _, n := range []int{3, 8, 9, 50} {
+		ps := newPreparedState(nil, "n")
+		var defs []*stmtDef
+		for i := range n {
+			d := &stmtDef{gen: uint64(i)}
+			defs = append(defs, d)
+			ps.addStmtOp("", d, true, 0, false, 0)
+		}
+		for i := range n {
+			ps.pop(outcomeOK)
+			e := ps.stmts[""]
+			if e == nil {
+				t.Fatalf("%d pending, after %d answers: the entry is gone", n, i+1)
+			}
+			if e.confirmed != defs[i] || len(e.pending) != n-1-i {
+				t.Fatalf("%d pending, after %d answers: confirmed gen %v, %d still pending", n, i+1, e.confirmed.gen, len(e.pending))
+			}
+			if i+1 < n && e.pending[0].def != defs[i+1] {
+				t.Fatalf("%d pending, after %d answers: next is gen %d", n, i+1, e.pending[0].def.gen)
+			}
+		}
+		if ps.lost {
+			t.Fatalf("%d pending: bookkeeping lost", n)
+		}
+	}
+}
