@@ -54,6 +54,9 @@ type stmtDef struct {
 	gen      uint64   // rules generation it was decided under
 	oids     []uint32 // the Parse's parameter types
 	sqlLevel bool     // defined by SQL PREPARE
+	// plain: the text was forwarded unchanged, without a lock
+	// registration, so sent is the hash of sql itself (repeatDef).
+	plain bool
 	// ops: the SQL-level prepared-statement operations the text performs
 	// when it runs (a Parse of "PREPARE x AS ..." or "EXECUTE x").
 	ops []PreparedOp
@@ -335,18 +338,28 @@ func (ps *preparedState) keepText(n int) bool {
 // so that one is recorded again: a client that parses the same unnamed
 // statement for every execution (pgbench -M extended, drivers without a
 // statement cache) costs no new definition.
-func (ps *preparedState) repeatDef(name, sql string, sent [32]byte, gen uint64, oids []uint32, ops []PreparedOp, lock *LockRegistration) *stmtDef {
+func (ps *preparedState) repeatDef(name, sql string, dec *Decision, gen uint64, oids []uint32, ops []PreparedOp) *stmtDef {
 	e := ps.stmts[serverKey(name)]
 	if e == nil || len(ops) > 0 {
 		return nil
 	}
 	d := e.assumed()
-	if d == nil || !d.kept || d.sqlLevel || len(d.ops) > 0 || d.gen != gen || d.sent != sent || d.sql != sql ||
-		!slices.Equal(d.oids, oids) || !sameLock(d.lock, lock) {
+	if d == nil || !d.kept || d.sqlLevel || len(d.ops) > 0 || d.gen != gen || d.sql != sql ||
+		!slices.Equal(d.oids, oids) || !sameLock(d.lock, dec.Lock) {
+		return nil
+	}
+	if plainDecision(dec) && d.plain {
+		return d // both sent the text itself: no need to hash it
+	}
+	if d.sent != decisionHash(dec, sql) {
 		return nil
 	}
 	return d
 }
+
+// plainDecision reports whether d forwards the text unchanged without a
+// lock registration (decisionHash is then the text's own hash).
+func plainDecision(d *Decision) bool { return d.Action == Forward && d.Lock == nil }
 
 func sameLock(a, b *LockRegistration) bool {
 	if a == nil || b == nil {

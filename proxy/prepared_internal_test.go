@@ -6,47 +6,76 @@ import "testing"
 // already has instead of a new one: only when every field of the new one
 // would be equal.
 func TestRepeatDef(t *testing.T) {
-	ps := newPreparedState(nil, "n")
 	const sql = "UPDATE t SET v = $1"
-	lock := &LockRegistration{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{0}}
-	sent := hashText("rewritten")
-	def := ps.newDef(sql, sent, 7, []uint32{23}, false)
-	def.lock = lock
+	lock := func() *LockRegistration {
+		return &LockRegistration{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{0}}
+	}
+	rewrite := &Decision{Action: Rewrite, SQL: "rewritten", Lock: lock()}
+	ps := newPreparedState(nil, "n")
+	def := ps.newDef(sql, decisionHash(rewrite, sql), 7, []uint32{23}, false)
+	def.lock = rewrite.Lock
 	ps.addStmtOp("", def, true, 0, false, 0)
 
-	if got := ps.repeatDef("", sql, sent, 7, []uint32{23}, nil, &LockRegistration{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{0}}); got != def {
+	same := &Decision{Action: Rewrite, SQL: "rewritten", Lock: lock()}
+	if got := ps.repeatDef("", sql, same, 7, []uint32{23}, nil); got != def {
 		t.Fatalf("the same Parse again: got %p, want the recorded definition %p", got, def)
 	}
-	for name, args := range map[string]struct {
+	otherLock := lock()
+	otherLock.Required = true
+	otherCalls := lock()
+	otherCalls.Calls = []int{1}
+	for name, c := range map[string]struct {
 		name, sql string
-		sent      [32]byte
+		d         *Decision
 		gen       uint64
 		oids      []uint32
 		ops       []PreparedOp
-		lock      *LockRegistration
 	}{
-		"other name":  {"s1", sql, sent, 7, []uint32{23}, nil, lock},
-		"other text":  {"", sql + " ", sent, 7, []uint32{23}, nil, lock},
-		"other sent":  {"", sql, hashText("other"), 7, []uint32{23}, nil, lock},
-		"other rules": {"", sql, sent, 8, []uint32{23}, nil, lock},
-		"other types": {"", sql, sent, 7, []uint32{25}, nil, lock},
-		"no types":    {"", sql, sent, 7, nil, nil, lock},
-		"ops":         {"", sql, sent, 7, []uint32{23}, []PreparedOp{{Kind: OpExecute, Name: "x"}}, lock},
-		"no lock":     {"", sql, sent, 7, []uint32{23}, nil, nil},
-		"other lock":  {"", sql, sent, 7, []uint32{23}, nil, &LockRegistration{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{0}, Required: true}},
-		"other calls": {"", sql, sent, 7, []uint32{23}, nil, &LockRegistration{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{1}}},
+		"other name":     {"s1", sql, same, 7, []uint32{23}, nil},
+		"other text":     {"", sql + " ", same, 7, []uint32{23}, nil},
+		"other rewrite":  {"", sql, &Decision{Action: Rewrite, SQL: "other", Lock: lock()}, 7, []uint32{23}, nil},
+		"forwarded":      {"", sql, &Decision{Action: Forward, Lock: lock()}, 7, []uint32{23}, nil},
+		"other rules":    {"", sql, same, 8, []uint32{23}, nil},
+		"other types":    {"", sql, same, 7, []uint32{25}, nil},
+		"no types":       {"", sql, same, 7, nil, nil},
+		"ops":            {"", sql, same, 7, []uint32{23}, []PreparedOp{{Kind: OpExecute, Name: "x"}}},
+		"no lock":        {"", sql, &Decision{Action: Rewrite, SQL: "rewritten"}, 7, []uint32{23}, nil},
+		"required lock":  {"", sql, &Decision{Action: Rewrite, SQL: "rewritten", Lock: otherLock}, 7, []uint32{23}, nil},
+		"other lock use": {"", sql, &Decision{Action: Rewrite, SQL: "rewritten", Lock: otherCalls}, 7, []uint32{23}, nil},
 	} {
-		if got := ps.repeatDef(args.name, args.sql, args.sent, args.gen, args.oids, args.ops, args.lock); got != nil {
+		if got := ps.repeatDef(c.name, c.sql, c.d, c.gen, c.oids, c.ops); got != nil {
 			t.Errorf("%s: reused the recorded definition", name)
 		}
+	}
+
+	// A plain definition (forwarded as sent, no lock) is reused for a
+	// plain decision without hashing, and not for a rewrite of its text.
+	forward := &Decision{Action: Forward}
+	plain := ps.newDef(sql, decisionHash(forward, sql), 7, nil, false)
+	plain.plain = true
+	ps.addStmtOp("", plain, true, 0, false, 0)
+	if got := ps.repeatDef("", sql, &Decision{Action: Forward}, 7, nil, nil); got != plain {
+		t.Fatal("a plain Parse again: not reused")
+	}
+	if got := ps.repeatDef("", sql, &Decision{Action: Rewrite, SQL: "fenced " + sql}, 7, nil, nil); got != nil {
+		t.Fatal("a plain definition reused for a rewrite")
+	}
+
+	// A rewrite without a lock is not reused for the text forwarded as
+	// sent.
+	ps3 := newPreparedState(nil, "o")
+	fenced := &Decision{Action: Rewrite, SQL: "fenced " + sql}
+	ps3.addStmtOp("", ps3.newDef(sql, decisionHash(fenced, sql), 7, nil, false), true, 0, false, 0)
+	if got := ps3.repeatDef("", sql, &Decision{Action: Forward}, 7, nil, nil); got != nil {
+		t.Fatal("a rewrite's definition reused for the text forwarded as sent")
 	}
 
 	// A definition whose text was not kept (memory budget) is never
 	// reused: nothing could be compared.
 	ps2 := newPreparedState(nil, "m")
-	bare := &stmtDef{sent: sent, gen: 7} // as newDef leaves it past the budget
+	bare := &stmtDef{sent: decisionHash(forward, sql), gen: 7, plain: true} // as newDef leaves it past the budget
 	ps2.addStmtOp("", bare, true, 0, false, 0)
-	if got := ps2.repeatDef("", sql, sent, 7, nil, nil, nil); got != nil {
+	if got := ps2.repeatDef("", sql, forward, 7, nil, nil); got != nil {
 		t.Fatal("reused a definition without its text")
 	}
 }

@@ -739,12 +739,12 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 		// A refused named Parse fails before it would replace anything.
 	default:
-		sent := decisionHash(d, sql)
-		def := s.ps.repeatDef(p.Name, sql, sent, gen, p.ParameterOIDs, ops, d.Lock)
+		def := s.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
 		if def == nil {
-			def = s.ps.newDef(sql, sent, gen, p.ParameterOIDs, false)
+			def = s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 			def.lock = d.Lock
+			def.plain = plainDecision(d)
 		}
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}
