@@ -224,11 +224,6 @@ func (ps *preparedState) push(h pendingResp) {
 	}
 }
 
-// expectQuery registers a pending CommandComplete of statement idx of the
-// Query about to be sent.
-func (ps *preparedState) expectQuery(idx int, done func(outcome)) {
-	ps.push(pendingResp{seg: ps.sentSeg, idx: idx, query: true, done: done})
-}
 
 // swallowQuery registers the CommandComplete of statement idx of the Query
 // about to be sent, which the proxy inserted: the client must not see it.
