@@ -224,7 +224,6 @@ func (ps *preparedState) push(h pendingResp) {
 	}
 }
 
-
 // swallowQuery registers the CommandComplete of statement idx of the Query
 // about to be sent, which the proxy inserted: the client must not see it.
 func (ps *preparedState) swallowQuery(idx int) {
