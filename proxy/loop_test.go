@@ -54,6 +54,16 @@ func (p *slowPolicy) gate() chan struct{} {
 	return p.release
 }
 
+// waitEntered waits until a slow call (what) has started and blocks.
+func (p *slowPolicy) waitEntered(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-p.entered:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s never started", what)
+	}
+}
+
 // block makes the next slow decisions wait again, and returns the
 // function that lets them go (idempotent, also run when the test ends).
 func (p *slowPolicy) block(t *testing.T) func() {
@@ -157,11 +167,7 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 			done := make(chan error, 1)
 			var got string
 			go func() { done <- a.QueryRow(context.Background(), "SELECT 'slow_decision'").Scan(&got) }()
-			select {
-			case <-sp.entered:
-			case <-time.After(15 * time.Second):
-				t.Fatal("the slow decision never started")
-			}
+			sp.waitEntered(t, "the slow decision")
 			// a's decision is under way: b, on the same loop, is served.
 			for range 20 {
 				selectOne(t, b)
@@ -194,11 +200,7 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 			release2 := sp.block(t)
 			cdone := make(chan error, 1)
 			go func() { _, err := c.Exec(context.Background(), "SELECT 'slow_decision'"); cdone <- err }()
-			select {
-			case <-sp.entered:
-			case <-time.After(15 * time.Second):
-				t.Fatal("the second slow decision never started")
-			}
+			sp.waitEntered(t, "the second slow decision")
 			_ = c.PgConn().Conn().Close() // the client's socket, under pgx
 			if err := <-cdone; err == nil {
 				t.Fatal("the statement of a closed connection succeeded")
@@ -298,11 +300,7 @@ func TestPreparedOpsOffLoop(t *testing.T) {
 	go func() {
 		done <- a.QueryRow(context.Background(), "SELECT 'slow_ops, not a prepare'", pgx.QueryExecModeSimpleProtocol).Scan(&got)
 	}()
-	select {
-	case <-sp.entered:
-	case <-time.After(15 * time.Second):
-		t.Fatal("PreparedOps was never asked")
-	}
+	sp.waitEntered(t, "PreparedOps")
 	for range 20 {
 		selectOne(t, b)
 	}

@@ -171,16 +171,22 @@ func BenchmarkRelaySimpleQuery(b *testing.B) { benchSimpleQuery(b, benchProxy(b)
 // through the proxy at addr.
 func benchSimpleQuery(b *testing.B, addr string) {
 	c, r := benchClient(b, addr)
-	q := msg('Q', cstr("SELECT v FROM items WHERE id = 1"))
+	benchRoundTrips(b, c, r, msg('Q', cstr("SELECT v FROM items WHERE id = 1")), benchRows+4)
+}
+
+// benchRoundTrips sends batch and reads the answer up to ReadyForQuery b.N
+// times, and reports the time per message (messages per round trip, both
+// ways).
+func benchRoundTrips(b *testing.B, c net.Conn, r *bufio.Reader, batch []byte, messages int) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if _, err := c.Write(q); err != nil {
+		if _, err := c.Write(batch); err != nil {
 			b.Fatal(err)
 		}
 		readUntilReady(b, r)
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchRows+4), "ns/message")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(messages), "ns/message")
 }
 
 // BenchmarkRelayExtended: Bind, Execute and Sync of a statement prepared
@@ -195,15 +201,7 @@ func BenchmarkRelayExtended(b *testing.B) {
 	bind := msg('B', append(append(cstr(""), cstr("s1")...), 0, 0, 0, 1, 0, 0, 0, 1, '1', 0, 0))
 	exec := msg('E', append(cstr(""), 0, 0, 0, 0))
 	batch := append(append(bind, exec...), msg('S', nil)...)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		if _, err := c.Write(batch); err != nil {
-			b.Fatal(err)
-		}
-		readUntilReady(b, r)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchRows+6), "ns/message")
+	benchRoundTrips(b, c, r, batch, benchRows+6)
 }
 
 // BenchmarkRelayParseEach: an unnamed Parse, Bind, Describe, Execute and
@@ -216,15 +214,7 @@ func BenchmarkRelayParseEach(b *testing.B) {
 	desc := msg('D', append([]byte{'P'}, cstr("")...))
 	exec := msg('E', append(cstr(""), 0, 0, 0, 0))
 	batch := append(append(append(append(parse, bind...), desc...), exec...), msg('S', nil)...)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		if _, err := c.Write(batch); err != nil {
-			b.Fatal(err)
-		}
-		readUntilReady(b, r)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchRows+10), "ns/message")
+	benchRoundTrips(b, c, r, batch, benchRows+10)
 }
 
 // BenchmarkRelayNoPolicy is BenchmarkRelaySimpleQuery through a proxy
