@@ -169,10 +169,9 @@ func (l *loop) wake(t *task) {
 	l.post(func() { l.makeReady(t) })
 }
 
-// checkLoopThread has current also check the calling thread (a system
-// call per wait). The tests turn it on; in production l.cur alone is
-// checked, and a goroutine off the loop reading it is a data race that the
-// race detector reports.
+// checkLoopThread has current and inTask also check the calling thread (a
+// system call each): they panic off the loop's thread. The tests turn it
+// on; in production l.cur alone is read.
 var checkLoopThread = false
 
 // inTask reports whether the caller is a task of l (rather than a
@@ -202,32 +201,31 @@ func (t *task) park() { t.yield(struct{}{}) }
 
 // sleep parks the running task for d.
 func (l *loop) sleep(d time.Duration) {
-	t := l.current()
-	done := false
-	tm := time.AfterFunc(d, func() {
-		l.post(func() {
-			done = true
-			l.makeReady(t)
-		})
-	})
-	defer tm.Stop()
-	for !done {
-		t.park()
-	}
+	l.parkUntil(func(signal func()) { time.AfterFunc(d, signal) })
 }
 
 // await runs f in a goroutine of its own and parks the running task until
 // it returns: for what must block (network round trips of its own).
 func (l *loop) await(f func()) {
+	l.parkUntil(func(signal func()) {
+		go func() {
+			f()
+			signal()
+		}()
+	})
+}
+
+// parkUntil parks the running task until the signal that start was given
+// is called, once, from any goroutine.
+func (l *loop) parkUntil(start func(signal func())) {
 	t := l.current()
-	done := false
-	go func() {
-		f()
+	done := false // the loop thread's
+	start(func() {
 		l.post(func() {
 			done = true
 			l.makeReady(t)
 		})
-	}()
+	})
 	for !done {
 		t.park()
 	}
