@@ -305,11 +305,12 @@ func (s *session) decide(lex Lexing, sql string) Decision {
 	return d
 }
 
-// offLoop runs f, which must not panic, in a goroutine of its own while
-// the session's task parks, when the session is on a loop (the caller is
-// its task); otherwise here. At most cap(Server.offLoop) such goroutines
-// run f at once: after a reload every session's next statement may be
-// first-seen, and each parse holds an OS thread.
+// offLoop runs f, which may block or take long (a parse, a wait for the
+// database, a round trip of its own) and must not panic, in a goroutine of
+// its own while the session's task parks, when the session is on a loop
+// (the caller is its task); otherwise here. At most cap(Server.offLoop)
+// such goroutines run f at once: after a reload every session's next
+// statement may be first-seen, and each parse holds an OS thread.
 func (s *session) offLoop(f func()) {
 	if s.loop == nil || !s.loop.inTask() {
 		f()

@@ -83,7 +83,7 @@ type Server struct {
 	loops    []*loop
 	loopErr  error
 	nextLoop atomic.Uint64
-	// offLoop bounds the policy calls running off the loops at once
+	// offLoop bounds the work running off the loops at once
 	// (session.offLoop): each may hold an OS thread (a cgo parse).
 	offLoop chan struct{}
 }

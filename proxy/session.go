@@ -536,12 +536,8 @@ func (s *session) cancelUpstream() {
 	pkt := binary.BigEndian.AppendUint32(nil, uint32(8+len(s.backendKey)))
 	pkt = binary.BigEndian.AppendUint32(pkt, codeCancelRequest)
 	pkt = append(pkt, s.backendKey...)
-	if s.loop != nil && s.loop.onLoop() {
-		// A connection and a round trip of its own: off the loop's thread.
-		s.loop.await(func() { s.forwardCancel(pkt) })
-		return
-	}
-	s.forwardCancel(pkt)
+	// A connection and a round trip of its own: off the loop's thread.
+	s.offLoop(func() { s.forwardCancel(pkt) })
 }
 
 // decided counts a decision for the session's snapshot and reports it to
