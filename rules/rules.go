@@ -446,13 +446,8 @@ func hasPrefixFoldASCII(s, n string) bool {
 // returned or cached refers to it (a statement that may touch a protected
 // table is copied before it is decided).
 func (r *Rules) Decide(sql string) Decision {
-	if !r.MayTouch(sql) {
-		return Decision{Action: Forward}
-	}
-	if r.cache != nil {
-		if d, ok := r.cache.get(r.cacheSet, sql); ok {
-			return d
-		}
+	if d, ok := r.DecideCached(sql); ok {
+		return d
 	}
 	sql = strings.Clone(sql)
 	d := r.decide(sql)

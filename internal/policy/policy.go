@@ -219,8 +219,14 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}, true
 		}
 	}
-	if quick && (d.Action == rules.Rewrite || d.Lock != nil) && !p.auditorReady(set, info) {
-		return proxy.Decision{}, false
+	// A rewrite, and a lock registration, may report to the audit
+	// listener: it must be in place first.
+	reports := d.Action == rules.Rewrite || (d.Action != rules.Refuse && d.Lock != nil)
+	if reports {
+		if quick && !p.auditorReady(set, info) {
+			return proxy.Decision{}, false
+		}
+		p.ensureAuditor(set, info)
 	}
 	if d.AuditRefusal != nil {
 		// Every table involved is in audit mode: the statement enforce would
@@ -229,14 +235,10 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	switch d.Action {
 	case rules.Rewrite:
-		p.ensureAuditor(set, info)
 		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
 	case rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}, true
 	default:
-		if d.Lock != nil {
-			p.ensureAuditor(set, info) // the registration may report
-		}
 		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
 	}
 }
