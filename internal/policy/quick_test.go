@@ -3,6 +3,7 @@ package policy_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -40,6 +41,22 @@ func TestDecideQuick(t *testing.T) {
 	}
 	if d, ok := pol.DecideQuick(info, lex, "SELECT 1"); !ok || d.Action != proxy.Forward {
 		t.Fatalf("SELECT 1 once the check is known: %v, %v", d.Action, ok)
+	}
+	// The results are read again a second after they were read: until
+	// then, the quick path declines.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, ok := pol.DecideQuick(info, lex, "SELECT 1"); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the database's check results never expired")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pol.Decide(info, lex, "SELECT 1")
+	if _, ok := pol.DecideQuick(info, lex, "SELECT 1"); !ok {
+		t.Fatal("not answered quickly once the results were read again")
 	}
 
 	upd := "UPDATE " + tError + " SET n = n + 1 WHERE id = 1"
