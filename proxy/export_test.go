@@ -15,6 +15,22 @@ func LoopedSessions(s *Server) int {
 	return n
 }
 
+// SessionLoops counts the distinct event loops the server's sessions are
+// on.
+func SessionLoops(s *Server) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	loops := map[*loop]bool{}
+	for sess := range s.sessions {
+		sess.mu.Lock()
+		if sess.loop != nil {
+			loops[sess.loop] = true
+		}
+		sess.mu.Unlock()
+	}
+	return len(loops)
+}
+
 func init() {
 	// Every wait on a loop checks that it runs on the loop's thread.
 	checkLoopThread = true

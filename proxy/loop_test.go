@@ -34,6 +34,9 @@ func TestSessionsOnEventLoops(t *testing.T) {
 	if n := proxy.LoopedSessions(p.Server); n != 3 {
 		t.Fatalf("%d of 3 sessions on an event loop", n)
 	}
+	if n := proxy.SessionLoops(p.Server); n != 2 {
+		t.Fatalf("sessions spread over %d loops; RelayLoops is 2", n)
+	}
 }
 
 // slowPolicy blocks its decision on statements that mention
