@@ -120,13 +120,17 @@ func run() error {
 		cs = append(cs, n)
 	}
 
+	bouncerPort, stopBouncer, err := startPgBouncer(work, cl.Port())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: PgBouncer not measured: %v\n", err)
+		bouncerPort = 0
+	} else {
+		defer stopBouncer()
+	}
+
 	if !*skipSelect {
 		targets := []target{{"direct", cl.Port()}, {"fenceproxy", proxyPort}, {"fenceproxy-1", proxy1Port}}
-		bouncerPort, stopBouncer, err := startPgBouncer(work, cl.Port())
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "bench: PgBouncer not measured: %v\n", err)
-		} else {
-			defer stopBouncer()
+		if bouncerPort != 0 {
 			targets = append(targets, target{"pgbouncer", bouncerPort})
 		}
 		// The relay prototypes (bench/relayproto): what the goroutine model
@@ -197,7 +201,7 @@ func run() error {
 	}
 
 	if !*skipFenced {
-		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, cs, *duration); err != nil {
+		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, bouncerPort, cs, *duration); err != nil {
 			return err
 		}
 		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres")); err != nil {
@@ -219,9 +223,21 @@ func setupObjects(ctx context.Context, cl *pgcluster.Cluster) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	_, err = dbsetup.Setup(ctx, conn, nil, dbsetup.SetupOptions{})
+	if _, err = dbsetup.Setup(ctx, conn, nil, dbsetup.SetupOptions{}); err != nil {
+		return err
+	}
+	// Functions with the signatures of the raisers that fenced rows call
+	// and nothing in them: the floor of any form that calls PL/pgSQL.
+	_, err = conn.Exec(ctx, `CREATE SCHEMA `+noopSchema+`;
+		CREATE FUNCTION `+noopSchema+`.tok_b(text, text) RETURNS boolean LANGUAGE plpgsql STABLE
+			AS 'BEGIN RETURN true; END';
+		CREATE FUNCTION `+noopSchema+`.advance(text, bigint, boolean, text, text) RETURNS bigint LANGUAGE plpgsql STABLE
+			AS 'BEGIN RETURN 42; END'`)
 	return err
 }
+
+// noopSchema holds the no-op functions of setupObjects.
+const noopSchema = "bench_noop"
 
 func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale int) error {
 	cmd := exec.Command(pgbench, "-i", "-q", "-s", strconv.Itoa(scale), "-h", "127.0.0.1", "-p", strconv.Itoa(cl.Port()), "-U", "postgres", "postgres")
@@ -231,18 +247,27 @@ func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale 
 	return cl.Exec(ctx, `
 		CREATE TABLE public.config (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', counter bigint NOT NULL DEFAULT 0,
 		                            last_fence bigint NOT NULL DEFAULT 0);
-		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;`)
+		INSERT INTO public.config (id) SELECT g FROM generate_series(1, 256) g;
+		CREATE TABLE public.config_plain (LIKE public.config INCLUDING ALL);
+		INSERT INTO public.config_plain (id) SELECT g FROM generate_series(1, 256) g;`)
 }
 
-func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort, proxy1Port int, cs []int, duration time.Duration) error {
+func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort, proxy1Port, bouncerPort int, cs []int, duration time.Duration) error {
 	proxyScript := filepath.Join(work, "fenced-proxy.sql")
 	directScript := filepath.Join(work, "fenced-direct.sql")
+	plainScript := filepath.Join(work, "fenced-plain.sql")
 	// One row per client; the proxy reads the token from fence.token (set
 	// per connection through PGOPTIONS), the hand-written form carries it.
 	if err := os.WriteFile(proxyScript, []byte("\\set id :client_id + 1\nUPDATE config SET counter = counter + 1 WHERE id = :id;\n"), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(directScript, []byte("\\set id :client_id + 1\nUPDATE config SET counter = counter + 1, last_fence = :token WHERE id = :id AND last_fence <= :token;\n"), 0o644); err != nil {
+	const hand = "\\set id :client_id + 1\nUPDATE %s SET counter = counter + 1, last_fence = :token WHERE id = :id AND last_fence <= :token;\n"
+	if err := os.WriteFile(directScript, []byte(fmt.Sprintf(hand, "config")), 0o644); err != nil {
+		return err
+	}
+	// The same hand-written statement on a table fenceproxy does not
+	// protect: what relaying the write costs, without any fencing.
+	if err := os.WriteFile(plainScript, []byte(fmt.Sprintf(hand, "config_plain")), 0o644); err != nil {
 		return err
 	}
 	fmt.Println()
@@ -252,40 +277,95 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(row: fence.token only; lock: fence.lock and fence.token, so each UPDATE is preceded by the lock registration; target ≥ 0.85x)")
 	fmt.Println()
-	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-32s | %-32s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
-	fmt.Println("|------|----------|----|----------------------------|----------------------------------|----------------------------------|----------------------------------|")
+	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing)")
+	fmt.Println()
+	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-20s | %-20s | %-32s | %-32s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct",
+		"relay only: pgbouncer", "relay only: fenceproxy", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
+	fmt.Println("|------|----------|----|----------------------------|----------------------|----------------------|----------------------------------|----------------------------------|----------------------------------|")
+	defer func() { _ = setSyncCommit(ctx, cl, "") }()
 	for _, commit := range []string{"on", "off"} {
+		// PgBouncer refuses the options startup parameter (PGOPTIONS), so
+		// the server's default carries synchronous_commit for every run.
+		if err := setSyncCommit(ctx, cl, commit); err != nil {
+			return err
+		}
+		env := []string{"PGOPTIONS=-c synchronous_commit=" + commit}
 		for _, mode := range []string{"simple", "prepared"} {
 			for _, c := range cs {
-				if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
-					return err
+				type run struct {
+					port   int
+					env    []string
+					script []string
 				}
-				d, err := pgbenchRun(pgbench, cl.Port(), []string{"PGOPTIONS=-c synchronous_commit=" + commit}, mode, c, duration, []string{"-f", directScript, "-D", "token=42"})
-				if err != nil {
-					return fmt.Errorf("fenced direct: %w", err)
+				handArgs := func(script string) []string { return []string{"-f", script, "-D", "token=42"} }
+				runs := []run{
+					{cl.Port(), env, handArgs(directScript)},
+					{bouncerPort, nil, handArgs(directScript)},
+					{proxyPort, env, handArgs(plainScript)},
 				}
-				if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
-					return err
-				}
-				var cells []string
 				for i, port := range []int{proxyPort, proxy1Port, proxyPort} {
-					if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0"); err != nil {
-						return err
-					}
 					opts := "PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit
 					if i == 2 {
 						opts += " -c fence.lock=bench"
 					}
-					p, err := pgbenchRun(pgbench, port, []string{opts}, mode, c, duration, []string{"-f", proxyScript})
-					if err != nil {
-						return fmt.Errorf("fenced proxy: %w", err)
-					}
-					cells = append(cells, fmt.Sprintf("%8.0f tps %8.3f ms %.2fx", p.tps, p.latencyMS, p.tps/d.tps))
+					runs = append(runs, run{port, []string{opts}, []string{"-f", proxyScript}})
 				}
-				fmt.Printf("| %-4s | %-8s | %2d | %8.0f tps %8.3f ms | %-32s | %-32s | %-32s |\n", commit, mode, c, d.tps, d.latencyMS, cells[0], cells[1], cells[2])
+				var res []result
+				for _, r := range runs {
+					if r.port == 0 { // no PgBouncer
+						res = append(res, result{})
+						continue
+					}
+					if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0; UPDATE config_plain SET last_fence = 0"); err != nil {
+						return err
+					}
+					p, err := pgbenchRun(pgbench, r.port, r.env, mode, c, duration, r.script)
+					if err != nil {
+						return fmt.Errorf("fenced writes, %s -c %d, port %d: %w", mode, c, r.port, err)
+					}
+					res = append(res, p)
+				}
+				d := res[0]
+				fmt.Printf("| %-4s | %-8s | %2d | %8.0f tps %8.3f ms |", commit, mode, c, d.tps, d.latencyMS)
+				for i, p := range res[1:] {
+					cell := "n/a"
+					switch {
+					case p.tps == 0:
+					case i < 2:
+						cell = fmt.Sprintf("%6.0f tps %.2fx", p.tps, p.tps/d.tps)
+					default:
+						cell = fmt.Sprintf("%8.0f tps %8.3f ms %.2fx", p.tps, p.latencyMS, p.tps/d.tps)
+					}
+					if i < 2 {
+						fmt.Printf(" %-20s |", cell)
+					} else {
+						fmt.Printf(" %-32s |", cell)
+					}
+				}
+				fmt.Println()
 			}
 		}
 	}
+	return nil
+}
+
+// setSyncCommit makes value the server's default synchronous_commit (""
+// resets it) and waits until a new session sees it.
+func setSyncCommit(ctx context.Context, cl *pgcluster.Cluster, value string) error {
+	stmt := "ALTER SYSTEM RESET synchronous_commit"
+	if value != "" {
+		stmt = "ALTER SYSTEM SET synchronous_commit = " + value
+	}
+	// Two statements: ALTER SYSTEM refuses to run in a transaction block.
+	if err := cl.Exec(ctx, stmt); err != nil {
+		return err
+	}
+	if err := cl.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return err
+	}
+	// A reload reaches the backends a moment later; sessions that
+	// PgBouncer keeps open take it before their next statement.
+	time.Sleep(500 * time.Millisecond)
 	return nil
 }
 

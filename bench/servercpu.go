@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -120,6 +121,10 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 		{"row fencing, with the error raisers (after fenceproxy setup)", fd.SQL},
 		{"lock fencing (registration + rewritten UPDATE)", fd.Lock.Query},
 		{"hand-written registration + conditional UPDATE", "SELECT 1 FROM fenceproxy.locks WHERE name = 'bench' AND token <= 42 FOR SHARE; " + hand},
+		// The raisers' statement with functions of the same signatures
+		// that only return a constant (setupObjects): what the two calls
+		// cost whatever the functions do.
+		{"row fencing's statement calling no-op functions (the calls alone)", strings.ReplaceAll(fd.SQL, "fenceproxy.", noopSchema+".")},
 	}
 	lastServerStatements = stmts
 	us, err := serverCPU(ctx, dsn, map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}, stmts, 5000, 3)
@@ -202,7 +207,7 @@ func preparedInstructions(c pgcost.Counter, setup []string, perByte float64) err
 	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written |")
 	fmt.Println("|---|---|---|---|")
 	var ref float64
-	for i, st := range lastServerStatements[:3] {
+	for i, st := range slices.Concat(lastServerStatements[:3], lastServerStatements[5:]) {
 		n, err := c.PerStatement(append(append([]string(nil), setup...), "PREPARE p AS "+st.sql+";"), func(int) string { return exec })
 		if err != nil {
 			return fmt.Errorf("%s, prepared: %w", st.name, err)
