@@ -50,6 +50,7 @@ type target struct {
 
 type result struct {
 	tps, latencyMS float64
+	cpuPerTx       float64 // µs of the relay's CPU per transaction; 0 when not measured
 }
 
 func run() error {
@@ -75,7 +76,7 @@ func run() error {
 	}
 	defer cl.Stop()
 	pgbench := filepath.Join(cl.BinDir(), "pgbench")
-	fmt.Printf("# fenceproxy benchmark: %s, %d cores, Go %s, PostgreSQL at %s, %v per run, median of %d runs per cell\n",
+	fmt.Printf("# fenceproxy benchmark: %s, %d cores, Go %s, PostgreSQL at %s, %v per run, median of %d interleaved runs per cell\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), cl.BinDir(), *duration, max(1, *reps))
 
 	if err := initData(ctx, cl, pgbench, *scale); err != nil {
@@ -165,25 +166,17 @@ func run() error {
 		fmt.Printf("\n|----------|----|------------------------|%s\n", strings.Repeat("------------------------------|", len(cols)))
 		for _, mode := range strings.Split(*modes, ",") {
 			for _, c := range cs {
+				runs := make([]benchRun, len(targets))
+				for i, t := range targets {
+					runs[i] = benchRun{port: t.port, extra: []string{"-S"}}
+				}
+				rs, err := interleaved(pgbench, mode, c, *duration, runs)
+				if err != nil {
+					return fmt.Errorf("select-only %s -c %d: %w", mode, c, err)
+				}
 				res := map[string]result{}
-				cpu := map[string]float64{}
-				for _, t := range targets {
-					pid, hasPid := pids[t.port]
-					var before int64
-					if hasPid {
-						before, _ = procCPU(pid)
-					}
-					r, err := pgbenchRun(pgbench, t.port, nil, mode, c, *duration, []string{"-S"})
-					if err != nil {
-						return fmt.Errorf("%s %s -c %d: %w", t.name, mode, c, err)
-					}
-					res[t.name] = r
-					if hasPid {
-						after, _ := procCPU(pid)
-						// pgbenchRun ran reps runs; r is their median.
-						txns := r.tps * duration.Seconds() * float64(max(1, *reps))
-						cpu[t.name] = float64(after-before) / txns
-					}
+				for i, t := range targets {
+					res[t.name] = rs[i]
 				}
 				d := res["direct"]
 				fmt.Printf("| %-8s | %2d | %8.0f tps %6.3f ms |", mode, c, d.tps, d.latencyMS)
@@ -193,7 +186,7 @@ func run() error {
 						fmt.Printf(" %-28s |", "n/a")
 						continue
 					}
-					fmt.Printf(" %-28s |", fmt.Sprintf("%6.0f %.2fx %4.1f µs/tx", r.tps, r.tps/d.tps, cpu[col.name]))
+					fmt.Printf(" %-28s |", fmt.Sprintf("%6.0f %.2fx %4.1f µs/tx", r.tps, r.tps/d.tps, r.cpuPerTx))
 				}
 				fmt.Println()
 			}
@@ -277,11 +270,11 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(row: fence.token only; lock: fence.lock and fence.token, so each UPDATE is preceded by the lock registration; target ≥ 0.85x)")
 	fmt.Println()
-	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing)")
+	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing; µs/tx: the relay process's CPU per transaction)")
 	fmt.Println()
-	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-20s | %-20s | %-32s | %-32s | %-32s |\n", "sync", "mode", "-c", "hand-written, direct",
+	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-28s | %-28s | %-28s | %-28s | %-28s |\n", "sync", "mode", "-c", "hand-written, direct",
 		"relay only: pgbouncer", "relay only: fenceproxy", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
-	fmt.Println("|------|----------|----|----------------------------|----------------------|----------------------|----------------------------------|----------------------------------|----------------------------------|")
+	fmt.Printf("|------|----------|----|----------------------------|%s\n", strings.Repeat("------------------------------|", 5))
 	defer func() { _ = setSyncCommit(ctx, cl, "") }()
 	for _, commit := range []string{"on", "off"} {
 		// PgBouncer refuses the options startup parameter (PGOPTIONS), so
@@ -292,55 +285,37 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 		env := []string{"PGOPTIONS=-c synchronous_commit=" + commit}
 		for _, mode := range []string{"simple", "prepared"} {
 			for _, c := range cs {
-				type run struct {
-					port   int
-					env    []string
-					script []string
-				}
 				handArgs := func(script string) []string { return []string{"-f", script, "-D", "token=42"} }
-				runs := []run{
-					{cl.Port(), env, handArgs(directScript)},
-					{bouncerPort, nil, handArgs(directScript)},
-					{proxyPort, env, handArgs(plainScript)},
+				runs := []benchRun{
+					{port: cl.Port(), env: env, extra: handArgs(directScript)},
+					{port: bouncerPort, extra: handArgs(directScript)},
+					{port: proxyPort, env: env, extra: handArgs(plainScript)},
 				}
 				for i, port := range []int{proxyPort, proxy1Port, proxyPort} {
 					opts := "PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit
 					if i == 2 {
 						opts += " -c fence.lock=bench"
 					}
-					runs = append(runs, run{port, []string{opts}, []string{"-f", proxyScript}})
+					runs = append(runs, benchRun{port: port, env: []string{opts}, extra: []string{"-f", proxyScript}})
 				}
-				var res []result
-				for _, r := range runs {
-					if r.port == 0 { // no PgBouncer
-						res = append(res, result{})
-						continue
+				// Every run starts from watermarks at zero.
+				for i := range runs {
+					runs[i].before = func() error {
+						return cl.Exec(ctx, "UPDATE config SET last_fence = 0; UPDATE config_plain SET last_fence = 0")
 					}
-					if err := cl.Exec(ctx, "UPDATE config SET last_fence = 0; UPDATE config_plain SET last_fence = 0"); err != nil {
-						return err
-					}
-					p, err := pgbenchRun(pgbench, r.port, r.env, mode, c, duration, r.script)
-					if err != nil {
-						return fmt.Errorf("fenced writes, %s -c %d, port %d: %w", mode, c, r.port, err)
-					}
-					res = append(res, p)
+				}
+				res, err := interleaved(pgbench, mode, c, duration, runs)
+				if err != nil {
+					return fmt.Errorf("fenced writes, %s -c %d: %w", mode, c, err)
 				}
 				d := res[0]
 				fmt.Printf("| %-4s | %-8s | %2d | %8.0f tps %8.3f ms |", commit, mode, c, d.tps, d.latencyMS)
-				for i, p := range res[1:] {
+				for _, p := range res[1:] {
 					cell := "n/a"
-					switch {
-					case p.tps == 0:
-					case i < 2:
-						cell = fmt.Sprintf("%6.0f tps %.2fx", p.tps, p.tps/d.tps)
-					default:
-						cell = fmt.Sprintf("%8.0f tps %8.3f ms %.2fx", p.tps, p.latencyMS, p.tps/d.tps)
+					if p.tps != 0 {
+						cell = fmt.Sprintf("%6.0f tps %.2fx %5.1f µs/tx", p.tps, p.tps/d.tps, p.cpuPerTx)
 					}
-					if i < 2 {
-						fmt.Printf(" %-20s |", cell)
-					} else {
-						fmt.Printf(" %-32s |", cell)
-					}
+					fmt.Printf(" %-28s |", cell)
 				}
 				fmt.Println()
 			}
@@ -378,17 +353,63 @@ var (
 // one noisy run on a shared machine does not decide a row.
 var reps = flag.Int("reps", 3, "runs per cell; the median is reported")
 
-func pgbenchRun(pgbench string, port int, env []string, mode string, clients int, d time.Duration, extra []string) (result, error) {
-	var runs []result
-	for i := 0; i < max(1, *reps); i++ {
-		r, err := pgbenchOnce(pgbench, port, env, mode, clients, d, extra)
-		if err != nil {
-			return result{}, err
+// benchRun is one cell of a table: pgbench against a port.
+type benchRun struct {
+	port   int // 0: not measured (the cell's result stays zero)
+	env    []string
+	extra  []string
+	before func() error // run before each pgbench run, if set
+}
+
+// interleaved measures the runs of one table row reps times each, round
+// after round (all runs once, then all again), so that the machine's load,
+// which changes over the minutes a row takes, weighs on every cell alike.
+// Each cell's result is its median run by TPS, with the CPU per
+// transaction of the relay process listening on its port (from all its
+// runs).
+func interleaved(pgbench, mode string, clients int, d time.Duration, runs []benchRun) ([]result, error) {
+	all := make([][]result, len(runs))
+	cpu := make([]int64, len(runs))
+	txns := make([]float64, len(runs))
+	for range max(1, *reps) {
+		for i, r := range runs {
+			if r.port == 0 {
+				continue
+			}
+			if r.before != nil {
+				if err := r.before(); err != nil {
+					return nil, err
+				}
+			}
+			pid, hasPid := pids[r.port]
+			var before int64
+			if hasPid {
+				before, _ = procCPU(pid)
+			}
+			res, err := pgbenchOnce(pgbench, r.port, r.env, mode, clients, d, r.extra)
+			if err != nil {
+				return nil, fmt.Errorf("port %d: %w", r.port, err)
+			}
+			if hasPid {
+				after, _ := procCPU(pid)
+				cpu[i] += after - before
+				txns[i] += res.tps * d.Seconds()
+			}
+			all[i] = append(all[i], res)
 		}
-		runs = append(runs, r)
 	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].tps < runs[j].tps })
-	return runs[len(runs)/2], nil
+	out := make([]result, len(runs))
+	for i, rs := range all {
+		if len(rs) == 0 {
+			continue
+		}
+		sort.Slice(rs, func(a, b int) bool { return rs[a].tps < rs[b].tps })
+		out[i] = rs[len(rs)/2]
+		if txns[i] > 0 {
+			out[i].cpuPerTx = float64(cpu[i]) / txns[i]
+		}
+	}
+	return out, nil
 }
 
 func pgbenchOnce(pgbench string, port int, env []string, mode string, clients int, d time.Duration, extra []string) (result, error) {
@@ -410,5 +431,5 @@ func pgbenchOnce(pgbench string, port int, env []string, mode string, clients in
 	}
 	tps, _ := strconv.ParseFloat(string(m[1]), 64)
 	lat, _ := strconv.ParseFloat(string(l[1]), 64)
-	return result{tps, lat}, nil
+	return result{tps: tps, latencyMS: lat}, nil
 }
