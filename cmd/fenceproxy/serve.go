@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
+	"github.com/fenceproxy/fenceproxy/internal/logsink"
 	"github.com/fenceproxy/fenceproxy/internal/service"
 )
 
@@ -28,23 +29,28 @@ func serveMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "fenceproxy: %v\n", err)
 		return 1
 	}
-	log, err := newLogger(cfg.Log, stderr)
+	log, sink, err := newLogger(cfg.Log, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "fenceproxy: %v\n", err)
 		return 1
 	}
+	defer func() { _ = sink.Close() }()
 	defer func() { _ = log.Sync() }()
-	if err := service.RunConfig(ctx, cfg, *path, log, nil); err != nil {
+	ready := func(in *service.Instance) { in.CountDroppedLogLines(sink.Dropped) }
+	if err := service.RunConfig(ctx, cfg, *path, log, ready); err != nil {
 		log.Error("fenceproxy stopped", zap.Error(err))
 		return 1
 	}
 	return 0
 }
 
-func newLogger(lc config.Log, w io.Writer) (*zap.Logger, error) {
+// newLogger returns the proxy's logger, which writes to w through a
+// logsink.Writer: the threads that relay sessions log, and must not wait
+// for an output that has stalled (lines are dropped instead, and counted).
+func newLogger(lc config.Log, w io.Writer) (*zap.Logger, *logsink.Writer, error) {
 	level, err := zapcore.ParseLevel(lc.Level)
 	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
+		return nil, nil, fmt.Errorf("log.level: %w", err)
 	}
 	ec := zap.NewProductionEncoderConfig()
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
@@ -55,6 +61,10 @@ func newLogger(lc config.Log, w io.Writer) (*zap.Logger, error) {
 	} else {
 		enc = zapcore.NewJSONEncoder(ec)
 	}
-	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)
-	return zap.New(core), nil
+	sink := logsink.New(w, logsink.DefaultLimit)
+	log := zap.New(zapcore.NewCore(enc, sink, level))
+	sink.OnDropped(func(lines uint64) {
+		log.Warn("log lines dropped: the log output did not keep up", zap.Uint64("lines", lines))
+	})
+	return log, sink, nil
 }

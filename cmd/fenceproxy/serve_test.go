@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -208,5 +210,121 @@ func TestRewriteCommand(t *testing.T) {
 	var out strings.Builder
 	if code := runMain([]string{"rewrite", "-c", cfg, "-"}, strings.NewReader("UPDATE public.config SET payload = 'z'"), &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-- rewritten") {
 		t.Errorf("stdin: exit %d, output %q", code, out.String())
+	}
+}
+
+// TestServeWithStalledLogOutput: when nothing reads the proxy's standard
+// error, the proxy keeps serving (it would stop once the pipe is full if
+// the threads that relay sessions wrote their log lines themselves); the
+// lines it cannot queue are dropped and counted in the metric, and once
+// the output is read again a notice says how many were lost.
+func TestServeWithStalledLogOutput(t *testing.T) {
+	pg := pgtest.Start(t, pgcluster.Options{})
+	ctx := context.Background()
+	cfg := filepath.Join(t.TempDir(), "fenceproxy.yaml")
+	text := fmt.Sprintf("listen: 127.0.0.1:0\nupstream:\n  address: %s\nadmin:\n  listen: 127.0.0.1:0\nlimits:\n  relay_loops: 1\ntables:\n  - table: public.config\n", pg.Addr())
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "serve", "-c", cfg)
+	cmd.Env = append(os.Environ(), "FENCEPROXY_TEST_AS_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	// Read up to the listening line, then stop reading.
+	out := bufio.NewReader(stderr)
+	re := regexp.MustCompile(`"listen": ?"([0-9.:]+)".*"admin": ?"([0-9.:]+)"`)
+	var addr, admin string
+	for addr == "" {
+		line, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("fenceproxy exited before listening: %v", err)
+		}
+		if m := re.FindStringSubmatch(line); m != nil && strings.Contains(line, "fenceproxy listening") {
+			addr, admin = m[1], m[2]
+		}
+	}
+
+	cc, err := pgx.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// Each refusal logs a line of about 300 bytes: 8,000 are more than the
+	// pipe (64 KiB) and the proxy's queue (1 MiB) hold.
+	const refused = "UPDATE config SET payload = 'x' WHERE pg_catalog.set_config('a.b', '1', false) = '1'"
+	for i := range 8000 {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := conn.Exec(sctx, refused)
+		cancel()
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "FP003" {
+			t.Fatalf("statement %d: %v, want the proxy's FP003 refusal (a timeout means the relay waited for the log output)", i, err)
+		}
+	}
+	var one int
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := conn.QueryRow(sctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1 with the log output stalled: %d, %v", one, err)
+	}
+	dropped := func() float64 {
+		resp, err := http.Get("http://" + admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		m := regexp.MustCompile(`(?m)^fenceproxy_log_lines_dropped_total ([0-9.e+]+)$`).FindSubmatch(body)
+		if m == nil {
+			t.Fatalf("no fenceproxy_log_lines_dropped_total in /metrics:\n%s", body)
+		}
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		return v
+	}
+	n := dropped()
+	if n < 1000 {
+		t.Fatalf("fenceproxy_log_lines_dropped_total = %v after 8,000 refusals with the output stalled; want most of them", n)
+	}
+
+	// Read again: the queued lines come out, then the notice.
+	found := make(chan string, 1)
+	go func() {
+		for {
+			line, err := out.ReadString('\n')
+			if err != nil {
+				close(found)
+				return
+			}
+			if strings.Contains(line, "log lines dropped") {
+				found <- line
+				_, _ = io.Copy(io.Discard, out)
+				return
+			}
+		}
+	}()
+	select {
+	case line, ok := <-found:
+		if !ok {
+			t.Fatal("the log ended without a notice of the dropped lines")
+		}
+		if !regexp.MustCompile(`"lines": ?[1-9][0-9]*`).MatchString(line) {
+			t.Errorf("notice without the count: %s", line)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no notice of the dropped lines once the output was read again")
 	}
 }

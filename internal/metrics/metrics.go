@@ -11,6 +11,7 @@ package metrics
 
 import (
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,8 @@ type Metrics struct {
 	LockRejections        *prometheus.CounterVec // lock, reason (stale|missing_lock|missing_token)
 	ConfigReloads         *prometheus.CounterVec // result (ok|failed)
 	CheckProblems         *prometheus.GaugeVec   // database
+
+	logDropped atomic.Pointer[func() uint64] // CountDroppedLogLines
 }
 
 // New creates the metrics in a fresh registry that also carries the Go and
@@ -110,7 +113,17 @@ func New() *Metrics {
 			Help: "Statements on lock-fenced tables refused by the lock registration: a token older than the lock's watermark (stale), or no lock name or token where one is required. The lock label holds the first 100 lock names seen, then \"other\".",
 		}, []string{"lock", "reason"}),
 	}
+	logDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "fenceproxy_log_lines_dropped_total",
+		Help: "Log lines dropped because the log output (standard error) did not keep up; the proxy never waits for it.",
+	}, func() float64 {
+		if f := m.logDropped.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	m.Registry.MustRegister(
+		logDropped,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ConnectionsCurrent, m.ConnectionsTotal, m.UpstreamConnectErrors, m.AcceptErrors,
@@ -129,6 +142,10 @@ func New() *Metrics {
 	m.ConfigReloads.WithLabelValues("failed")
 	return m
 }
+
+// CountDroppedLogLines makes fenceproxy_log_lines_dropped_total report
+// what dropped returns (the log output's count).
+func (m *Metrics) CountDroppedLogLines(dropped func() uint64) { m.logDropped.Store(&dropped) }
 
 // Hooks returns the proxy.Hooks that feed these metrics.
 func (m *Metrics) Hooks() proxy.Hooks {

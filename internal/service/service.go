@@ -193,6 +193,12 @@ func (in *Instance) AdminAddr() string {
 	return in.adminL.Addr().String()
 }
 
+// CountDroppedLogLines makes the metric of dropped log lines report what
+// dropped returns (the log output's count, see package logsink).
+func (in *Instance) CountDroppedLogLines(dropped func() uint64) {
+	in.metrics.CountDroppedLogLines(dropped)
+}
+
 // Server returns the relay.
 func (in *Instance) Server() *proxy.Server { return in.srv }
 
