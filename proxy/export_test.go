@@ -35,3 +35,13 @@ func init() {
 	// Every wait on a loop checks that it runs on the loop's thread.
 	checkLoopThread = true
 }
+
+// SetOffLoopCap replaces the bound on the work running off the loops at
+// once (Server.offLoop). Call it before the first session: it holds s.mu,
+// which every new session takes before it starts, so that the sessions see
+// the new bound.
+func SetOffLoopCap(s *Server, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.offLoop = make(chan struct{}, n)
+}

@@ -142,6 +142,61 @@ func (p quickPolicy) DecideQuick(_ *proxy.SessionInfo, _ proxy.Lexing, sql strin
 	return proxy.Decision{}, true
 }
 
+// TestOffLoopCap checks the bound on decisions running off the loops at
+// once: with room for two, a third slow decision waits for a slot (it has
+// not started while two are blocked) and starts when one frees, while a
+// statement the quick path decides is served meanwhile.
+func TestOffLoopCap(t *testing.T) {
+	t.Parallel()
+	sp := &slowPolicy{entered: make(chan struct{})}
+	p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: quickPolicy{sp}})
+	proxy.SetOffLoopCap(p.Server, 2)
+	conns := make([]*pgx.Conn, 4)
+	for i := range conns {
+		conns[i] = connect(t, superDSN(p))
+		selectOne(t, conns[i])
+	}
+	release := sp.block(t)
+	done := make(chan error, 3)
+	slow := func(c *pgx.Conn) {
+		go func() {
+			var got string
+			err := c.QueryRow(context.Background(), "SELECT 'slow_decision'").Scan(&got)
+			if err == nil && got != "slow_decision" {
+				err = fmt.Errorf("got %q", got)
+			}
+			done <- err
+		}()
+	}
+	slow(conns[0])
+	slow(conns[1])
+	sp.waitEntered(t, "the first slow decision")
+	sp.waitEntered(t, "the second slow decision")
+	slow(conns[2])
+	// The third waits for a slot: its decision does not start.
+	select {
+	case <-sp.entered:
+		t.Fatal("a third decision started while two held the two slots")
+	case <-time.After(300 * time.Millisecond):
+	}
+	// The quick path needs no slot.
+	for range 5 {
+		selectOne(t, conns[3])
+	}
+	release()
+	// A slot frees: the third decision starts (its gate is open) and all
+	// three statements end.
+	sp.waitEntered(t, "the third slow decision")
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Errorf("slow statement: %v", err)
+		}
+	}
+	for _, c := range conns {
+		selectOne(t, c)
+	}
+}
+
 // TestSlowDecisionOffLoop checks that a decision that takes long (a
 // first-seen statement's parse, a wait for the database's check) holds up
 // its own session only: the other sessions of its event loop go on.
