@@ -221,10 +221,10 @@ func setupObjects(ctx context.Context, cl *pgcluster.Cluster) error {
 	}
 	// Functions with the signatures of the raisers that fenced rows call
 	// and nothing in them: the floor of any form that calls PL/pgSQL.
-	_, err = conn.Exec(ctx, `CREATE SCHEMA `+noopSchema+`;
-		CREATE FUNCTION `+noopSchema+`.tok_b(text, text) RETURNS boolean LANGUAGE plpgsql STABLE
+	_, err = conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+noopSchema+`;
+		CREATE OR REPLACE FUNCTION `+noopSchema+`.tok_b(text, text) RETURNS boolean LANGUAGE plpgsql STABLE
 			AS 'BEGIN RETURN true; END';
-		CREATE FUNCTION `+noopSchema+`.advance(text, bigint, boolean, text, text) RETURNS bigint LANGUAGE plpgsql STABLE
+		CREATE OR REPLACE FUNCTION `+noopSchema+`.advance(text, bigint, boolean, text, text) RETURNS bigint LANGUAGE plpgsql STABLE
 			AS 'BEGIN RETURN 42; END'`)
 	return err
 }
@@ -270,7 +270,7 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(row: fence.token only; lock: fence.lock and fence.token, so each UPDATE is preceded by the lock registration; target ≥ 0.85x)")
 	fmt.Println()
-	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing; µs/tx: the relay process's CPU per transaction)")
+	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing; µs/tx: the relay process's CPU per transaction, over the cell's runs)")
 	fmt.Println()
 	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-28s | %-28s | %-28s | %-28s | %-28s |\n", "sync", "mode", "-c", "hand-written, direct",
 		"relay only: pgbouncer", "relay only: fenceproxy", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
@@ -325,7 +325,9 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 }
 
 // setSyncCommit makes value the server's default synchronous_commit (""
-// resets it) and waits until a new session sees it.
+// resets it) and gives the reload a moment to reach the backends (a
+// backend applies it before its next statement; PgBouncer's open server
+// connections included).
 func setSyncCommit(ctx context.Context, cl *pgcluster.Cluster, value string) error {
 	stmt := "ALTER SYSTEM RESET synchronous_commit"
 	if value != "" {
@@ -362,17 +364,23 @@ type benchRun struct {
 }
 
 // interleaved measures the runs of one table row reps times each, round
-// after round (all runs once, then all again), so that the machine's load,
-// which changes over the minutes a row takes, weighs on every cell alike.
-// Each cell's result is its median run by TPS, with the CPU per
-// transaction of the relay process listening on its port (from all its
-// runs).
+// after round (all runs once, then all again, each round starting at the
+// next cell), so that the machine's load, which changes over the minutes a
+// row takes, weighs on every cell alike. Each cell's result is its median
+// run by TPS, with the CPU per transaction of the relay process listening
+// on its port over all the cell's runs (connection set-up included, which
+// pgbench's TPS leaves out: a slight overstatement).
 func interleaved(pgbench, mode string, clients int, d time.Duration, runs []benchRun) ([]result, error) {
 	all := make([][]result, len(runs))
 	cpu := make([]int64, len(runs))
 	txns := make([]float64, len(runs))
-	for range max(1, *reps) {
-		for i, r := range runs {
+	for round := range max(1, *reps) {
+		for j := range runs {
+			// Each round starts at another cell, so that no cell always
+			// follows the same one (the previous run's dead row versions,
+			// a checkpoint it set off).
+			i := (round + j) % len(runs)
+			r := runs[i]
 			if r.port == 0 {
 				continue
 			}

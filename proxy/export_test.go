@@ -45,3 +45,9 @@ func SetOffLoopCap(s *Server, n int) {
 	defer s.mu.Unlock()
 	s.offLoop = make(chan struct{}, n)
 }
+
+// OffLoop returns how many functions run off the loops (holding a slot of
+// Server.offLoop) and how many wait for a slot.
+func OffLoop(s *Server) (running int, waiting int64) {
+	return len(s.offLoop), s.offLoopWaiting.Load()
+}

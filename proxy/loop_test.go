@@ -174,10 +174,21 @@ func TestOffLoopCap(t *testing.T) {
 	sp.waitEntered(t, "the second slow decision")
 	slow(conns[2])
 	// The third waits for a slot: its decision does not start.
-	select {
-	case <-sp.entered:
-		t.Fatal("a third decision started while two held the two slots")
-	case <-time.After(300 * time.Millisecond):
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		running, waiting := proxy.OffLoop(p.Server)
+		if running == 2 && waiting == 1 {
+			break
+		}
+		select {
+		case <-sp.entered:
+			t.Fatal("a third decision started while two held the two slots")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("off the loop: %d running, %d waiting; want 2 and 1", running, waiting)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	// The quick path needs no slot.
 	for range 5 {
@@ -188,9 +199,17 @@ func TestOffLoopCap(t *testing.T) {
 	// three statements end.
 	sp.waitEntered(t, "the third slow decision")
 	for range 3 {
-		if err := <-done; err != nil {
-			t.Errorf("slow statement: %v", err)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("slow statement: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("a slow statement did not end once released")
 		}
+	}
+	if running, waiting := proxy.OffLoop(p.Server); running != 0 || waiting != 0 {
+		t.Errorf("off the loop after the statements: %d running, %d waiting", running, waiting)
 	}
 	for _, c := range conns {
 		selectOne(t, c)

@@ -317,7 +317,9 @@ func (s *session) offLoop(f func()) {
 		return
 	}
 	s.loop.await(func() {
+		s.srv.offLoopWaiting.Add(1)
 		s.srv.offLoop <- struct{}{}
+		s.srv.offLoopWaiting.Add(-1)
 		defer func() { <-s.srv.offLoop }()
 		f()
 	})

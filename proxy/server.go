@@ -86,6 +86,8 @@ type Server struct {
 	// offLoop bounds the work running off the loops at once
 	// (session.offLoop): each may hold an OS thread (a cgo parse).
 	offLoop chan struct{}
+	// offLoopWaiting counts the work waiting for room in offLoop.
+	offLoopWaiting atomic.Int64
 }
 
 // maxOffLoop is the capacity of Server.offLoop: room for decisions that

@@ -34,8 +34,9 @@ func serveMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "fenceproxy: %v\n", err)
 		return 1
 	}
+	// Close writes what is queued, waiting at most five seconds for the
+	// output.
 	defer func() { _ = sink.Close() }()
-	defer func() { _ = log.Sync() }()
 	ready := func(in *service.Instance) { in.CountDroppedLogLines(sink.Dropped) }
 	if err := service.RunConfig(ctx, cfg, *path, log, ready); err != nil {
 		log.Error("fenceproxy stopped", zap.Error(err))

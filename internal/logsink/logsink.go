@@ -37,7 +37,7 @@ type Writer struct {
 
 	mu       sync.Mutex
 	queue    []byte // waiting to be written
-	spare    []byte // the buffer being written, reused for the next queue
+	spare    []byte // the last batch's buffer, for the next queue (nil while it is written)
 	closed   bool
 	pending  uint64        // lines dropped since the last notice
 	noticing bool          // the goroutine is in the OnDropped function
@@ -84,15 +84,28 @@ func (w *Writer) Write(p []byte) (int, error) {
 		w.pending++
 		w.mu.Unlock()
 		w.dropped.Add(1)
+		w.wake() // the notice, once the queue is written
 		return len(p), nil
+	}
+	if n := len(w.queue) + len(p); n > cap(w.queue) {
+		// Grow within limit+noticeRoom, so that the queue and the batch
+		// being written hold at most twice that.
+		q := make([]byte, len(w.queue), min(max(2*cap(w.queue), n, 4096), w.limit+noticeRoom))
+		copy(q, w.queue)
+		w.queue = q
 	}
 	w.queue = append(w.queue, p...)
 	w.mu.Unlock()
+	w.wake()
+	return len(p), nil
+}
+
+// wake makes the goroutine look at the queue.
+func (w *Writer) wake() {
 	select {
 	case w.kick <- struct{}{}:
 	default:
 	}
-	return len(p), nil
 }
 
 // Sync waits until what was queued before the call has been written, at
@@ -144,20 +157,30 @@ func (w *Writer) Close() error {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
+	w.wake()
 	return nil
 }
 
 func (w *Writer) run() {
-	defer close(w.done)
+	// done first, then the broadcast: a Sync woken by it sees done closed.
 	defer w.flushed.Broadcast()
+	defer close(w.done)
 	for range w.kick {
 		for {
 			w.mu.Lock()
 			if len(w.queue) == 0 {
+				// Everything kept is written: report what was dropped.
+				lost, f := w.pending, w.notice.Load()
+				if lost > 0 && f != nil && !w.closed {
+					w.pending = 0
+					w.noticing = true
+					w.mu.Unlock()
+					(*f)(lost)
+					w.mu.Lock()
+					w.noticing = false
+					w.mu.Unlock()
+					continue // write the notice
+				}
 				closed := w.closed
 				w.mu.Unlock()
 				if closed {
@@ -165,8 +188,10 @@ func (w *Writer) run() {
 				}
 				break
 			}
+			// The queue becomes the batch; the spare buffer (never the
+			// batch's own memory) takes its place.
 			batch := w.queue
-			w.queue = w.spare[:0]
+			w.queue, w.spare = w.spare[:0], nil
 			w.queued++
 			w.mu.Unlock()
 
@@ -174,22 +199,9 @@ func (w *Writer) run() {
 
 			w.mu.Lock()
 			w.written++
-			if cap(batch) <= w.limit { // keep one buffer, not a huge one
-				w.spare = batch[:0]
-			}
-			lost := w.pending
-			w.pending = 0
-			f := w.notice.Load()
-			notify := lost > 0 && f != nil
-			w.noticing = notify
+			w.spare = batch[:0]
 			w.mu.Unlock()
 			w.flushed.Broadcast()
-			if notify {
-				(*f)(lost)
-				w.mu.Lock()
-				w.noticing = false
-				w.mu.Unlock()
-			}
 		}
 	}
 }
