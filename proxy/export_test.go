@@ -51,3 +51,18 @@ func SetOffLoopCap(s *Server, n int) {
 func OffLoop(s *Server) (running int, waiting int64) {
 	return len(s.offLoop), s.offLoopWaiting.Load()
 }
+
+// LoopYields returns how many times the server's loops have passed through
+// Go's scheduler (yieldEvery), read on each loop.
+func LoopYields(s *Server) int {
+	s.loopMu.Lock()
+	loops := s.loops
+	s.loopMu.Unlock()
+	n := 0
+	for _, l := range loops {
+		ch := make(chan int, 1)
+		l.post(func() { ch <- l.yields })
+		n += <-ch
+	}
+	return n
+}

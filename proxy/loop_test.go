@@ -142,6 +142,26 @@ func (p quickPolicy) DecideQuick(_ *proxy.SessionInfo, _ proxy.Lexing, sql strin
 	return proxy.Decision{}, true
 }
 
+// TestLoopYields: a loop kept busy passes through Go's scheduler every
+// few milliseconds (so that the runtime's monitor does not preempt it; see
+// yieldEvery in loop.go).
+func TestLoopYields(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxy.Options{RelayLoops: 1})
+	conn := connect(t, superDSN(p))
+	selectOne(t, conn)
+	before := proxy.LoopYields(p.Server)
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		selectOne(t, conn)
+	}
+	// 300 ms of round trips: over 30 yields at one per 8 ms; at least a
+	// few even on a machine that stalls the test now and then.
+	if n := proxy.LoopYields(p.Server) - before; n < 5 {
+		t.Errorf("the loop yielded %d times in 300 ms of round trips; want one every 8 ms or so", n)
+	}
+}
+
 // TestOffLoopCap checks the bound on decisions running off the loops at
 // once: with room for two, a third slow decision waits for a slot (it has
 // not started while two are blocked) and starts when one frees, while a
