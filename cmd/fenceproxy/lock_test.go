@@ -8,7 +8,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,30 +17,12 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
 )
 
-// syncBuffer is a bytes.Buffer that the child's output copier and the test
-// can use at the same time.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // waitFor polls until b contains s.
-func (b *syncBuffer) waitFor(t *testing.T, s string, within time.Duration) {
+func waitFor(t *testing.T, b *testutil.SyncBuffer, s string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !strings.Contains(b.String(), s) {
@@ -70,13 +51,13 @@ func newLockEnv(t *testing.T) lockEnv {
 
 type lockRun struct {
 	code           int
-	stdout, stderr *syncBuffer
+	stdout, stderr *testutil.SyncBuffer
 }
 
 // start runs lockMain with --etcd pointing at the test cluster in the
 // background; wait returns its result.
-func (e lockEnv) start(ctx context.Context, args ...string) (*syncBuffer, *syncBuffer, <-chan lockRun) {
-	stdout, stderr := new(syncBuffer), new(syncBuffer)
+func (e lockEnv) start(ctx context.Context, args ...string) (*testutil.SyncBuffer, *testutil.SyncBuffer, <-chan lockRun) {
+	stdout, stderr := new(testutil.SyncBuffer), new(testutil.SyncBuffer)
 	res := make(chan lockRun, 1)
 	go func() {
 		code := lockMain(ctx, append([]string{"--etcd", e.etcd}, args...), stdout, stderr)
@@ -249,7 +230,7 @@ func TestLockLeaseLost(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
-			stdout.waitFor(t, "ready", 10*time.Second)
+			waitFor(t, stdout, "ready", 10*time.Second)
 
 			kv, err := e.cli.Get(ctx, lock.Prefix(key), clientv3.WithPrefix())
 			if err != nil || len(kv.Kvs) != 1 {
@@ -288,7 +269,7 @@ func TestLockKillsChildIgnoringTerm(t *testing.T) {
 	defer cancel()
 
 	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", `trap '' TERM; echo ready; while :; do sleep 0.1; done`)
-	stdout.waitFor(t, "ready", 10*time.Second)
+	waitFor(t, stdout, "ready", 10*time.Second)
 	if _, err := e.cli.Delete(ctx, lock.Prefix(key), clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +290,7 @@ func TestLockCanceledContextStopsChild(t *testing.T) {
 	defer cancel()
 
 	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
-	stdout.waitFor(t, "ready", 10*time.Second)
+	waitFor(t, stdout, "ready", 10*time.Second)
 	cancel()
 	r := wait(t, res, 10*time.Second)
 	if r.code != 3 || !strings.Contains(stdout.String(), "got-term") {
@@ -332,7 +313,7 @@ func TestLockForwardsSignal(t *testing.T) {
 	defer signal.Stop(guard)
 
 	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
-	stdout.waitFor(t, "ready", 10*time.Second)
+	waitFor(t, stdout, "ready", 10*time.Second)
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

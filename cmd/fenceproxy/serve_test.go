@@ -33,9 +33,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// startServeProcess runs `fenceproxy serve -c cfg` as a child process and
-// returns its listen address, read from its log.
-func startServeProcess(t *testing.T, cfg string) (*exec.Cmd, string, *strings.Builder) {
+// startServe runs `fenceproxy serve -c cfg` as a child process, killed
+// when the test ends, and returns its standard error (its log).
+func startServe(t *testing.T, cfg string) (*exec.Cmd, io.Reader) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "serve", "-c", cfg)
 	cmd.Env = append(os.Environ(), "FENCEPROXY_TEST_AS_MAIN=1")
@@ -50,6 +50,14 @@ func startServeProcess(t *testing.T, cfg string) (*exec.Cmd, string, *strings.Bu
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
+	return cmd, stderr
+}
+
+// startServeProcess runs `fenceproxy serve -c cfg` (startServe) and
+// returns its listen address, read from its log.
+func startServeProcess(t *testing.T, cfg string) (*exec.Cmd, string, *strings.Builder) {
+	t.Helper()
+	cmd, stderr := startServe(t, cfg)
 	logs := &strings.Builder{}
 	addrc := make(chan string, 1)
 	go func() {
@@ -226,19 +234,7 @@ func TestServeWithStalledLogOutput(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "serve", "-c", cfg)
-	cmd.Env = append(os.Environ(), "FENCEPROXY_TEST_AS_MAIN=1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
+	_, stderr := startServe(t, cfg)
 	// Read up to the listening line, then stop reading.
 	out := bufio.NewReader(stderr)
 	re := regexp.MustCompile(`"listen": ?"([0-9.:]+)".*"admin": ?"([0-9.:]+)"`)

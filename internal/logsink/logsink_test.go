@@ -1,7 +1,6 @@
 package logsink_test
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"strings"
@@ -10,30 +9,12 @@ import (
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/logsink"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for the writer's goroutine and the
-// test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestOrder: every line reaches the output, in order, once Sync returns.
 func TestOrder(t *testing.T) {
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	w := logsink.New(&out, 0)
 	defer w.Close()
 	var want strings.Builder
@@ -60,7 +41,7 @@ func TestOrder(t *testing.T) {
 type gateOutput struct {
 	entered, open chan struct{}
 	once          sync.Once
-	out           syncBuffer
+	out           testutil.SyncBuffer
 }
 
 func newGateOutput() *gateOutput {

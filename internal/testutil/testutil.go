@@ -1,10 +1,13 @@
 // Package testutil holds the small helpers the test suites of several
-// packages share: a per-step context and SQLSTATE checks.
+// packages share: a per-step context, SQLSTATE checks and a buffer safe
+// for concurrent use.
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,4 +44,23 @@ func WantSQLState(t testing.TB, err error, code string) {
 	if got := SQLState(err); got != code {
 		t.Fatalf("got error %v (SQLSTATE %q), want SQLSTATE %s", err, got, code)
 	}
+}
+
+// SyncBuffer is a bytes.Buffer that a writer goroutine (a child process's
+// output copier, a log writer) and the test can use at the same time.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
