@@ -222,10 +222,13 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	// A rewrite, and a lock registration, may report to the audit
 	// listener: it must be in place first.
 	reports := d.Action == rules.Rewrite || (d.Action != rules.Refuse && d.Lock != nil)
-	if reports {
-		if quick && !p.auditorReady(set, info) {
+	switch {
+	case reports && quick:
+		// Ready is what Ensure would find at once: nothing more to do.
+		if !p.auditorReady(set, info) {
 			return proxy.Decision{}, false
 		}
+	case reports:
 		p.ensureAuditor(set, info)
 	}
 	if d.AuditRefusal != nil {
