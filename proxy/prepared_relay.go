@@ -768,7 +768,7 @@ var errPolicyPanicked = errors.New("policy panicked")
 func (s *session) policyPreparedOps(sql string) (ops []PreparedOp, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.logger().Error("policy panicked listing prepared statements; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+			s.logPolicyPanic("policy panicked listing prepared statements; statement refused", r)
 			ops, err = nil, errPolicyPanicked
 		}
 	}()

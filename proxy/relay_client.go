@@ -348,8 +348,13 @@ func (s *session) policyDecide(lex Lexing, sql string) (d Decision) {
 // policyPanicked logs a panic of the policy and returns the refusal of the
 // statement it was deciding.
 func (s *session) policyPanicked(r any) Decision {
-	s.logger().Error("policy panicked; statement refused", zap.Any("panic", r), zap.Stack("stack"))
+	s.logPolicyPanic("policy panicked; statement refused", r)
 	return internalRefusal()
+}
+
+// logPolicyPanic logs r, recovered from the policy, with the stack.
+func (s *session) logPolicyPanic(msg string, r any) {
+	s.logger().Error(msg, zap.Any("panic", r), zap.Stack("stack"))
 }
 
 // internalRefusal refuses a statement the policy failed on.
