@@ -121,18 +121,27 @@ func run() error {
 		cs = append(cs, n)
 	}
 
-	bouncerPort, stopBouncer, err := startPgBouncer(work, cl.Port())
+	bouncerPort, stopBouncer, err := startPgBouncer(work, cl.Port(), false)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: PgBouncer not measured: %v\n", err)
 		bouncerPort = 0
 	} else {
 		defer stopBouncer()
 	}
+	pooledPort := 0
+	if bouncerPort != 0 {
+		port, stop, err := startPgBouncer(work, cl.Port(), true)
+		if err != nil {
+			return fmt.Errorf("pooled PgBouncer: %w", err)
+		}
+		defer stop()
+		pooledPort = port
+	}
 
 	if !*skipSelect {
 		targets := []target{{"direct", cl.Port()}, {"fenceproxy", proxyPort}, {"fenceproxy-1", proxy1Port}}
 		if bouncerPort != 0 {
-			targets = append(targets, target{"pgbouncer", bouncerPort})
+			targets = append(targets, target{"pgbouncer", bouncerPort}, target{"pgbouncer-pooled", pooledPort})
 		}
 		// The relay prototypes (bench/relayproto): what the goroutine model
 		// and an epoll loop cost with nothing else to do.
@@ -142,7 +151,7 @@ func run() error {
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("build relayproto: %w", err)
 		}
-		for _, mode := range []string{"epoll", "raw", "copy"} {
+		for _, mode := range []string{"raw", "copy"} {
 			port, stop, err := startRelayProto(protoBin, mode, cl.Port())
 			if err != nil {
 				return err
@@ -152,12 +161,14 @@ func run() error {
 		}
 		cols := []struct{ name, title string }{
 			{"fenceproxy", "fenceproxy"}, {"fenceproxy-1", "fenceproxy GOMAXPROCS=1"}, {"pgbouncer", "pgbouncer (session)"},
-			{"proto-epoll", "epoll relay prototype"}, {"proto-raw", "raw-syscall epoll prototype"}, {"proto-copy", "io.Copy relay prototype"},
+			{"pgbouncer-pooled", "pgbouncer, pooled backends"}, {"proto-raw", "raw-syscall epoll prototype"}, {"proto-copy", "io.Copy relay prototype"},
 		}
 		fmt.Println()
 		fmt.Println("## select-only (pgbench -S), TPS and ratio to direct TPS; relay CPU per transaction (the relay process's utime+stime / transactions)")
 		fmt.Println()
-		fmt.Println("(target: fenceproxy's ratio ≥ pgbouncer's in every row, and its CPU per transaction no higher)")
+		fmt.Println("(target: fenceproxy's ratio ≥ pgbouncer (session)'s in every row, and its CPU per transaction no higher)")
+		fmt.Println()
+		fmt.Println("(pgbouncer (session) closes a server connection with its client's, so each pgbench run meets new server processes, as it does directly and through fenceproxy; pooled backends: PgBouncer's default, which hands a new client an earlier client's server process, whose memory is already mapped — a pooling effect, not a relay cost)")
 		fmt.Println()
 		fmt.Printf("| %-8s | %2s | %-22s |", "mode", "-c", "direct")
 		for _, c := range cols {
@@ -270,7 +281,7 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(row: fence.token only; lock: fence.lock and fence.token, so each UPDATE is preceded by the lock registration; target ≥ 0.85x)")
 	fmt.Println()
-	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing; µs/tx: the relay process's CPU per transaction, over the cell's runs)")
+	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode, server connections not reused), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing; µs/tx: the relay process's CPU per transaction, over the cell's runs)")
 	fmt.Println()
 	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-28s | %-28s | %-28s | %-28s | %-28s |\n", "sync", "mode", "-c", "hand-written, direct",
 		"relay only: pgbouncer", "relay only: fenceproxy", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
