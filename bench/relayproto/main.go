@@ -14,8 +14,10 @@
 //	             timeout, so that a garbage collection's stop-the-world
 //	             never waits long for the loop)
 //
-// bench/main.go starts it beside fenceproxy and PgBouncer and prints its
-// throughput and CPU per transaction in the select-only table.
+// bench/main.go starts the raw and copy modes beside fenceproxy and
+// PgBouncer and prints their throughput and CPU per transaction in the
+// select-only table (epoll mode, close to what fenceproxy's loop now does,
+// is left to run by hand).
 package main
 
 import (
