@@ -150,7 +150,9 @@ func (s *session) readyForQuery(status byte) bool {
 		// Every refused or rewritten statement sent so far has been
 		// answered; one pipelined behind this Sync would still be pending
 		// otherwise.
-		clear(s.refusals)
+		if len(s.refusals) > 0 { // clear walks the map's storage even when empty
+			clear(s.refusals)
+		}
 		s.state.rewrote = false
 		s.state.execsSinceIdle = 0
 	}
