@@ -341,7 +341,7 @@ func (l *loop) drainPosted() {
 
 // wait returns the number of events in l.events: at once if some are
 // pending, else after blocking until one comes. It always goes through the
-// scheduler-aware system call: a raw poll without a timeout first, to skip
+// scheduler-aware system call: a raw poll with a zero timeout first, to skip
 // the scheduler's bookkeeping when events are already there, found nothing
 // at one client (the answer comes later than the loop's work on the
 // request) and so cost a system call per wake-up — 2–4 µs of CPU per

@@ -150,7 +150,7 @@ func (s *session) readyForQuery(status byte) bool {
 		// Every refused or rewritten statement sent so far has been
 		// answered; one pipelined behind this Sync would still be pending
 		// otherwise.
-		if len(s.refusals) > 0 { // clear walks the map's storage even when empty
+		if len(s.refusals) > 0 { // once a refusal was deleted, clear walks the map even when empty
 			clear(s.refusals)
 		}
 		s.state.rewrote = false
