@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/internal/syncx"
 )
 
 // copyClientToUpstream relays client messages, passing SQL through the rules.
@@ -431,17 +433,7 @@ func (s *session) waitLocked(pending func() bool) {
 		s.waitOnLoop(pending)
 		return
 	}
-	timedOut := false
-	t := time.AfterFunc(lexWaitTimeout, func() {
-		s.mu.Lock()
-		timedOut = true
-		s.mu.Unlock()
-		s.idleCond.Broadcast()
-	})
-	defer t.Stop()
-	for pending() && !s.state.finishing && !timedOut {
-		s.idleCond.Wait()
-	}
+	syncx.WaitUntil(s.idleCond, lexWaitTimeout, func() bool { return !pending() || s.state.finishing })
 }
 
 // waitOnLoop is waitLocked for a session on a loop: the task parks (s.mu

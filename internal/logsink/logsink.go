@@ -9,7 +9,7 @@
 // copies the queue to the output. When more than the limit is waiting, new
 // lines are dropped and counted rather than queued: the proxy keeps
 // serving, and once the output catches up a notice says how many lines
-// were lost (Options.Dropped), and the count is exported as a metric.
+// were lost (OnDropped), and the count is exported as a metric.
 package logsink
 
 import (
@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fenceproxy/fenceproxy/internal/syncx"
 )
 
 // DefaultLimit is the number of bytes a Writer queues before it drops
@@ -121,17 +123,7 @@ func (w *Writer) SyncTimeout(timeout time.Duration) error {
 	if len(w.queue) > 0 {
 		target++ // the next batch holds what is queued now
 	}
-	expired := false
-	timer := time.AfterFunc(timeout, func() {
-		w.mu.Lock()
-		expired = true
-		w.mu.Unlock()
-		w.flushed.Broadcast()
-	})
-	defer timer.Stop()
-	for w.written < target && !expired && !w.closedAndIdle() {
-		w.flushed.Wait()
-	}
+	syncx.WaitUntil(w.flushed, timeout, func() bool { return w.written >= target || w.closedAndIdle() })
 	ok := w.written >= target
 	w.mu.Unlock()
 	if s, isSyncer := w.out.(interface{ Sync() error }); ok && isSyncer {
