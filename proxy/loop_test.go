@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -219,13 +220,8 @@ func TestOffLoopCap(t *testing.T) {
 	// three statements end.
 	sp.waitEntered(t, "the third slow decision")
 	for range 3 {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("slow statement: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Fatal("a slow statement did not end once released")
+		if err := testutil.Recv(t, done, 15*time.Second, "a slow statement did not end once released"); err != nil {
+			t.Errorf("slow statement: %v", err)
 		}
 	}
 	if running, waiting := proxy.OffLoop(p.Server); running != 0 || waiting != 0 {

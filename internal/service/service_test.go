@@ -26,6 +26,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/service"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -479,12 +480,7 @@ func TestShutdownDelay(t *testing.T) {
 		}
 		return true
 	})
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Shutdown did not return")
+	if err := testutil.Recv(t, done, 30*time.Second, "Shutdown did not return"); err != nil {
+		t.Errorf("Shutdown: %v", err)
 	}
 }

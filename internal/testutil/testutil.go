@@ -1,6 +1,6 @@
 // Package testutil holds the small helpers the test suites of several
-// packages share: a per-step context, SQLSTATE checks and a buffer safe
-// for concurrent use.
+// packages share: a per-step context, SQLSTATE checks, a bounded receive
+// and a buffer safe for concurrent use.
 package testutil
 
 import (
@@ -63,4 +63,17 @@ func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Recv returns the next value from ch. If none comes within timeout the
+// test fails at once, saying that what did not happen.
+func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatalf("%s within %v", what, timeout)
+		panic("unreachable")
+	}
 }
