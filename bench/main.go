@@ -132,16 +132,20 @@ func run() error {
 	if bouncerPort != 0 {
 		port, stop, err := startPgBouncer(work, cl.Port(), true)
 		if err != nil {
-			return fmt.Errorf("pooled PgBouncer: %w", err)
+			fmt.Fprintf(os.Stderr, "bench: pooled PgBouncer not measured: %v\n", err)
+		} else {
+			defer stop()
+			pooledPort = port
 		}
-		defer stop()
-		pooledPort = port
 	}
 
 	if !*skipSelect {
 		targets := []target{{"direct", cl.Port()}, {"fenceproxy", proxyPort}, {"fenceproxy-1", proxy1Port}}
 		if bouncerPort != 0 {
-			targets = append(targets, target{"pgbouncer", bouncerPort}, target{"pgbouncer-pooled", pooledPort})
+			targets = append(targets, target{"pgbouncer", bouncerPort})
+		}
+		if pooledPort != 0 {
+			targets = append(targets, target{"pgbouncer-pooled", pooledPort})
 		}
 		// The relay prototypes (bench/relayproto): what the goroutine model
 		// and an epoll loop cost with nothing else to do.

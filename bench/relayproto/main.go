@@ -5,7 +5,8 @@
 // protocol (no parsing, no fencing, no TLS, no cancel).
 //
 //	-mode copy:  two goroutines per connection, each an io.Copy (the model
-//	             fenceproxy's relay uses, minus everything it does)
+//	             fenceproxy's relay used before its event loops, minus
+//	             everything it does)
 //	-mode epoll: one OS thread running an epoll loop over non-blocking
 //	             sockets (golang.org/x/sys/unix), as PgBouncer does with
 //	             libevent
