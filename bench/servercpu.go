@@ -114,6 +114,11 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 	if fd.Action != rules.Rewrite || fd.Lock == nil {
 		return fmt.Errorf("server CPU: unexpected decision %v", fd.Action)
 	}
+	pd := rs.ServerFunctions().Prepared().Decide(client)
+	if pd.Action != rules.Rewrite || pd.SQL == fd.SQL {
+		return fmt.Errorf("server CPU: no prepared form (%v)", pd.Action)
+	}
+	lastPreparedForm = pd.SQL
 	hand := "UPDATE config SET counter = counter + 1, last_fence = 42 WHERE id = 7 AND last_fence <= 42"
 	stmts := []cpuStatement{
 		{"hand-written conditional UPDATE", hand},
@@ -147,8 +152,13 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 }
 
 // lastServerStatements are the statements serverCPUTable measured, which
-// serverInstructionsTable counts.
-var lastServerStatements []cpuStatement
+// serverInstructionsTable counts; lastPreparedForm is row fencing's
+// statement in the form a named prepared statement gets (rules.Prepared),
+// which preparedInstructions counts too.
+var (
+	lastServerStatements []cpuStatement
+	lastPreparedForm     string
+)
 
 // serverInstructionsTable counts, with callgrind, the instructions the
 // statements of serverCPUTable cost PostgreSQL (see package pgcost), which
@@ -207,7 +217,10 @@ func preparedInstructions(c pgcost.Counter, setup []string, perByte float64) err
 	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written |")
 	fmt.Println("|---|---|---|---|")
 	var ref float64
-	for i, st := range slices.Concat(lastServerStatements[:3], lastServerStatements[5:]) {
+	stmts := slices.Concat(lastServerStatements[:3],
+		[]cpuStatement{{"row fencing, prepared form (what a named prepared statement gets)", lastPreparedForm}},
+		lastServerStatements[5:])
+	for i, st := range stmts {
 		n, err := c.PerStatement(append(append([]string(nil), setup...), "PREPARE p AS "+st.sql+";"), func(int) string { return exec })
 		if err != nil {
 			return fmt.Errorf("%s, prepared: %w", st.name, err)

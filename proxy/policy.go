@@ -174,7 +174,7 @@ type PreparedOp struct {
 }
 
 // Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
-// server last reported it for the session.
+// server last reported it for the session, and how it will use the text.
 type Lexing struct {
 	// StandardConformingStrings: with it off, a backslash escapes in
 	// ordinary '...' literals, so the same text holds different tokens.
@@ -190,6 +190,11 @@ type Lexing struct {
 	// byte >= 0x80: only those can be read differently by the settings
 	// above.
 	Backslash, NonASCII bool
+	// Prepared is set for the text of a named prepared statement (a Parse
+	// with a name): the server analyses it once and may execute it many
+	// times, so a policy may choose a rewrite that costs the server more to
+	// analyse and less to execute. It does not change what is fenced.
+	Prepared bool
 }
 
 // forwardAll is the Policy used when none is configured.

@@ -54,6 +54,7 @@ type stmtDef struct {
 	gen      uint64   // rules generation it was decided under
 	oids     []uint32 // the Parse's parameter types
 	sqlLevel bool     // defined by SQL PREPARE
+	named    bool     // defined by a Parse with a name (decided with Lexing.Prepared)
 	// plain: the text was forwarded unchanged, without a lock
 	// registration, so sent is the hash of sql itself (repeatDef).
 	plain bool

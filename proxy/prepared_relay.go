@@ -63,6 +63,7 @@ func (s *session) redecide(def *stmtDef) (same bool, d Decision, err error) {
 	if err != nil {
 		return false, d, err
 	}
+	lex.Prepared = def.named
 	start := s.clock()
 	d = s.decide(lex, def.sql)
 	s.decided(&d, s.clock().Sub(start))
@@ -159,7 +160,7 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 	if d.Action == Rewrite {
 		out = d.SQL
 	}
-	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops}
+	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, named: def.named}
 	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
 }
 
@@ -745,6 +746,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
+			def.named = p.Name != ""
 		}
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

@@ -51,6 +51,17 @@ var tokenPattern = rangePattern(MaxToken)
 // token with; fenceproxy setup's functions use the same one.
 func TokenPattern() string { return tokenPattern }
 
+// shortTokenPattern matches the valid tokens of up to len(MaxToken)-1
+// significant digits, all in range, optionally zero-padded: a third of the
+// full pattern's cost in PostgreSQL's regular expression engine, and every
+// token a lock service hands out for a long time. The error raisers try
+// it first, and so does the prepared form (Rules.Prepared), which leaves
+// longer tokens to the raisers' full check.
+var shortTokenPattern = `^0*[1-9][0-9]{0,` + strconv.Itoa(len(MaxToken)-2) + `}$`
+
+// ShortTokenPattern returns shortTokenPattern.
+func ShortTokenPattern() string { return shortTokenPattern }
+
 // rangePattern builds an anchored regular expression matching the decimal
 // numbers 1..max (max without leading zeros), optionally zero-padded: all
 // numbers with fewer digits than max, and for numbers with as many digits,
@@ -97,6 +108,9 @@ type fencer struct {
 	// raisers: raise errors through the functions fenceproxy setup
 	// installs (Rules.ServerFunctions).
 	raisers bool
+	// prepared: with raisers, the form that costs less per execution
+	// (Rules.Prepared).
+	prepared bool
 }
 
 // setting returns pg_catalog.current_setting('<setting>', true).
@@ -111,6 +125,12 @@ func (f *fencer) valid() *pg.Node {
 
 // tok returns TOK.
 func (f *fencer) tok() *pg.Node { return cast(f.settingExpr(), "int8") }
+
+// validShort returns s ~ '<shortTokenPattern>': true for most valid
+// tokens, false for the others and for invalid ones, NULL when unset.
+func (f *fencer) validShort() *pg.Node {
+	return op("~", f.settingExpr(), aStr(shortTokenPattern))
+}
 
 // guardedTok returns TOK?.
 func (f *fencer) guardedTok() *pg.Node {
@@ -214,10 +234,19 @@ func sized(s string) string { return strconv.Itoa(len(s)) + ":" + s }
 //
 // With the server's error raisers it is fenceproxy.tok_b('<setting>',
 // '<n>:<table>:<n>:<setting>:'), which returns true or raises FP002 as
-// raiseToken does.
+// raiseToken does; in the prepared form the call is made only for a token
+// the short pattern does not accept:
+//
+//	s ~ '<shortTokenPattern>' OR fenceproxy.tok_b(...)
+//
+// (NULL OR x is x: an unset token calls it too).
 func (f *fencer) guard() *pg.Node {
 	if f.raisers {
-		return raiserCall("tok", "bool", aStr(f.setting), aStr(f.sizedNames()))
+		call := raiserCall("tok", "bool", aStr(f.setting), aStr(f.sizedNames()))
+		if f.prepared {
+			return or(f.validShort(), call)
+		}
+		return call
 	}
 	return caseExpr([]*pg.Node{f.valid(), aBool(true)}, f.raiseToken("bool"))
 }
@@ -258,10 +287,14 @@ func (f *fencer) tokenGuard() *pg.Node {
 // the server a sub-plan per row.
 //
 // With the server's error raisers, reject's is fenceproxy.tok('<setting>',
-// '<n>:<table>:<n>:<setting>:'), which returns TOK or raises FP002.
+// '<n>:<table>:<n>:<setting>:'), which returns TOK or raises FP002; in the
+// prepared form CASE WHEN s ~ '<shortTokenPattern>' THEN TOK ELSE
+// fenceproxy.tok(...) END.
 func (f *fencer) stamp(record bool) *pg.Node {
 	var invalid *pg.Node
 	switch {
+	case !f.lenient() && f.raisers && f.prepared:
+		return caseExpr([]*pg.Node{f.validShort(), f.tok()}, raiserCall("tok", "int8", aStr(f.setting), aStr(f.sizedNames())))
 	case !f.lenient() && f.raisers:
 		return raiserCall("tok", "int8", aStr(f.setting), aStr(f.sizedNames()))
 	case !f.lenient():
@@ -320,8 +353,12 @@ func (f *fencer) rowStamp(first bool) (string, *pg.Node) {
 // which returns TOK for a fresh row and raises as RAISE(stale) and
 // RAISE(token) do, checking the token whatever checkV says (when the
 // statement checks it elsewhere first, that check has raised already).
+// The prepared form keeps the call only where checkV is true; otherwise
+// the statement has checked the token before any row's value is computed
+// (the guard, the first row's stamp), and the value is the CASE above with
+// fenceproxy.stale raising.
 func (f *fencer) errorSetValue(checkV bool) *pg.Node {
-	if f.raisers && !f.t.allow {
+	if f.raisers && !f.t.allow && !(f.prepared && !checkV) {
 		return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode("advance")},
 			[]*pg.Node{aStr(f.setting), f.fence(), aBool(f.t.strict), aStr(sized(f.t.display)), aStr(f.sizedNames())}, -1)
 	}
@@ -557,6 +594,10 @@ func isNotTrue(x *pg.Node) *pg.Node {
 
 func isTrue(x *pg.Node) *pg.Node {
 	return &pg.Node{Node: &pg.Node_BooleanTest{BooleanTest: &pg.BooleanTest{Arg: x, Booltesttype: pg.BoolTestType_IS_TRUE, Location: -1}}}
+}
+
+func or(x, y *pg.Node) *pg.Node {
+	return pg.MakeBoolExprNode(pg.BoolExprType_OR_EXPR, []*pg.Node{x, y}, -1)
 }
 
 // and conjoins the non-nil args, flattening nested ANDs so the output reads

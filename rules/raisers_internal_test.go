@@ -6,9 +6,9 @@ import (
 	"unsafe"
 )
 
-// TestServerFunctionsCopiesEveryField: the ServerFunctions sibling is r in
-// every field but its own (a field added to Rules and forgotten there
-// fails here).
+// TestServerFunctionsCopiesEveryField: the ServerFunctions sibling, and its
+// Prepared sibling, are r in every field but their own (a field added to
+// Rules and forgotten there fails here).
 func TestServerFunctionsCopiesEveryField(t *testing.T) {
 	r, err := Compile(Config{AuditTag: "x", LockSetting: "app.lock", Tables: []Table{
 		{Table: "public.config"},
@@ -22,17 +22,24 @@ func TestServerFunctionsCopiesEveryField(t *testing.T) {
 	if !s.raisers || r.raisers || s.cacheSet != r.cacheSet|raisersCacheSet || r.ServerFunctions() != s || s.ServerFunctions() != s {
 		t.Fatalf("sibling: raisers %v/%v, cacheSet %d/%d", r.raisers, s.raisers, r.cacheSet, s.cacheSet)
 	}
-	rv, sv := reflect.ValueOf(r).Elem(), reflect.ValueOf(s).Elem()
-	for i := 0; i < rv.NumField(); i++ {
-		switch name := rv.Type().Field(i).Name; name {
-		case "raisers", "cacheSet", "calls", "nCalls", "withRaisers":
-			continue
-		default:
-			a, b := rv.Field(i), sv.Field(i)
-			ai := reflect.NewAt(a.Type(), unsafe.Pointer(a.UnsafeAddr())).Elem().Interface()
-			bi := reflect.NewAt(b.Type(), unsafe.Pointer(b.UnsafeAddr())).Elem().Interface()
-			if !reflect.DeepEqual(ai, bi) {
-				t.Errorf("field %s differs in the ServerFunctions sibling", name)
+	p := s.Prepared()
+	if !p.raisers || !p.prepared || s.prepared || p.cacheSet != r.cacheSet|raisersCacheSet|preparedCacheSet || s.Prepared() != p || p.Prepared() != p ||
+		p.ServerFunctions() != p || r.Prepared() != r {
+		t.Fatalf("prepared sibling: raisers %v, prepared %v/%v, cacheSet %d", p.raisers, s.prepared, p.prepared, p.cacheSet)
+	}
+	for _, sib := range []*Rules{s, p} {
+		rv, sv := reflect.ValueOf(r).Elem(), reflect.ValueOf(sib).Elem()
+		for i := 0; i < rv.NumField(); i++ {
+			switch name := rv.Type().Field(i).Name; name {
+			case "raisers", "prepared", "cacheSet", "calls", "nCalls", "withRaisers", "withPrepared":
+				continue
+			default:
+				a, b := rv.Field(i), sv.Field(i)
+				ai := reflect.NewAt(a.Type(), unsafe.Pointer(a.UnsafeAddr())).Elem().Interface()
+				bi := reflect.NewAt(b.Type(), unsafe.Pointer(b.UnsafeAddr())).Elem().Interface()
+				if !reflect.DeepEqual(ai, bi) {
+					t.Errorf("field %s differs in a sibling (prepared %v)", name, sib.prepared)
+				}
 			}
 		}
 	}

@@ -520,7 +520,7 @@ func qualifier(rv *pg.RangeVar) string {
 }
 
 func (r *Rules) fencer(t *tableRule, rv *pg.RangeVar) *fencer {
-	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers}
+	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers, prepared: r.prepared}
 }
 
 func refused(t *tableRule, msg, detail, hint string) *Error {

@@ -99,11 +99,20 @@ type Rules struct {
 	// sibling of a set without them, made on first use.
 	raisers     bool
 	withRaisers atomic.Pointer[Rules]
+	// prepared: a ServerFunctions set whose rewrites cost the server less
+	// per execution and more per analysis (Prepared); withPrepared is that
+	// sibling of a ServerFunctions set, made on first use.
+	prepared     bool
+	withPrepared atomic.Pointer[Rules]
 }
 
 // raisersCacheSet marks the decision-cache entries of a ServerFunctions
-// set (derived sets number from 1 up, far below it).
-const raisersCacheSet = 1 << 31
+// set, preparedCacheSet those of its Prepared sibling (derived sets number
+// from 1 up, far below them).
+const (
+	raisersCacheSet  = 1 << 31
+	preparedCacheSet = 1 << 30
+)
 
 // ServerFunctions returns the set that decides like r, but whose rewrites
 // call the functions fenceproxy setup installs in the database (objects
@@ -133,6 +142,39 @@ func (r *Rules) ServerFunctions() *Rules {
 	}
 	if !r.withRaisers.CompareAndSwap(nil, s) {
 		return r.withRaisers.Load()
+	}
+	return s
+}
+
+// Prepared returns, for a ServerFunctions set, the set that decides like
+// it but writes the form for statements PostgreSQL analyses once and
+// executes many times (a named prepared statement): the checks a
+// ServerFunctions rewrite makes in one PL/pgSQL call each are written as
+// expressions, with the calls left only where a token is invalid or
+// longer than 18 digits and where an error is raised. Analysing those
+// expressions costs the server more than the calls, executing them less
+// (docs/rewrite.md, "Two forms for two costs"), so the proxy asks for
+// this form only where the analysis is paid once. For a set without the
+// raisers it returns r: the inline form is the same for both. The result
+// is made once per set and kept.
+func (r *Rules) Prepared() *Rules {
+	if !r.raisers || r.prepared {
+		return r
+	}
+	if s := r.withPrepared.Load(); s != nil {
+		return s
+	}
+	s := &Rules{
+		tokenSetting: r.tokenSetting, lockSetting: r.lockSetting, auditTag: r.auditTag,
+		tables: r.tables, locks: r.locks, byRel: r.byRel,
+		needles: r.needles, pairs: r.pairs, short: r.short, schemas: r.schemas,
+		cache: r.cache, cacheSet: r.cacheSet | preparedCacheSet,
+		listed: r.listed, audited: r.audited, scopes: r.scopes,
+		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
+		raisers: true, prepared: true,
+	}
+	if !r.withPrepared.CompareAndSwap(nil, s) {
+		return r.withPrepared.Load()
 	}
 	return s
 }

@@ -56,3 +56,27 @@ func TestTokenPattern(t *testing.T) {
 		check(strconv.FormatUint(n, 10))
 	}
 }
+
+// The short pattern accepts only valid tokens (the prepared form reads a
+// token it accepts with a bare cast), every valid token of up to 18
+// significant digits, and no longer one.
+func TestShortTokenPattern(t *testing.T) {
+	short, full := regexp.MustCompile(shortTokenPattern), regexp.MustCompile(tokenPattern)
+	for _, s := range []string{"", "0", "00", "1", "01", "42", "0042", "-1", "+1", " 1", "1 ", "1\n", "4_2", "0x2A", "1e3",
+		"999999999999999999", "0999999999999999999", "1000000000000000000", MaxToken, "9223372036854775808", "99999999999999999999"} {
+		n := len(strings.TrimLeft(s, "0"))
+		if got, want := short.MatchString(s), full.MatchString(s) && n <= len(MaxToken)-1; got != want {
+			t.Errorf("short pattern match %q = %v, want %v", s, got, want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		s := strconv.FormatUint(rng.Uint64()>>rng.UintN(64), 10)
+		if rng.IntN(4) == 0 {
+			s = "00" + s
+		}
+		if short.MatchString(s) && !full.MatchString(s) || full.MatchString(s) && len(strings.TrimLeft(s, "0")) < len(MaxToken) && !short.MatchString(s) {
+			t.Errorf("short pattern and full pattern disagree on %q", s)
+		}
+	}
+}

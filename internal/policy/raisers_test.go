@@ -8,6 +8,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // pid2query returns the text the backend pid last ran, as PostgreSQL saw
@@ -54,6 +61,26 @@ func TestRaisersUsed(t *testing.T) {
 	var fence int64
 	if err := dF.QueryRow(ctxT(t), "SELECT last_fence FROM acct WHERE id = 2").Scan(&fence); err != nil || fence != 60 {
 		t.Fatalf("fence of the written row: %d, %v; want 60", fence, err)
+	}
+
+	// A named prepared statement gets the prepared form (the checks as
+	// expressions, a check call only behind the short pattern, raisers in
+	// the branches that raise); an unnamed one, analysed at every Parse,
+	// the calls.
+	short := "OPERATOR(pg_catalog.~) '" + rules.ShortTokenPattern() + "' OR fenceproxy.tok_b("
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = $1", mode, 3); err != nil {
+			t.Fatal(err)
+		}
+		q := pid2query(t, dF, pid)
+		prepared := strings.Contains(q, short) && strings.Contains(q, "fenceproxy.stale(") && !strings.Contains(q, "fenceproxy.advance(")
+		calls := strings.Contains(q, "fenceproxy.advance(") && !strings.Contains(q, short)
+		if mode == pgx.QueryExecModeCacheStatement && !prepared || mode == pgx.QueryExecModeExec && !calls {
+			t.Errorf("mode %v: the proxy sent %s", mode, q)
+		}
+	}
+	if err := dF.QueryRow(ctxT(t), "SELECT last_fence FROM acct WHERE id = 3").Scan(&fence); err != nil || fence != 60 {
+		t.Fatalf("fence of row 3: %d, %v; want 60", fence, err)
 	}
 
 	// Stale, missing and invalid tokens: the same errors in both forms,
@@ -173,8 +200,15 @@ func TestRaisersPreparedTokens(t *testing.T) {
 					t.Errorf("%s %v: %v, want %s", name, args, err, code)
 				}
 			}
-			for i, tok := range []int64{60, 70} {
-				setTokenN(t, c, tok)
+			// Tokens of up to 18 significant digits pass the prepared form's
+			// short pattern; longer ones (and zero-padded ones) take its
+			// call of the raisers' full check.
+			for i, tc := range []struct {
+				set string
+				tok int64
+			}{{"60", 60}, {"070", 70}, {"9223372036854775000", 9223372036854775000}, {"0009223372036854775001", 9223372036854775001}} {
+				tok := tc.tok
+				setToken(t, c, tc.set)
 				for _, run := range []struct {
 					name string
 					args []any
@@ -187,22 +221,82 @@ func TestRaisersPreparedTokens(t *testing.T) {
 					t.Errorf("token %d: fences %d (updated), %d (inserted), %d (strict); want the token", tok, f, g, h)
 				}
 			}
-			// Stale, equal under strict, and no token at all.
+			// Stale, equal under strict, no token at all, and invalid ones.
 			setTokenN(t, c, 65)
 			fails("FP001", "upd", int64(2))
-			setTokenN(t, c, 70)
+			setTokenN(t, c, 9223372036854775001)
 			fails("FP001", "strict")
 			resetToken(t, c)
 			fails("FP002", "norow")
 			fails("FP002", "upd", int64(2))
 			fails("FP002", "ins", int64(600))
-			if f := fence(tError, 2); f != 70 {
-				t.Errorf("row 2 after the refused writes: fence %d, want 70", f)
+			for _, bad := range []string{"", "0", "000", "-5", "12abc", " 7", "9223372036854775808", "99999999999999999999"} {
+				setToken(t, c, bad)
+				fails("FP002", "norow")
+				fails("FP002", "upd", int64(2))
+				fails("FP002", "ins", int64(600))
+			}
+			if f := fence(tError, 2); f != 9223372036854775001 {
+				t.Errorf("row 2 after the refused writes: fence %d, want 9223372036854775001", f)
 			}
 			var n int
 			if err := d.QueryRow(ctx, "SELECT count(*) FROM acct WHERE id = 600").Scan(&n); err != nil || n != 0 {
 				t.Errorf("the refused insert: %d rows, %v", n, err)
 			}
 		})
+	}
+}
+
+// TestRaisersPreparedKeptOverReload: a reload that changes nothing keeps a
+// named prepared statement as the server has it — decided again in the
+// prepared form, it is what was sent, so it is not prepared again.
+func TestRaisersPreparedKeptOverReload(t *testing.T) {
+	t.Parallel()
+	rs, err := rules.Compile(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checker, specs := startChecker(t, testRules)
+	pol := policy.New(rs, false, policy.Options{Checks: checker})
+	e := &env{specs: specs, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+		Policy: pol,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+	})}
+	db := e.newDB(t)
+	c, d := e.connect(t, db), direct(t, db)
+	ctx := ctxT(t)
+	if _, err := c.Prepare(ctx, "upd", "UPDATE acct SET n = n + 1 WHERE id = $1"); err != nil {
+		t.Fatal(err)
+	}
+	prepared := func() (sql string, at time.Time) {
+		t.Helper()
+		if err := c.QueryRow(ctx, "SELECT statement, prepare_time FROM pg_prepared_statements WHERE name = 'upd'").Scan(&sql, &at); err != nil {
+			t.Fatal(err)
+		}
+		return sql, at
+	}
+	setTokenN(t, c, 60)
+	if _, err := c.Exec(ctx, "upd", 2); err != nil {
+		t.Fatal(err)
+	}
+	sql0, at0 := prepared()
+	if !strings.Contains(sql0, "OPERATOR(pg_catalog.~) '"+rules.ShortTokenPattern()+"' OR fenceproxy.tok_b(") {
+		t.Fatalf("not the prepared form: %s", sql0)
+	}
+	again, err := rules.Compile(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol.Swap(again, false)
+	setTokenN(t, c, 70)
+	if _, err := c.Exec(ctx, "upd", 2); err != nil {
+		t.Fatal(err)
+	}
+	if sql1, at1 := prepared(); sql1 != sql0 || !at1.Equal(at0) {
+		t.Errorf("the statement was prepared again after a reload that changed nothing:\n%s (%v)\n%s (%v)", sql0, at0, sql1, at1)
+	}
+	var fence int64
+	if err := d.QueryRow(ctx, "SELECT last_fence FROM acct WHERE id = 2").Scan(&fence); err != nil || fence != 70 {
+		t.Errorf("fence after the reload: %d, %v; want 70", fence, err)
 	}
 }
