@@ -214,6 +214,23 @@ func TestRewriteCommand(t *testing.T) {
 			}
 		}
 	}
+	// The raisers' forms: calls, and for a named prepared statement the
+	// checks as expressions with the calls behind the short pattern.
+	for _, f := range []struct {
+		flags         []string
+		code          int
+		want, without string
+	}{
+		{[]string{"--server-functions"}, 0, "fenceproxy.advance('fence.token', config.last_fence", "CASE"},
+		{[]string{"--server-functions", "--prepared"}, 0, "OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR fenceproxy.tok_b(", "fenceproxy.advance"},
+		{[]string{"--prepared"}, 2, "", "-- rewritten"},
+	} {
+		var out, errb strings.Builder
+		code := runMain(append(append([]string{"rewrite", "-c", cfg}, f.flags...), "UPDATE config SET payload = 'x' WHERE id = 1"), strings.NewReader(""), &out, &errb)
+		if code != f.code || !strings.Contains(out.String(), f.want) || strings.Contains(out.String(), f.without) {
+			t.Errorf("%v: exit %d, output:\n%s\nstderr %q", f.flags, code, out.String(), errb.String())
+		}
+	}
 	// SQL from standard input.
 	var out strings.Builder
 	if code := runMain([]string{"rewrite", "-c", cfg, "-"}, strings.NewReader("UPDATE public.config SET payload = 'z'"), &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-- rewritten") {
