@@ -49,7 +49,8 @@ func SetOffLoopCap(s *Server, n int) {
 // OffLoop returns how many functions run off the loops (holding a slot of
 // Server.offLoop) and how many wait for a slot.
 func OffLoop(s *Server) (running int, waiting int64) {
-	return len(s.offLoop), s.offLoopWaiting.Load()
+	r, w := s.OffLoopTasks()
+	return r, int64(w)
 }
 
 // LoopYields returns how many times the server's loops have passed through

@@ -90,6 +90,15 @@ type Server struct {
 	offLoopWaiting atomic.Int64
 }
 
+// OffLoopTasks returns how many functions run off the event loops now
+// (a first-seen statement's parse, a decision waiting for a database's
+// check), each holding one of a bounded number of slots, and how many
+// wait for a slot: a queue that stays long means sessions wait for their
+// decisions (after a reload, say, when every statement is first-seen).
+func (s *Server) OffLoopTasks() (running, waiting int) {
+	return len(s.offLoop), int(s.offLoopWaiting.Load())
+}
+
 // maxOffLoop is the capacity of Server.offLoop: room for decisions that
 // wait (a database's first check) beside those that parse, and far below
 // the runtime's thread limit.

@@ -42,7 +42,8 @@ type Metrics struct {
 	ConfigReloads         *prometheus.CounterVec // result (ok|failed)
 	CheckProblems         *prometheus.GaugeVec   // database
 
-	logDropped atomic.Pointer[func() uint64] // CountDroppedLogLines
+	logDropped atomic.Pointer[func() uint64]                 // CountDroppedLogLines
+	offLoop    atomic.Pointer[func() (running, waiting int)] // CountOffLoopTasks
 }
 
 // New creates the metrics in a fresh registry that also carries the Go and
@@ -122,8 +123,22 @@ func New() *Metrics {
 		}
 		return 0
 	})
+	offLoop := func(state string, pick func(running, waiting int) int) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "fenceproxy_off_loop_tasks",
+			Help:        "Work that runs off the relay's event loops (a first-seen statement's parse, a decision waiting for a database's check): running, holding one of a bounded number of slots, or waiting for one, its session waiting meanwhile.",
+			ConstLabels: prometheus.Labels{"state": state},
+		}, func() float64 {
+			if f := m.offLoop.Load(); f != nil {
+				return float64(pick((*f)()))
+			}
+			return 0
+		})
+	}
 	m.Registry.MustRegister(
 		logDropped,
+		offLoop("running", func(r, _ int) int { return r }),
+		offLoop("waiting", func(_, w int) int { return w }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ConnectionsCurrent, m.ConnectionsTotal, m.UpstreamConnectErrors, m.AcceptErrors,
@@ -146,6 +161,10 @@ func New() *Metrics {
 // CountDroppedLogLines makes fenceproxy_log_lines_dropped_total report
 // what dropped returns (the log output's count).
 func (m *Metrics) CountDroppedLogLines(dropped func() uint64) { m.logDropped.Store(&dropped) }
+
+// CountOffLoopTasks makes fenceproxy_off_loop_tasks report what tasks
+// returns (proxy.Server.OffLoopTasks).
+func (m *Metrics) CountOffLoopTasks(tasks func() (running, waiting int)) { m.offLoop.Store(&tasks) }
 
 // Hooks returns the proxy.Hooks that feed these metrics.
 func (m *Metrics) Hooks() proxy.Hooks {

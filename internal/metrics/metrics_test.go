@@ -124,3 +124,35 @@ func value(t *testing.T, c prometheus.Metric) float64 {
 	}
 	return d.Gauge.GetValue()
 }
+
+// TestOffLoopTasks: the off-loop gauges are 0 until a source is set, then
+// read it at every scrape.
+func TestOffLoopTasks(t *testing.T) {
+	m := metrics.New()
+	read := func() (running, waiting float64) {
+		t.Helper()
+		for _, s := range series(t, m, "fenceproxy_off_loop_tasks") {
+			for _, l := range s.GetLabel() {
+				switch {
+				case l.GetName() == "state" && l.GetValue() == "running":
+					running = s.GetGauge().GetValue()
+				case l.GetName() == "state" && l.GetValue() == "waiting":
+					waiting = s.GetGauge().GetValue()
+				}
+			}
+		}
+		return running, waiting
+	}
+	if r, w := read(); r != 0 || w != 0 {
+		t.Errorf("before a source: running %v, waiting %v", r, w)
+	}
+	n := 3
+	m.CountOffLoopTasks(func() (int, int) { return n, 2 * n })
+	if r, w := read(); r != 3 || w != 6 {
+		t.Errorf("running %v, waiting %v; want 3 and 6", r, w)
+	}
+	n = 1
+	if r, w := read(); r != 1 || w != 2 {
+		t.Errorf("after a change: running %v, waiting %v; want 1 and 2", r, w)
+	}
+}

@@ -132,6 +132,12 @@ func TestReloadTimestampAndBuildInfo(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^fenceproxy_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`).MatchString(body) {
 		t.Errorf("no fenceproxy_build_info sample of 1 in /metrics")
 	}
+	// The off-loop gauges read the running server (idle here).
+	for _, state := range []string{"running", "waiting"} {
+		if !regexp.MustCompile(`(?m)^fenceproxy_off_loop_tasks\{state="` + state + `"\} 0$`).MatchString(body) {
+			t.Errorf("no fenceproxy_off_loop_tasks{state=%q} sample of 0 in /metrics", state)
+		}
+	}
 	const name = "fenceproxy_config_last_reload_success_timestamp_seconds"
 	start := metric(t, in, name)
 	if now := float64(time.Now().Unix()); start < now-60 || start > now+1 {

@@ -153,6 +153,7 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		return nil, err
 	}
 	in.srv, in.listener = srv, l
+	m.CountOffLoopTasks(srv.OffLoopTasks)
 	in.shutdownDelay = cfg.Shutdown.Delay
 	in.drainTimeout, in.serveErr, in.adminDone = cfg.Shutdown.DrainTimeout, make(chan error, 1), make(chan struct{})
 	if cfg.AdminEnabled() {
