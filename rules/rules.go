@@ -128,22 +128,7 @@ func (r *Rules) ServerFunctions() *Rules {
 	if r.raisers {
 		return r
 	}
-	if s := r.withRaisers.Load(); s != nil {
-		return s
-	}
-	s := &Rules{
-		tokenSetting: r.tokenSetting, lockSetting: r.lockSetting, auditTag: r.auditTag,
-		tables: r.tables, locks: r.locks, byRel: r.byRel,
-		needles: r.needles, pairs: r.pairs, short: r.short, schemas: r.schemas,
-		cache: r.cache, cacheSet: r.cacheSet | raisersCacheSet,
-		listed: r.listed, audited: r.audited, scopes: r.scopes,
-		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
-		raisers: true,
-	}
-	if !r.withRaisers.CompareAndSwap(nil, s) {
-		return r.withRaisers.Load()
-	}
-	return s
+	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, false)
 }
 
 // Prepared returns, for a ServerFunctions set, the set that decides like
@@ -161,20 +146,27 @@ func (r *Rules) Prepared() *Rules {
 	if !r.raisers || r.prepared {
 		return r
 	}
-	if s := r.withPrepared.Load(); s != nil {
+	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, true)
+}
+
+// sibling returns the set *p holds, first making it: r with the error
+// raisers, in the prepared form or not, its decisions cached as set
+// cacheSet.
+func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, prepared bool) *Rules {
+	if s := p.Load(); s != nil {
 		return s
 	}
 	s := &Rules{
 		tokenSetting: r.tokenSetting, lockSetting: r.lockSetting, auditTag: r.auditTag,
 		tables: r.tables, locks: r.locks, byRel: r.byRel,
 		needles: r.needles, pairs: r.pairs, short: r.short, schemas: r.schemas,
-		cache: r.cache, cacheSet: r.cacheSet | preparedCacheSet,
+		cache: r.cache, cacheSet: cacheSet,
 		listed: r.listed, audited: r.audited, scopes: r.scopes,
 		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
-		raisers: true, prepared: true,
+		raisers: true, prepared: prepared,
 	}
-	if !r.withPrepared.CompareAndSwap(nil, s) {
-		return r.withPrepared.Load()
+	if !p.CompareAndSwap(nil, s) {
+		return p.Load()
 	}
 	return s
 }
