@@ -114,11 +114,14 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 	if fd.Action != rules.Rewrite || fd.Lock == nil {
 		return fmt.Errorf("server CPU: unexpected decision %v", fd.Action)
 	}
-	pd := rs.ServerFunctions().Prepared().Decide(client)
-	if pd.Action != rules.Rewrite || pd.SQL == fd.SQL {
-		return fmt.Errorf("server CPU: no prepared form (%v)", pd.Action)
+	pd, pi := rs.ServerFunctions().Prepared().Decide(client), rs.Prepared().Decide(client)
+	if pd.Action != rules.Rewrite || pd.SQL == fd.SQL || pi.Action != rules.Rewrite || pi.SQL == d.SQL {
+		return fmt.Errorf("server CPU: no prepared form (%v, %v)", pd.Action, pi.Action)
 	}
-	lastPreparedForm = pd.SQL
+	lastPreparedForms = []cpuStatement{
+		{"row fencing, inline form, prepared form (a named prepared statement, no fenceproxy setup)", pi.SQL},
+		{"row fencing, prepared form (a named prepared statement, after fenceproxy setup)", pd.SQL},
+	}
 	hand := "UPDATE config SET counter = counter + 1, last_fence = 42 WHERE id = 7 AND last_fence <= 42"
 	stmts := []cpuStatement{
 		{"hand-written conditional UPDATE", hand},
@@ -152,13 +155,10 @@ func serverCPUTable(ctx context.Context, dsn string) error {
 }
 
 // lastServerStatements are the statements serverCPUTable measured, which
-// serverInstructionsTable counts; lastPreparedForm is row fencing's
-// statement in the form a named prepared statement gets (rules.Prepared),
+// serverInstructionsTable counts; lastPreparedForms are row fencing's
+// statement in the forms a named prepared statement gets (rules.Prepared),
 // which preparedInstructions counts too.
-var (
-	lastServerStatements []cpuStatement
-	lastPreparedForm     string
-)
+var lastServerStatements, lastPreparedForms []cpuStatement
 
 // serverInstructionsTable counts, with callgrind, the instructions the
 // statements of serverCPUTable cost PostgreSQL (see package pgcost), which
@@ -217,9 +217,8 @@ func preparedInstructions(c pgcost.Counter, setup []string, perByte float64) err
 	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written |")
 	fmt.Println("|---|---|---|---|")
 	var ref float64
-	stmts := slices.Concat(lastServerStatements[:3],
-		[]cpuStatement{{"row fencing, prepared form (what a named prepared statement gets)", lastPreparedForm}},
-		lastServerStatements[5:])
+	stmts := slices.Concat(lastServerStatements[:2], lastPreparedForms[:1], lastServerStatements[2:3],
+		lastPreparedForms[1:], lastServerStatements[5:])
 	for i, st := range stmts {
 		n, err := c.PerStatement(append(append([]string(nil), setup...), "PREPARE p AS "+st.sql+";"), func(int) string { return exec })
 		if err != nil {

@@ -24,10 +24,17 @@ func TestServerFunctionsCopiesEveryField(t *testing.T) {
 	}
 	p := s.Prepared()
 	if !p.raisers || !p.prepared || s.prepared || p.cacheSet != r.cacheSet|raisersCacheSet|preparedCacheSet || s.Prepared() != p || p.Prepared() != p ||
-		p.ServerFunctions() != p || r.Prepared() != r {
+		p.ServerFunctions() != p {
 		t.Fatalf("prepared sibling: raisers %v, prepared %v/%v, cacheSet %d", p.raisers, s.prepared, p.prepared, p.cacheSet)
 	}
-	for _, sib := range []*Rules{s, p} {
+	ip := r.Prepared()
+	ips := ip.ServerFunctions()
+	if ip.raisers || !ip.prepared || r.prepared || ip.cacheSet != r.cacheSet|preparedCacheSet || r.Prepared() != ip || ip.Prepared() != ip ||
+		!ips.raisers || !ips.prepared || ips.cacheSet != p.cacheSet || ips.ServerFunctions() != ips || ips.Prepared() != ips {
+		t.Fatalf("inline prepared sibling: raisers %v, prepared %v, cacheSet %d; its ServerFunctions: raisers %v, prepared %v, cacheSet %d",
+			ip.raisers, ip.prepared, ip.cacheSet, ips.raisers, ips.prepared, ips.cacheSet)
+	}
+	for _, sib := range []*Rules{s, p, ip, ips} {
 		rv, sv := reflect.ValueOf(r).Elem(), reflect.ValueOf(sib).Elem()
 		for i := 0; i < rv.NumField(); i++ {
 			switch name := rv.Type().Field(i).Name; name {

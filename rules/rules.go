@@ -99,9 +99,9 @@ type Rules struct {
 	// sibling of a set without them, made on first use.
 	raisers     bool
 	withRaisers atomic.Pointer[Rules]
-	// prepared: a ServerFunctions set whose rewrites cost the server less
-	// per execution and more per analysis (Prepared); withPrepared is that
-	// sibling of a ServerFunctions set, made on first use.
+	// prepared: a set whose rewrites cost the server less per execution
+	// and more per analysis (Prepared); withPrepared is that sibling of a
+	// set without it, made on first use.
 	prepared     bool
 	withPrepared atomic.Pointer[Rules]
 }
@@ -128,31 +128,31 @@ func (r *Rules) ServerFunctions() *Rules {
 	if r.raisers {
 		return r
 	}
-	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, false)
+	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, true, r.prepared)
 }
 
-// Prepared returns, for a ServerFunctions set, the set that decides like
-// it but writes the form for statements PostgreSQL analyses once and
-// executes many times (a named prepared statement): the checks a
-// ServerFunctions rewrite makes in one PL/pgSQL call each are written as
-// expressions, with the calls left only where a token is invalid or
-// longer than 18 digits and where an error is raised. Analysing those
-// expressions costs the server more than the calls, executing them less
-// (docs/rewrite.md, "Two forms for two costs"), so the proxy asks for
-// this form only where the analysis is paid once. For a set without the
-// raisers it returns r: the inline form is the same for both. The result
-// is made once per set and kept.
+// Prepared returns the set that decides like r but writes the form for
+// statements PostgreSQL analyses once and executes many times (a named
+// prepared statement). In a ServerFunctions set, the checks a rewrite
+// makes in one PL/pgSQL call each are written as expressions, with the
+// calls left only where a token is invalid or longer than 18 digits and
+// where an error is raised: analysing those expressions costs the server
+// more than the calls, executing them less (docs/rewrite.md, "Two forms
+// for two costs"), so the proxy asks for this form only where the
+// analysis is paid once. In every set, the token is validated with the
+// short pattern before the full one. The result is made once per set and
+// kept; ServerFunctions of it is in the prepared form too.
 func (r *Rules) Prepared() *Rules {
-	if !r.raisers || r.prepared {
+	if r.prepared {
 		return r
 	}
-	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, true)
+	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, r.raisers, true)
 }
 
-// sibling returns the set *p holds, first making it: r with the error
-// raisers, in the prepared form or not, its decisions cached as set
-// cacheSet.
-func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, prepared bool) *Rules {
+// sibling returns the set *p holds, first making it: r with or without
+// the error raisers, in the prepared form or not, its decisions cached as
+// set cacheSet.
+func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prepared bool) *Rules {
 	if s := p.Load(); s != nil {
 		return s
 	}
@@ -163,7 +163,7 @@ func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, prepared bool
 		cache: r.cache, cacheSet: cacheSet,
 		listed: r.listed, audited: r.audited, scopes: r.scopes,
 		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
-		raisers: true, prepared: prepared,
+		raisers: raisers, prepared: prepared,
 	}
 	if !p.CompareAndSwap(nil, s) {
 		return p.Load()

@@ -14,13 +14,13 @@ import (
 // refusal with its SQLSTATE (exit status 3). With no SQL argument, or "-",
 // the SQL is read from standard input.
 func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	c := newCommand("rewrite", "rewrite [--config FILE] [--database D --user U --application-name A] [--server-functions [--prepared]] [SQL | -]", stdout, stderr)
+	c := newCommand("rewrite", "rewrite [--config FILE] [--database D --user U --application-name A] [--server-functions] [--prepared] [SQL | -]", stdout, stderr)
 	path := c.configFlag("fenceproxy.yaml", "config file (only its rules are read: token_setting, tables, max_check_bytes)")
 	database := c.fs.String("database", "", "session database, for scoped rules")
 	user := c.fs.String("user", "", "session user, for scoped rules")
 	app := c.fs.String("application-name", "", "session application_name, for scoped rules")
 	raisers := c.fs.Bool("server-functions", false, "print the form used in databases where fenceproxy setup installed the error raisers (version 3 objects)")
-	prepared := c.fs.Bool("prepared", false, "with --server-functions: print the form a named prepared statement gets (cheaper to execute, dearer to analyse)")
+	prepared := c.fs.Bool("prepared", false, "print the form a named prepared statement gets (cheaper to execute, dearer to analyse)")
 	if code, ok := c.parse(args); !ok {
 		return code
 	}
@@ -48,10 +48,6 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	rs = rs.ForSession(*database, *user, *app)
-	if *prepared && !*raisers {
-		fmt.Fprintln(stderr, "fenceproxy rewrite: --prepared needs --server-functions (without the error raisers, named prepared statements get the inline form)")
-		return 2
-	}
 	if *raisers {
 		rs = rs.ServerFunctions()
 	}

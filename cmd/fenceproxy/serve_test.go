@@ -223,7 +223,7 @@ func TestRewriteCommand(t *testing.T) {
 	}{
 		{[]string{"--server-functions"}, 0, "fenceproxy.advance('fence.token', config.last_fence", "CASE"},
 		{[]string{"--server-functions", "--prepared"}, 0, "OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR fenceproxy.tok_b(", "fenceproxy.advance"},
-		{[]string{"--prepared"}, 2, "", "-- rewritten"},
+		{[]string{"--prepared"}, 0, "(pg_catalog.current_setting('fence.token', true) OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR pg_catalog.current_setting(", "fenceproxy.tok_b"},
 	} {
 		var out, errb strings.Builder
 		code := runMain(append(append([]string{"rewrite", "-c", cfg}, f.flags...), "UPDATE config SET payload = 'x' WHERE id = 1"), strings.NewReader(""), &out, &errb)

@@ -200,9 +200,9 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	if st != nil && st.raisers {
 		rs = rs.ServerFunctions()
-		if lex.Prepared {
-			rs = rs.Prepared()
-		}
+	}
+	if lex.Prepared {
+		rs = rs.Prepared()
 	}
 	var d rules.Decision
 	if quick {

@@ -82,6 +82,20 @@ func TestRaisersUsed(t *testing.T) {
 	if err := dF.QueryRow(ctxT(t), "SELECT last_fence FROM acct WHERE id = 3").Scan(&fence); err != nil || fence != 60 {
 		t.Fatalf("fence of row 3: %d, %v; want 60", fence, err)
 	}
+	// Without the raisers, a named prepared statement's token checks try
+	// the short pattern before the full one.
+	setToken(t, cI, "60")
+	if _, err := cI.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = $1", pgx.QueryExecModeCacheStatement, 3); err != nil {
+		t.Fatal(err)
+	}
+	var inlineSQL string
+	if err := cI.QueryRow(ctxT(t), "SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'UPDATE acct%'").Scan(&inlineSQL); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(inlineSQL, "OPERATOR(pg_catalog.~) '"+rules.ShortTokenPattern()+"' OR ") || !strings.Contains(inlineSQL, rules.TokenPattern()) ||
+		strings.Contains(inlineSQL, "fenceproxy.") {
+		t.Errorf("inline prepared form: %s", inlineSQL)
+	}
 
 	// Stale, missing and invalid tokens: the same errors in both forms,
 	// and nothing written.
