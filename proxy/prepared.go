@@ -54,7 +54,9 @@ type stmtDef struct {
 	gen      uint64   // rules generation it was decided under
 	oids     []uint32 // the Parse's parameter types
 	sqlLevel bool     // defined by SQL PREPARE
-	named    bool     // defined by a Parse with a name (decided with Lexing.Prepared)
+	// preparedForm: decided with Lexing.Prepared (preparedForm), as a
+	// re-decision must be too.
+	preparedForm bool
 	// plain: the text was forwarded unchanged, without a lock
 	// registration, so sent is the hash of sql itself (repeatDef).
 	plain bool

@@ -63,7 +63,7 @@ func (s *session) redecide(def *stmtDef) (same bool, d Decision, err error) {
 	if err != nil {
 		return false, d, err
 	}
-	lex.Prepared = def.named
+	lex.Prepared = def.preparedForm
 	start := s.clock()
 	d = s.decide(lex, def.sql)
 	s.decided(&d, s.clock().Sub(start))
@@ -160,7 +160,7 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 	if d.Action == Rewrite {
 		out = d.SQL
 	}
-	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, named: def.named}
+	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm}
 	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
 }
 
@@ -549,6 +549,19 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 	}
 }
 
+// preparedForm reports whether a Parse is decided with Lexing.Prepared: it
+// names its statement (which the server keeps to execute many times) and
+// performs no SQL-level prepared-statement operation (a PREPARE's body
+// is recorded as the SQL-level statement's, decided as a Query's text is,
+// so it gets the same form on the server).
+func preparedForm(typ byte, name, sql string) bool {
+	if typ != 'P' || name == "" {
+		return false
+	}
+	ops, _ := mentionsPrepared(sql)
+	return !ops
+}
+
 // mentionsPrepared reports, cheaply and conservatively, whether sql may
 // prepare, execute or deallocate a statement, and whether it may execute
 // one.
@@ -746,7 +759,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
-			def.named = p.Name != ""
+			def.preparedForm = preparedForm(typ, p.Name, sql)
 		}
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

@@ -233,7 +233,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	if err != nil {
 		return err
 	}
-	lex.Prepared = typ == 'P' && p.Name != ""
+	lex.Prepared = preparedForm(typ, p.Name, sql)
 	d := s.decide(lex, sql)
 	s.decided(&d, s.clock().Sub(start))
 	if s.ps != nil {

@@ -56,7 +56,8 @@ func TokenPattern() string { return tokenPattern }
 // full pattern's cost in PostgreSQL's regular expression engine, and every
 // token a lock service hands out for a long time. The error raisers try
 // it first, and so does the prepared form (Rules.Prepared), which leaves
-// longer tokens to the raisers' full check.
+// longer tokens to the full check (the raisers', or the full pattern in
+// the inline form).
 var shortTokenPattern = `^0*[1-9][0-9]{0,` + strconv.Itoa(len(MaxToken)-2) + `}$`
 
 // ShortTokenPattern returns shortTokenPattern.

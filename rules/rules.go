@@ -135,8 +135,9 @@ func (r *Rules) ServerFunctions() *Rules {
 // statements PostgreSQL analyses once and executes many times (a named
 // prepared statement). In a ServerFunctions set, the checks a rewrite
 // makes in one PL/pgSQL call each are written as expressions, with the
-// calls left only where a token is invalid or longer than 18 digits and
-// where an error is raised: analysing those expressions costs the server
+// calls left only where a token is invalid or has 19 significant digits,
+// where an error is raised, and where nothing in the statement checks the
+// token before a row's fence value (WHERE CURRENT OF, MERGE: advance): analysing those expressions costs the server
 // more than the calls, executing them less (docs/rewrite.md, "Two forms
 // for two costs"), so the proxy asks for this form only where the
 // analysis is paid once. In every set, the token is validated with the

@@ -215,8 +215,8 @@ func TestRaisersPreparedTokens(t *testing.T) {
 				}
 			}
 			// Tokens of up to 18 significant digits pass the prepared form's
-			// short pattern; longer ones (and zero-padded ones) take its
-			// call of the raisers' full check.
+			// short pattern, zero-padded or not; those of 19 take its call of
+			// the raisers' full check (the inline form's full pattern).
 			for i, tc := range []struct {
 				set string
 				tok int64
@@ -297,6 +297,21 @@ func TestRaisersPreparedKeptOverReload(t *testing.T) {
 	if !strings.Contains(sql0, "OPERATOR(pg_catalog.~) '"+rules.ShortTokenPattern()+"' OR fenceproxy.tok_b(") {
 		t.Fatalf("not the prepared form: %s", sql0)
 	}
+	// A named Parse that runs a SQL PREPARE: the proxy records the SQL-level
+	// statement as decided for a Query's text, so the server gets that form.
+	if _, err := c.Prepare(ctx, "pq", "PREPARE q AS UPDATE acct SET n = n + 1 WHERE id = 3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "pq"); err != nil {
+		t.Fatal(err)
+	}
+	var qsql string
+	if err := c.QueryRow(ctx, "SELECT statement FROM pg_prepared_statements WHERE name = 'q'").Scan(&qsql); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(qsql, "fenceproxy.advance(") || strings.Contains(qsql, rules.ShortTokenPattern()) {
+		t.Errorf("SQL-level statement prepared through a named Parse: %s", qsql)
+	}
 	again, err := rules.Compile(testRules)
 	if err != nil {
 		t.Fatal(err)
@@ -308,6 +323,9 @@ func TestRaisersPreparedKeptOverReload(t *testing.T) {
 	}
 	if sql1, at1 := prepared(); sql1 != sql0 || !at1.Equal(at0) {
 		t.Errorf("the statement was prepared again after a reload that changed nothing:\n%s (%v)\n%s (%v)", sql0, at0, sql1, at1)
+	}
+	if _, err := c.Exec(ctx, "EXECUTE q", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Errorf("EXECUTE q after a reload that changed nothing: %v", err)
 	}
 	var fence int64
 	if err := d.QueryRow(ctx, "SELECT last_fence FROM acct WHERE id = 2").Scan(&fence); err != nil || fence != 70 {
