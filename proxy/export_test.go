@@ -46,13 +46,6 @@ func SetOffLoopCap(s *Server, n int) {
 	s.offLoop = make(chan struct{}, n)
 }
 
-// OffLoop returns how many functions run off the loops (holding a slot of
-// Server.offLoop) and how many wait for a slot.
-func OffLoop(s *Server) (running int, waiting int64) {
-	r, w := s.OffLoopTasks()
-	return r, int64(w)
-}
-
 // LoopYields returns how many times the server's loops have passed through
 // Go's scheduler (yieldEvery), read on each loop.
 func LoopYields(s *Server) int {

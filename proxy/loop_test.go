@@ -197,7 +197,7 @@ func TestOffLoopCap(t *testing.T) {
 	// The third waits for a slot: its decision does not start.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		running, waiting := proxy.OffLoop(p.Server)
+		running, waiting := p.Server.OffLoopTasks()
 		if running == 2 && waiting == 1 {
 			break
 		}
@@ -224,7 +224,7 @@ func TestOffLoopCap(t *testing.T) {
 			t.Errorf("slow statement: %v", err)
 		}
 	}
-	if running, waiting := proxy.OffLoop(p.Server); running != 0 || waiting != 0 {
+	if running, waiting := p.Server.OffLoopTasks(); running != 0 || waiting != 0 {
 		t.Errorf("off the loop after the statements: %d running, %d waiting", running, waiting)
 	}
 	for _, c := range conns {

@@ -679,8 +679,9 @@ func (s *session) losePreparedTrack() {
 // trackPrepared does the prepared-statement bookkeeping of a Query or
 // Parse about to be sent with decision d (which it may turn into a
 // refusal): EXECUTEs of statements prepared under older rules are checked,
-// and what the text defines or removes is recorded.
-func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision) error {
+// and what the text defines or removes is recorded; preparedForm is
+// whether d was decided with Lexing.Prepared.
+func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool) error {
 	var ops []PreparedOp
 	if d.Action != Refuse {
 		if anyOp, exec := mentionsPrepared(sql); anyOp {
@@ -759,7 +760,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
-			def.preparedForm = preparedForm(typ, p.Name, sql)
+			def.preparedForm = preparedForm
 		}
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

@@ -237,7 +237,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	d := s.decide(lex, sql)
 	s.decided(&d, s.clock().Sub(start))
 	if s.ps != nil {
-		if err := s.trackPrepared(typ, &p, sql, gen, &d); err != nil {
+		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared); err != nil {
 			return err
 		}
 	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {

@@ -120,6 +120,7 @@ INSERT INTO %[1]s (id, payload) VALUES (1, 'a'), (2, 'b'), (3, 'c');
 // testRules.
 type env struct {
 	proxy *proxytest.Proxy
+	pol   *policy.Policy // to reload
 	// specs, when set, are installed by fenceproxy setup in each database
 	// newDB makes (startRaisersEnv).
 	specs []rules.TableSpec
@@ -131,15 +132,8 @@ type env struct {
 // instead of the inline form. The test groups run against both.
 func startRaisersEnv(t *testing.T) *env {
 	t.Helper()
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
 	checker, specs := startChecker(t, testRules)
-	return &env{specs: specs, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{Checks: checker}),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	return startPolicyEnv(t, policy.Options{Checks: checker}, specs)
 }
 
 // startChecker starts a real dbsetup.Checker of the cluster's databases
@@ -162,12 +156,20 @@ func startChecker(t *testing.T, cfg rules.Config) (*dbsetup.Checker, []rules.Tab
 // startEnv starts a proxy enforcing testRules for one test.
 func startEnv(t *testing.T) *env {
 	t.Helper()
+	return startPolicyEnv(t, policy.Options{}, nil)
+}
+
+// startPolicyEnv starts a proxy whose policy enforces testRules with opts;
+// specs are installed in each database newDB makes.
+func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec) *env {
+	t.Helper()
 	rs, err := rules.Compile(testRules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
+	pol := policy.New(rs, false, opts)
+	return &env{specs: specs, pol: pol, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+		Policy: pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})}
 }

@@ -8,12 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/internal/policy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -266,16 +261,7 @@ func TestRaisersPreparedTokens(t *testing.T) {
 // prepared form, it is what was sent, so it is not prepared again.
 func TestRaisersPreparedKeptOverReload(t *testing.T) {
 	t.Parallel()
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checker, specs := startChecker(t, testRules)
-	pol := policy.New(rs, false, policy.Options{Checks: checker})
-	e := &env{specs: specs, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: pol,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	e := startRaisersEnv(t)
 	db := e.newDB(t)
 	c, d := e.connect(t, db), direct(t, db)
 	ctx := ctxT(t)
@@ -316,7 +302,7 @@ func TestRaisersPreparedKeptOverReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol.Swap(again, false)
+	e.pol.Swap(again, false)
 	setTokenN(t, c, 70)
 	if _, err := c.Exec(ctx, "upd", 2); err != nil {
 		t.Fatal(err)
