@@ -116,7 +116,7 @@ const (
 
 // ServerFunctions returns the set that decides like r, but whose rewrites
 // call the functions fenceproxy setup installs in the database (objects
-// version 3): the error raisers fenceproxy.stale[_b] and no_token[_b]
+// version 3 or later): the error raisers fenceproxy.stale[_b] and no_token[_b]
 // instead of casting a marker text, and the checks fenceproxy.tok[_b] and
 // advance instead of the token read, its validation and the CASE, which
 // costs PostgreSQL's parse analysis far less. Both forms raise the same

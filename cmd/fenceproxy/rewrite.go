@@ -19,7 +19,7 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	database := c.fs.String("database", "", "session database, for scoped rules")
 	user := c.fs.String("user", "", "session user, for scoped rules")
 	app := c.fs.String("application-name", "", "session application_name, for scoped rules")
-	raisers := c.fs.Bool("server-functions", false, "print the form used in databases where fenceproxy setup installed the error raisers (version 3 objects)")
+	raisers := c.fs.Bool("server-functions", false, "print the form used in databases where fenceproxy setup installed the error raisers (objects of version 3 or later)")
 	prepared := c.fs.Bool("prepared", false, "print the form a named prepared statement gets (cheaper to execute, dearer to analyse)")
 	if code, ok := c.parse(args); !ok {
 		return code

@@ -100,8 +100,9 @@ var zeroDefaults = map[string]bool{"0": true, "0::bigint": true, "(0)::bigint": 
 // objects is the state of the fenceproxy schema's objects.
 type objects struct {
 	schema, meta, locks, register bool
-	// registerCurrent: the register procedure's source is objects.sql's.
-	registerCurrent bool
+	// registerCurrent: the register procedure's source is objects.sql's;
+	// registerV1: it is that of versions 1 to 3 (registerBodyV1).
+	registerCurrent, registerV1 bool
 	// version is fenceproxy.meta's version, if hasVersion; 0 without the
 	// table or the row.
 	version    int
@@ -130,6 +131,7 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	}
 	o.register = src != nil
 	o.registerCurrent = src != nil && *src == registerBody
+	o.registerV1 = src != nil && *src == registerBodyV1
 	if o.schema {
 		if o.raisers, err = readRaisers(ctx, tx); err != nil {
 			return o, err

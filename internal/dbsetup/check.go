@@ -72,8 +72,8 @@ func targets(specs []rules.TableSpec, db string) []*target {
 //     problem each).
 //   - When an entry uses lock fencing (lock not off): the fenceproxy schema,
 //     its tables and the register procedure exist, fenceproxy.meta holds
-//     version Version (or an older version with the same procedure, with
-//     a note), and the procedure's source is objects.sql's.
+//     version Version and the procedure's source is objects.sql's, or an
+//     older version (with a note) with its own procedure or this one.
 //   - Whether the error raisers are current and callable by all
 //     (Report.Raisers), with or without lock fencing.
 //   - Privileges: every login role that is not a superuser and may SELECT,
@@ -142,9 +142,13 @@ func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	if lock {
 		rep.Problems = append(rep.Problems, objectProblems(obj)...)
 	}
-	rep.Raisers = obj.raisers && obj.hasVersion && obj.version == Version
+	rep.Raisers = obj.raisers && obj.hasVersion && obj.version >= raisersVersion && obj.version <= Version
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		rep.Notes = append(rep.Notes, Note{Text: fmt.Sprintf("the fenceproxy objects are version %d: fenceproxy setup upgrades them to version %d, whose error raisers make fenced writes cheaper for the server", obj.version, Version)})
+		gain := "whose lock registration costs the server less"
+		if obj.version < raisersVersion {
+			gain = "whose error raisers and lock registration make fenced writes cheaper for the server"
+		}
+		rep.Notes = append(rep.Notes, Note{Text: fmt.Sprintf("the fenceproxy objects are version %d: fenceproxy setup upgrades them to version %d, %s", obj.version, Version, gain)})
 	}
 	for _, t := range ts {
 		ps, notes, err := checkTable(ctx, tx, t, obj, rep.Database)
@@ -186,7 +190,7 @@ func objectProblems(o objects) []Problem {
 		return []Problem{setupProblem("", "fenceproxy.meta holds no version", "", "")}
 	case o.version < lockVersion:
 		return []Problem{setupProblem("", fmt.Sprintf("the fenceproxy objects are version %d, older than this fenceproxy's version %d: run fenceproxy setup to upgrade them", o.version, Version), "", "")}
-	case o.version <= Version && !o.registerCurrent:
+	case o.version <= Version && !o.registerCurrent && !(o.registerV1 && o.version < Version):
 		return []Problem{setupProblem("", fmt.Sprintf("procedure fenceproxy.register is not this fenceproxy's (version %d): it was replaced, or installed by another build", Version), "", "")}
 	case o.version > Version:
 		return []Problem{{

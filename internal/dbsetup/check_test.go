@@ -106,19 +106,19 @@ func TestCheckProblems(t *testing.T) {
 			name: "replaced procedure",
 			breakSQL: `CREATE OR REPLACE PROCEDURE fenceproxy.register(lock_setting text, token_setting text, required boolean, audit boolean, tag text, tables text)
 				LANGUAGE plpgsql AS $$BEGIN END$$`,
-			wantDescription: "procedure fenceproxy.register is not this fenceproxy's (version 3): it was replaced, or installed by another build",
+			wantDescription: "procedure fenceproxy.register is not this fenceproxy's (version 4): it was replaced, or installed by another build",
 			fix:             "setup",
 		},
 		{
 			name:            "old version",
 			breakSQL:        "UPDATE fenceproxy.meta SET value = '0' WHERE key = 'version'",
-			wantDescription: "the fenceproxy objects are version 0, older than this fenceproxy's version 3: run fenceproxy setup to upgrade them",
+			wantDescription: "the fenceproxy objects are version 0, older than this fenceproxy's version 4: run fenceproxy setup to upgrade them",
 			fix:             "setup",
 		},
 		{
 			name:            "newer version",
-			breakSQL:        "UPDATE fenceproxy.meta SET value = '4' WHERE key = 'version'",
-			wantDescription: "the fenceproxy objects are version 4, newer than this fenceproxy's version 3: this fenceproxy is older than the objects",
+			breakSQL:        "UPDATE fenceproxy.meta SET value = '5' WHERE key = 'version'",
+			wantDescription: "the fenceproxy objects are version 5, newer than this fenceproxy's version 4: this fenceproxy is older than the objects",
 		},
 		{
 			name:  "role without the register procedure",

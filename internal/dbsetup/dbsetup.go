@@ -18,19 +18,33 @@ var objectsSQL string
 
 // Version is the version of the objects in objects.sql, stored in
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
-// of a newer version; the proxy needs objects of exactly this version.
-const Version = 3
+// of a newer version; the proxy works with older ones as far as they go
+// (lockVersion, raisersVersion).
+const Version = 4
 
 // lockVersion is the oldest version whose objects lock fencing works
-// with: versions 2 and 3 added the error raisers (raiserFuncs) and left
-// the register procedure as it was.
+// with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
+// the register procedure as it was (registerBodyV1); version 4 made the
+// procedure cheaper and left the raisers as they were.
 const lockVersion = 1
+
+// raisersVersion is the oldest version whose error raisers are those of
+// objects.sql.
+const raisersVersion = 3
 
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
 // same version, is reported.
-var registerBody = dollarBody("body")
+var registerBody = dollarBody(objectsSQL, "body")
+
+// registerV1SQL is the register procedure of versions 1 to 3, which Check
+// accepts in a database whose objects are of one of those versions.
+//
+//go:embed register_v1.sql
+var registerV1SQL string
+
+var registerBodyV1 = dollarBody(registerV1SQL, "body")
 
 // raiser is an error raiser the rewritten statements call (objects.sql,
 // where each function's body is quoted with its name as the dollar tag).
@@ -55,7 +69,7 @@ var raiserFuncs = func() map[string]raiser {
 		"tok_b":      "token_setting text, sized_names text -> boolean",
 		"advance":    "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint",
 	} {
-		out[name] = raiser{body: dollarBody(name), signature: sig}
+		out[name] = raiser{body: dollarBody(objectsSQL, name), signature: sig}
 	}
 	return out
 }()
@@ -64,10 +78,10 @@ var raiserFuncs = func() map[string]raiser {
 // fenceproxy, sorted.
 func RaiserNames() []string { return slices.Sorted(maps.Keys(raiserFuncs)) }
 
-// dollarBody returns the text between the first "AS $tag$" of objects.sql
-// and the "$tag$;" after it.
-func dollarBody(tag string) string {
-	_, rest, _ := strings.Cut(objectsSQL, "AS $"+tag+"$")
+// dollarBody returns the text between the first "AS $tag$" of sql and the
+// "$tag$;" after it.
+func dollarBody(sql, tag string) string {
+	_, rest, _ := strings.Cut(sql, "AS $"+tag+"$")
 	body, _, _ := strings.Cut(rest, "$"+tag+"$;")
 	return body
 }

@@ -338,7 +338,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"created the fenceproxy schema and objects (version 3)",
+		"created the fenceproxy schema and objects (version 4)",
 		"installed the database guard (its functions and table fenceproxy.guard_exempt)",
 		"installed the guard on public.config",
 		"installed the guard on public.jobs",

@@ -228,35 +228,75 @@ func TestRaisersPattern(t *testing.T) {
 	}
 }
 
-// TestLockWithVersion1Objects: objects of version 1 (before the raisers)
-// still serve lock fencing, with a note that setup upgrades them.
-func TestLockWithVersion1Objects(t *testing.T) {
-	db := newDatabase(t)
-	conn := connect(t, db)
-	execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
-	sp := specs(t, rules.Table{Table: "public.config", Lock: rules.LockRequired})
-	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	execSQL(t, conn, `DROP FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
-		fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text);
-		UPDATE fenceproxy.meta SET value = '1' WHERE key = 'version'`)
-	rep, err := dbsetup.Check(t.Context(), conn, sp)
+// TestLockWithOlderObjects: objects of versions 1 (before the raisers)
+// and 3 (before the cheaper register procedure), each with the procedure
+// those versions installed, still serve lock fencing, with a note that
+// setup upgrades them; the check accepts that procedure only with them.
+func TestLockWithOlderObjects(t *testing.T) {
+	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.OK() || rep.Raisers || len(rep.Notes) != 1 || !strings.Contains(rep.Notes[0].Text, "version 1") {
-		t.Fatalf("check of version 1 objects: %+v", rep)
-	}
-	up, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(up.Actions) != 1 || up.Actions[0] != "upgraded the fenceproxy objects from version 1 to 3" {
-		t.Errorf("setup: %+v", up.Actions)
-	}
-	if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || len(rep.Notes) != 0 {
-		t.Errorf("check after the upgrade: %+v, %v", rep, err)
+	for _, tc := range []struct {
+		version string
+		raisers bool
+		note    string
+	}{
+		{"1", false, "whose error raisers and lock registration make fenced writes cheaper"},
+		{"3", true, "whose lock registration costs the server less"},
+	} {
+		t.Run("version "+tc.version, func(t *testing.T) {
+			db := newDatabase(t)
+			conn := connect(t, db)
+			execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
+			sp := specs(t, rules.Table{Table: "public.config", Lock: rules.LockRequired})
+			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			execSQL(t, conn, string(oldRegister))
+			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
+			if tc.version == "1" {
+				execSQL(t, conn, `DROP FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
+					fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text)`)
+			}
+			rep, err := dbsetup.Check(t.Context(), conn, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.OK() || rep.Raisers != tc.raisers || len(rep.Notes) != 1 ||
+				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 4, "+tc.note) {
+				t.Fatalf("check: %+v", rep)
+			}
+			// The old procedure registers and refuses a stale token.
+			createRole(t, conn, "old_app")
+			if err := register(t.Context(), session(t, db, "old_app", "locks/config", "5"), true); err != nil {
+				t.Fatalf("old procedure: %v", err)
+			}
+			if err := register(t.Context(), session(t, db, "old_app", "locks/config", "4"), true); sqlState(err) != "FP001" {
+				t.Errorf("old procedure, stale token: %v, want FP001", err)
+			}
+
+			up, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 4"; len(up.Actions) != 1 || up.Actions[0] != want {
+				t.Errorf("setup: %+v, want %q", up.Actions, want)
+			}
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || len(rep.Notes) != 0 {
+				t.Errorf("check after the upgrade: %+v, %v", rep, err)
+			}
+			if w := watermark(t, db, "locks/config"); w != 5 {
+				t.Errorf("watermark %d after the upgrade, want 5", w)
+			}
+
+			// Version 4 objects with the old procedure: not this fenceproxy's.
+			execSQL(t, conn, string(oldRegister))
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() ||
+				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 4)") {
+				t.Errorf("check of version 4 objects with the old procedure: %+v, %v", rep, err)
+			}
+		})
 	}
 }
 

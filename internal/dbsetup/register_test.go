@@ -204,3 +204,82 @@ func receive(t *testing.T, c <-chan error) error {
 		return nil
 	}
 }
+
+// TestRegisterMemo: a second registration of the same lock and token in a
+// transaction does nothing (it reads no watermark), any other pair
+// registers in full, and a savepoint rolled back forgets the memo with the
+// registration.
+func TestRegisterMemo(t *testing.T) {
+	db, role := registerDB(t)
+	conn := session(t, db, role, "locks/config", "5")
+	ctx := t.Context()
+	// scans counts this transaction's index scans of the watermarks: a
+	// registration that reads the watermark makes some.
+	scans := func() int64 {
+		t.Helper()
+		var n int64
+		if err := conn.QueryRow(ctx, "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = 'fenceproxy.locks'::regclass").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	registers := func(name string, required bool) bool {
+		t.Helper()
+		before := scans()
+		if err := register(ctx, conn, required); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return scans() > before
+	}
+
+	if err := register(ctx, conn, false); err != nil {
+		t.Fatal(err)
+	}
+	execSQL(t, conn, "BEGIN")
+	if !registers("first", false) {
+		t.Fatal("the first registration read no watermark: cannot tell the memo from it")
+	}
+	if registers("same lock and token", false) || registers("same, required", true) {
+		t.Error("a second registration of the same lock and token read the watermark")
+	}
+	execSQL(t, conn, "SET LOCAL fence.token = '6'")
+	if !registers("newer token", false) {
+		t.Error("a newer token in the same transaction did not register")
+	}
+	execSQL(t, conn, "SET LOCAL fence.token = '5'")
+	if err := register(ctx, conn, false); sqlState(err) != "FP001" {
+		t.Errorf("the first token again after the newer one: %v, want FP001", err)
+	}
+	execSQL(t, conn, "ROLLBACK")
+	if w := watermark(t, db, "locks/config"); w != 5 {
+		t.Errorf("watermark %d after the rollback, want 5", w)
+	}
+
+	execSQL(t, conn, "BEGIN")
+	execSQL(t, conn, "SET LOCAL fence.token = '7'")
+	execSQL(t, conn, "SAVEPOINT s")
+	if !registers("in a savepoint", false) {
+		t.Fatal("no registration in the savepoint")
+	}
+	execSQL(t, conn, "ROLLBACK TO SAVEPOINT s")
+	if !registers("after the savepoint's rollback", false) {
+		t.Error("the memo outlived the savepoint's rollback")
+	}
+	execSQL(t, conn, "COMMIT")
+	if w := watermark(t, db, "locks/config"); w != 7 {
+		t.Errorf("watermark %d, want 7", w)
+	}
+
+	// The memo is the lock name, a line break and the token's digits: a
+	// token with a line break must not pass for a lock name with one.
+	execSQL(t, conn, "BEGIN")
+	execSQL(t, conn, "SET LOCAL fence.lock = E'locks/a\\n7'; SET LOCAL fence.token = '7'")
+	if !registers("a lock name with a line break", false) {
+		t.Fatal("no registration")
+	}
+	execSQL(t, conn, "SET LOCAL fence.lock = 'locks/a'; SET LOCAL fence.token = E'7\\n7'")
+	if err := register(ctx, conn, true); sqlState(err) != "FP002" {
+		t.Errorf("a token with a line break, matching the memo of another lock: %v, want FP002", err)
+	}
+	execSQL(t, conn, "ROLLBACK")
+}
