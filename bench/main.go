@@ -3,14 +3,15 @@
 //
 //	go run ./bench [-duration 5s] [-clients 1,8] [-modes simple,extended,prepared]
 //
-// Two workloads:
+// What it measures:
 //   - select-only (pgbench -S) directly, through fenceproxy and through
 //     PgBouncer in session mode;
 //   - fenced writes: one config row per client, UPDATE through the proxy
 //     (rewritten, token from PGOPTIONS; row fencing, and lock fencing with
 //     fence.lock set too) versus the hand-written conditional UPDATE of
 //     docs/design.md sent directly;
-//   - what a fenced statement costs PostgreSQL itself (servercpu.go).
+//   - what a fenced statement costs PostgreSQL itself (servercpu.go);
+//   - the rewriter's and the relay's Go benchmarks (gobench.go).
 //
 // bench/run.sh installs PgBouncer if it is missing and runs this.
 package main
@@ -61,6 +62,9 @@ func run() error {
 	proxyBin := flag.String("proxy", "", "fenceproxy binary (default: build it)")
 	skipSelect := flag.Bool("skip-select", false, "skip the select-only comparison")
 	skipFenced := flag.Bool("skip-fenced", false, "skip the fenced-write comparison")
+	skipGo := flag.Bool("skip-gobench", false, "skip the rewriter's and relay's Go benchmarks")
+	goCount := flag.Int("gobench-count", 3, "runs of each Go benchmark; the median is reported")
+	goTime := flag.String("gobench-time", "1s", "go test -benchtime of each Go benchmark run")
 	flag.Parse()
 
 	ctx := context.Background()
@@ -78,6 +82,13 @@ func run() error {
 	pgbench := filepath.Join(cl.BinDir(), "pgbench")
 	fmt.Printf("# fenceproxy benchmark: %s, %d cores, Go %s, PostgreSQL at %s, %v per run, median of %d interleaved runs per cell\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), cl.BinDir(), *duration, max(1, *reps))
+
+	// First, while nothing else of the benchmark runs: they need no server.
+	if !*skipGo {
+		if err := goBenchTable(os.Stdout, "", *goCount, *goTime); err != nil {
+			return err
+		}
+	}
 
 	if err := initData(ctx, cl, pgbench, *scale); err != nil {
 		return err

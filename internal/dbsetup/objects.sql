@@ -38,11 +38,6 @@ GRANT SELECT ON fenceproxy.meta, fenceproxy.locks TO PUBLIC;
 --   - Older or absent: an exclusive advisory lock (waiting for the
 --     transactions of older tokens to end), then the watermark becomes the
 --     token.
---   - Already registered in this transaction (the memo
---     fenceproxy.guard_registered is this lock and token): nothing. The
---     advisory lock taken then is still held, so the watermark is still
---     the token and registering again would change nothing. A savepoint
---     rolled back undoes the memo with the registration.
 --
 -- With audit true (every lock-fenced table of the statement in audit
 -- mode) nothing fails: what would have failed is reported with pg_notify
@@ -54,14 +49,15 @@ GRANT SELECT ON fenceproxy.meta, fenceproxy.locks TO PUBLIC;
 -- that the client retries the whole transaction.
 --
 -- Version 4 made it cheaper for the server (callgrind, a simple-protocol
--- CALL in its own transaction: 200k instructions in version 3, 180k, of
--- which ~57k are what a CALL of an empty procedure costs; a second CALL in
--- the same transaction 156k, 80k): PL/pgSQL prepares each expression of a
--- function once per transaction, so the common path (a valid token of up
--- to 18 digits, the watermark equal to it) evaluates as few as it can:
--- the lock name and token checked in one test, the rare cases behind it;
+-- CALL in its own transaction: 200k instructions in version 3, 174k, of
+-- which ~57k are what a CALL of an empty procedure costs): PL/pgSQL
+-- prepares each expression of a function once per transaction and runs
+-- each statement that is not a plain expression as a query, so the
+-- common path (a lock name, a valid token of up to 18 digits, the
+-- watermark equal to it) evaluates as few expressions as it can: the
+-- lock name and token checked in one test, the rare cases behind it;
 -- void functions called in assignments, which PL/pgSQL evaluates as
--- expressions, where PERFORM runs a query; the memo tested first.
+-- expressions, where PERFORM runs a query.
 CREATE OR REPLACE PROCEDURE fenceproxy.register(
 	lock_setting text, token_setting text, required boolean, audit boolean,
 	tag text, tables text)
@@ -77,11 +73,6 @@ DECLARE
 	w bigint;
 	v text;
 BEGIN
-	-- The memo ends with the token's digits: a token with a line break
-	-- could match a lock name with one.
-	IF current_setting('fenceproxy.guard_registered', true) = lk || E'\n' || tk AND strpos(tk, E'\n') = 0 THEN
-		RETURN;
-	END IF;
 	-- The common case first: a lock name of 1 to 1024 bytes and a token of
 	-- up to 18 significant digits (all in range).
 	IF octet_length(lk) BETWEEN 1 AND 1024 AND tk ~ '^0*[1-9][0-9]{0,17}$' THEN
@@ -155,6 +146,10 @@ BEGIN
 			EXIT register WHEN w > tok;
 		ELSE
 			EXIT register WHEN w > tok;
+		END IF;
+		-- Checked again after the equal case: the watermark may have been
+		-- lowered or deleted by hand while we waited; it is restored.
+		IF w IS NULL OR w < tok THEN
 			-- A newer token (or the lock's first): wait for the
 			-- transactions that registered older tokens, then move the
 			-- watermark.
@@ -177,8 +172,9 @@ BEGIN
 				END IF;
 			END IF;
 		END IF;
-		-- Registered: the memo above, which the database guard's triggers
-		-- read too (they would call this procedure again otherwise).
+		-- Registered. Tells the database guard's triggers that this
+		-- transaction registered (they would call this procedure again
+		-- otherwise).
 		v := set_config('fenceproxy.guard_registered', lk || E'\n' || tok, true);
 		RETURN;
 	END;
