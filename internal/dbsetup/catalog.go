@@ -100,8 +100,10 @@ var zeroDefaults = map[string]bool{"0": true, "0::bigint": true, "(0)::bigint": 
 // objects is the state of the fenceproxy schema's objects.
 type objects struct {
 	schema, meta, locks, register bool
-	// registerCurrent: the register procedure's source is objects.sql's;
-	// registerV1: it is that of versions 1 to 3 (registerBodyV1).
+	// registerCurrent: the register procedure's source is objects.sql's,
+	// and it is declared as there (SECURITY DEFINER, its search_path);
+	// registerV1: the same with the source of versions 1 to 3
+	// (registerBodyV1).
 	registerCurrent, registerV1 bool
 	// version is fenceproxy.meta's version, if hasVersion; 0 without the
 	// table or the row.
@@ -117,6 +119,7 @@ type objects struct {
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	var o objects
 	var src *string
+	var declared bool
 	err := tx.QueryRow(ctx, `
 		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
 		SELECT EXISTS (SELECT FROM ns),
@@ -124,14 +127,21 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 			EXISTS (SELECT FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid WHERE c.relname = 'locks' AND c.relkind = 'r'),
 			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
 				WHERE p.proname = 'register' AND p.prokind = 'p'
-				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector)`). // text, text, bool, bool, text, text
-		Scan(&o.schema, &o.meta, &o.locks, &src)
+				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector), -- text, text, bool, bool, text, text
+			-- Declared as objects.sql declares it: it runs with its owner's
+			-- rights (to write the watermarks), and so with a search_path no
+			-- session can put its own operators on.
+			coalesce((SELECT p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']
+				FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+				WHERE p.proname = 'register' AND p.prokind = 'p'
+				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector), false)`).
+		Scan(&o.schema, &o.meta, &o.locks, &src, &declared)
 	if err != nil {
 		return o, fmt.Errorf("read the fenceproxy objects: %w", err)
 	}
 	o.register = src != nil
-	o.registerCurrent = src != nil && *src == registerBody
-	o.registerV1 = src != nil && *src == registerBodyV1
+	o.registerCurrent = src != nil && *src == registerBody && declared
+	o.registerV1 = src != nil && *src == registerBodyV1 && declared
 	if o.schema {
 		if o.raisers, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -110,6 +110,24 @@ func TestCheckProblems(t *testing.T) {
 			fix:             "setup",
 		},
 		{
+			name:            "procedure not security definer",
+			breakSQL:        "ALTER PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) SECURITY INVOKER",
+			wantDescription: "procedure fenceproxy.register is not this fenceproxy's (version 4): it was replaced, or installed by another build",
+			fix:             "setup",
+		},
+		{
+			name:            "procedure search_path changed",
+			breakSQL:        "ALTER PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) SET search_path = public, pg_catalog",
+			wantDescription: "procedure fenceproxy.register is not this fenceproxy's (version 4): it was replaced, or installed by another build",
+			fix:             "setup",
+		},
+		{
+			name:            "procedure search_path reset",
+			breakSQL:        "ALTER PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) RESET search_path",
+			wantDescription: "procedure fenceproxy.register is not this fenceproxy's (version 4): it was replaced, or installed by another build",
+			fix:             "setup",
+		},
+		{
 			name:            "old version",
 			breakSQL:        "UPDATE fenceproxy.meta SET value = '0' WHERE key = 'version'",
 			wantDescription: "the fenceproxy objects are version 0, older than this fenceproxy's version 4: run fenceproxy setup to upgrade them",
