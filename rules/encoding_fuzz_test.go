@@ -18,7 +18,8 @@ import (
 //	UPDATE config SET payload = v WHERE id = 1
 //	INSERT INTO config (id, payload) VALUES (1, v)
 //
-// every rewrite, under every rule set of testdata/rewrite/rules.yaml, must
+// every rewrite, under every rule set of testdata/rewrite/rules.yaml in
+// each of its forms (inline, raisers, and both prepared), must
 //
 //  1. hold the client's bytes as a subsequence, in order (the only bytes a
 //     rewrite may drop are an assignment of DEFAULT to the fence column,
@@ -50,7 +51,8 @@ func FuzzSpliceKeepsClientBytes(f *testing.F) {
 				column = tb.Column
 			}
 		}
-		sets = append(sets, set{name, column, r})
+		sets = append(sets, set{name, column, r}, set{name + " (raisers)", column, r.ServerFunctions()},
+			set{name + " (prepared)", column, r.Prepared()}, set{name + " (raisers, prepared)", column, r.ServerFunctions().Prepared()})
 	}
 	shapes := [][2]string{
 		{"UPDATE config SET payload = ", " WHERE id = 1"},

@@ -167,12 +167,38 @@ func (c *checker) unrewritten(t *checkTable, m protoreflect.ProtoMessage) bool {
 	if !t.audit || !c.auditRefused {
 		return false
 	}
+	// Its own parts, not its WITH clause: a write there (a CTE's DELETE)
+	// carries its own audit expressions, which do not make this one
+	// rewritten.
 	found := false
-	walkMessages(m.ProtoReflect(), func(m protoreflect.ProtoMessage) {
-		if f, ok := m.(*pg.FuncCall); ok && len(f.Funcname) == 2 && f.Funcname[1].GetString_().GetSval() == "pg_notify" {
-			found = true
+	var walk func(protoreflect.Message)
+	walk = func(pm protoreflect.Message) {
+		if !pm.IsValid() || found {
+			return
 		}
-	})
+		switch n := pm.Interface().(type) {
+		case *pg.WithClause:
+			return
+		case *pg.FuncCall:
+			if len(n.Funcname) == 2 && n.Funcname[1].GetString_().GetSval() == "pg_notify" {
+				found = true
+				return
+			}
+		}
+		pm.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+			switch {
+			case fd.Message() == nil || fd.IsMap():
+			case fd.IsList():
+				for i := 0; i < v.List().Len(); i++ {
+					walk(v.List().Get(i).Message())
+				}
+			default:
+				walk(v.Message())
+			}
+			return true
+		})
+	}
+	walk(m.ProtoReflect())
 	return !found
 }
 

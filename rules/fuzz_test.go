@@ -10,7 +10,8 @@ import (
 )
 
 // FuzzRewrite checks, for arbitrary input under every rule set of
-// testdata/rewrite/rules.yaml, that Decide never panics, that a rewrite is
+// testdata/rewrite/rules.yaml, in each of its forms (inline, raisers, and
+// both as a named prepared statement gets them), that Decide never panics, that a rewrite is
 // SQL in which every protected write is fenced (checkFenced), that a refusal
 // carries a fenceproxy error, and that a forwarded statement that parses
 // does not write a protected table. The seed corpus is in
@@ -31,8 +32,10 @@ func FuzzRewrite(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		// And the error raisers' form of the same rules.
-		sets = append(sets, set{name, cfg, r}, set{name + " (raisers)", cfg, r.ServerFunctions()})
+		// And the error raisers' form of the same rules, and the forms a
+		// named prepared statement gets (Rules.Prepared).
+		sets = append(sets, set{name, cfg, r}, set{name + " (raisers)", cfg, r.ServerFunctions()},
+			set{name + " (prepared)", cfg, r.Prepared()}, set{name + " (raisers, prepared)", cfg, r.ServerFunctions().Prepared()})
 	}
 	f.Fuzz(func(t *testing.T, sql string) {
 		for _, s := range sets {
