@@ -551,16 +551,16 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 
 // preparedForm reports whether a Parse is decided with Lexing.Prepared: it
 // names its statement (which the server keeps to execute many times) and
-// performs no SQL-level prepared-statement operation (a PREPARE's body
-// is recorded as the SQL-level statement's, decided as a Query's text is,
-// so it gets the same form on the server).
-func preparedForm(typ byte, name, sql string) bool {
-	if typ != 'P' || name == "" {
-		return false
-	}
-	ops, _ := mentionsPrepared(sql)
-	return !ops
+// its text performs no SQL-level prepared-statement operation (words.any
+// false: a PREPARE's body is recorded as the SQL-level statement's,
+// decided as a Query's text is, so it gets the same form on the server).
+func preparedForm(typ byte, name string, words prepWords) bool {
+	return typ == 'P' && name != "" && !words.any
 }
+
+// prepWords is what mentionsPrepared found in a text, scanned once per
+// Query or Parse for both preparedForm and trackPrepared.
+type prepWords struct{ any, execute bool }
 
 // mentionsPrepared reports, cheaply and conservatively, whether sql may
 // prepare, execute or deallocate a statement, and whether it may execute
@@ -680,17 +680,18 @@ func (s *session) losePreparedTrack() {
 // Parse about to be sent with decision d (which it may turn into a
 // refusal): EXECUTEs of statements prepared under older rules are checked,
 // and what the text defines or removes is recorded; preparedForm is
-// whether d was decided with Lexing.Prepared.
-func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool) error {
+// whether d was decided with Lexing.Prepared, words what mentionsPrepared
+// found in sql.
+func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool, words prepWords) error {
 	var ops []PreparedOp
 	if d.Action != Refuse {
-		if anyOp, exec := mentionsPrepared(sql); anyOp {
+		if words.any {
 			var err error
 			ops, err = s.preparedOps(sql)
 			switch {
 			case errors.Is(err, errPolicyPanicked):
 				*d = internalRefusal()
-			case err != nil && exec:
+			case err != nil && words.execute:
 				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
 			case err != nil:
 				ops = nil

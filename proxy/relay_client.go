@@ -233,11 +233,17 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	if err != nil {
 		return err
 	}
-	lex.Prepared = preparedForm(typ, p.Name, sql)
+	// The text's prepared-statement words, scanned once: for the form it
+	// is decided in and for the bookkeeping after the decision.
+	var words prepWords
+	if s.ps != nil || typ == 'P' && p.Name != "" {
+		words.any, words.execute = mentionsPrepared(sql)
+	}
+	lex.Prepared = preparedForm(typ, p.Name, words)
 	d := s.decide(lex, sql)
 	s.decided(&d, s.clock().Sub(start))
 	if s.ps != nil {
-		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared); err != nil {
+		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words); err != nil {
 			return err
 		}
 	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {
