@@ -226,6 +226,11 @@ func TestRaisersPattern(t *testing.T) {
 	if all := strings.Count(string(objects), "OPERATOR(pg_catalog.~)"); uses != 3 || all != 2*uses {
 		t.Errorf("objects.sql validates the token with the short and the full pattern %d times (want 3: tok, tok_b, advance), uses ~ %d times", uses, all)
 	}
+	// The register procedure's common path casts a token the short pattern
+	// accepts: it must accept only valid tokens.
+	if fast := "tk ~ '" + rules.ShortTokenPattern() + "' THEN\n\t\ttok := tk::bigint;"; strings.Count(string(objects), fast) != 1 {
+		t.Errorf("the register procedure's common path does not test the token with the short pattern (%q)", fast)
+	}
 }
 
 // TestLockWithOlderObjects: objects of versions 1 (before the raisers)

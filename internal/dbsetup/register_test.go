@@ -90,6 +90,19 @@ func TestRegisterStaleToken(t *testing.T) {
 	if err := register(t.Context(), session(t, db, role, "locks/other", "1"), false); err != nil {
 		t.Errorf("another lock's first token: %v", err)
 	}
+	// Tokens past the common path's short pattern (19 digits, zero-padded)
+	// register and compare as numbers too.
+	for _, tc := range []struct{ token, state string }{
+		{"0005", ""}, {"9223372036854775806", ""}, {"09223372036854775807", ""},
+		{"9223372036854775806", "FP001"}, {"9223372036854775807", ""},
+	} {
+		if err := register(t.Context(), session(t, db, role, "locks/big", tc.token), true); sqlState(err) != tc.state {
+			t.Errorf("lock locks/big, token %s: %v, want %q", tc.token, err, tc.state)
+		}
+	}
+	if w := watermark(t, db, "locks/big"); w != 9223372036854775807 {
+		t.Errorf("locks/big watermark %d, want 2^63-1", w)
+	}
 	if w := watermark(t, db, "locks/config"); w != 5 {
 		t.Errorf("watermark %d, want 5", w)
 	}
