@@ -57,6 +57,13 @@ type Decision struct {
 	// Lock, on a Forward or Rewrite, is the lock registration the
 	// statement needs in sessions that name a lock (see LockPolicy).
 	Lock *LockRegistration
+	// Preparable, on a Rewrite of a Query's text, says that the text is
+	// one statement that returns no rows and has no parameters, so that
+	// a named prepared statement of what the policy decides for the text
+	// with Lexing.Prepared answers Bind and Execute as the Query would be
+	// answered. The relay then runs a text a session repeats that way
+	// (Options.AutoPrepare).
+	Preparable bool
 }
 
 // LockRegistration is a statement that must run in the same transaction

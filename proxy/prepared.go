@@ -151,6 +151,8 @@ type preparedState struct {
 	// is known to have prepared under that name ("" if none).
 	registerName string
 	regPrepared  string
+	// auto is the session's own prepared statements (autoprepare.go).
+	auto autoState
 }
 
 func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {
@@ -160,6 +162,7 @@ func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {
 		portals:      make(map[string]*portalEntry),
 		refusedName:  "fenceproxy_refused_" + nonce,
 		registerName: "fenceproxy_register_" + nonce,
+		auto:         autoState{prefix: "fenceproxy_auto_" + nonce + "_"},
 	}
 }
 

@@ -374,6 +374,9 @@ func (s *session) relayClose(body []byte) error {
 		if serverKey(name) == serverKey(s.ps.registerName) {
 			s.ps.regPrepared = ""
 		}
+		if s.ps.auto.touches(name) {
+			s.ps.auto.forget()
+		}
 		s.ps.addStmtOp(name, nil, false, 0, false, 0)
 	case 'P':
 		key := serverKey(name)
@@ -541,7 +544,11 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 			for key := range s.ps.stmts {
 				s.ps.addStmtOp(key, nil, false, 0, query, idx)
 			}
-			s.ps.regPrepared = "" // the proxy's own statement goes too
+			s.ps.regPrepared = "" // the proxy's own statements go too
+			s.ps.auto.forget()
+		}
+		if op.Kind != OpExecute && s.ps.auto.touches(op.Name) {
+			s.ps.auto.forget()
 		}
 	}
 	for ; next < len(calls); next++ {
@@ -755,6 +762,9 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 		// A refused named Parse fails before it would replace anything.
 	default:
+		if s.ps.auto.touches(p.Name) {
+			s.ps.auto.forget()
+		}
 		def := s.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
 		if def == nil {
 			def = s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)

@@ -242,6 +242,11 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	lex.Prepared = preparedForm(typ, p.Name, words)
 	d := s.decide(lex, sql)
 	s.decided(&d, s.clock().Sub(start))
+	if typ == 'Q' && d.Action == Rewrite && d.Preparable && s.ps != nil && s.srv.opts.AutoPrepare > 0 && !words.any {
+		if done, err := s.autoPrepare(lex, sql, &d); done || err != nil {
+			return err
+		}
+	}
 	if s.ps != nil {
 		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words); err != nil {
 			return err

@@ -47,6 +47,7 @@ func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
 		return d, nil
 	}
 	d := Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
+	d.Preparable = res.audit == nil && preparable(res.tree)
 	if res.lock != nil {
 		d = r.withLock(d, out, res.tree.Version, res.lock)
 	}
@@ -148,6 +149,38 @@ func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 		return nil, &d
 	}
 	return &rewritten{tree: tree, sp: sp, tables: sortedUnique(w.tables), written: w.written, audit: w.audit, lock: uses}, nil
+}
+
+// preparable reports whether tree is one INSERT, UPDATE, DELETE or MERGE
+// that returns no rows and has no parameters ($n): what a named prepared
+// statement of its text answers to Bind and Execute is then what a simple
+// Query of it answers (a command tag, or an error), and no change of the
+// table's columns can make the cached plan's result type differ.
+func preparable(tree *pg.ParseResult) bool {
+	if len(tree.Stmts) != 1 {
+		return false
+	}
+	n := tree.Stmts[0].Stmt
+	var returning []*pg.Node
+	switch {
+	case n.GetInsertStmt() != nil:
+		returning = n.GetInsertStmt().ReturningList
+	case n.GetUpdateStmt() != nil:
+		returning = n.GetUpdateStmt().ReturningList
+	case n.GetDeleteStmt() != nil:
+		returning = n.GetDeleteStmt().ReturningList
+	case n.GetMergeStmt() != nil:
+		returning = n.GetMergeStmt().ReturningList
+	default:
+		return false
+	}
+	if len(returning) > 0 {
+		return false
+	}
+	return !hasNode(n, func(m protoreflect.ProtoMessage) bool {
+		_, ok := m.(*pg.ParamRef)
+		return ok
+	})
 }
 
 // allAudit reports whether tables is not empty and all of them are in

@@ -59,6 +59,12 @@ type Decision struct {
 	// sent them; the proxy should record the refusal as an audit
 	// would-reject. Nil otherwise.
 	AuditRefusal *Error
+	// Preparable, on a Rewrite, says that the text is one INSERT, UPDATE,
+	// DELETE or MERGE, without RETURNING, parameters or an audit refusal:
+	// executed as a named prepared statement (in the form the Prepared
+	// sibling writes), it answers exactly as the simple Query does, so a
+	// relay may run a text it sees repeatedly that way.
+	Preparable bool
 }
 
 // Rules is a compiled configuration, or the part of it that applies to one

@@ -241,7 +241,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	switch d.Action {
 	case rules.Rewrite:
-		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
+		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock), Preparable: d.Preparable}, true
 	case rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}, true
 	default:

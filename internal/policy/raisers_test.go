@@ -132,14 +132,24 @@ func TestRaisersUsed(t *testing.T) {
 	}
 
 	// The raisers dropped behind the proxy's back: fail closed, then the
-	// inline form once the database has been checked again.
-	if _, err := dF.Exec(ctxT(t), "DROP FUNCTION fenceproxy.advance(text, bigint, boolean, text, text)"); err != nil {
+	// inline form once the database has been checked again. tok_b is
+	// called by every form: the simple Query's (a text sent for the first
+	// time), the prepared form of a text sent again (which the proxy
+	// prepares for itself: the server's statement is analysed again and
+	// fails) and of one the proxy prepared before the drop.
+	if _, err := dF.Exec(ctxT(t), "DROP FUNCTION fenceproxy.tok_b(text, text)"); err != nil {
 		t.Fatal(err)
 	}
 	setToken(t, cF, "60")
-	o := run(cF, "60", "UPDATE acct SET n = n + 1 WHERE id = 2", pgx.QueryExecModeSimpleProtocol)
-	if !strings.Contains(o.msg, "error raisers") || !strings.Contains(o.detail, "fenceproxy.advance") {
-		t.Errorf("write after the raisers were dropped: %+v", o)
+	for _, sql := range []string{
+		"UPDATE acct SET n = n + 1 WHERE id = 2 AND true", // first sighting
+		"UPDATE acct SET n = n + 1 WHERE id = 2",          // second sighting: prepared now
+		"UPDATE acct SET n = n + 1 WHERE id = 1",          // prepared before the drop
+	} {
+		o := run(cF, "60", sql, pgx.QueryExecModeSimpleProtocol)
+		if !strings.Contains(o.msg, "error raisers") || !strings.Contains(o.detail, "fenceproxy.tok_b") {
+			t.Errorf("%s after the raisers were dropped: %+v", sql, o)
+		}
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -1,0 +1,217 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// Prepared statements of the proxy's own for repeated simple Queries.
+//
+// PostgreSQL analyses and plans a simple Query's text every time it
+// receives it, a named prepared statement's once. A fenced write costs the
+// server more to analyse than the client's statement would (the fence is
+// an expression of its own), and less to execute in the form the policy
+// writes for named statements (Lexing.Prepared). So when a session sends
+// the same rewritten text again (Options.AutoPrepare sightings), the relay
+// sends, in place of the Query:
+//
+//	Close and Parse of its own statement   (only when the server does not have it)
+//	the lock registration                  (session.register, when the text needs one)
+//	Bind of the unnamed portal, Execute, Sync
+//
+// The responses to Close, Parse and Bind are not relayed; the client gets
+// the Execute's CommandComplete or the first error, then ReadyForQuery:
+// what the Query would have answered. Only texts the policy marks
+// Preparable qualify (one INSERT, UPDATE, DELETE or MERGE without RETURNING
+// and without parameters), and only while nothing else is pending in
+// the extended protocol, so that the Sync ends no client's messages.
+//
+// A session keeps at most maxAutoStatements texts (the least recently sent
+// goes first), each under the name of a slot; a slot's statement is closed
+// before the slot is prepared again. Which text the server has under a
+// slot is known from the ParseComplete; a DEALLOCATE ALL or DISCARD ALL,
+// or any statement operation on a slot's name, forgets them all, and the
+// next sighting prepares its text again. After a reload, or when the
+// database's objects change, the text is decided again at every sighting
+// as any Query is: a different decision prepares the slot again.
+
+const (
+	// DefaultAutoPrepare is Options.AutoPrepare's default: from the second
+	// sighting on. Analysing the prepared form costs the server about as
+	// much as one more simple Query; every execution after that, about
+	// half of one.
+	DefaultAutoPrepare = 2
+	// maxAutoStatements bounds the texts (and server statements) a session
+	// keeps; maxAutoTextBytes the length of one.
+	maxAutoStatements = 32
+	maxAutoTextBytes  = 4096
+)
+
+// autoStmt is one text a session sent, and the slot it has.
+type autoStmt struct {
+	text string // the client's text
+	name string // the slot's statement name
+	seen int    // sightings
+	used uint64 // autoClock at the last sighting
+	// prepared is the statement text the server is known to have under
+	// name ("": none, or not known yet).
+	prepared string
+}
+
+// autoState is the session's own prepared statements; guarded by
+// session.mu (in preparedState).
+type autoState struct {
+	byText map[string]*autoStmt
+	slots  []*autoStmt
+	clock  uint64
+	// epoch changes whenever the server may have lost the statements: a
+	// ParseComplete for a Parse sent before then proves nothing.
+	epoch  uint64
+	prefix string
+}
+
+// sighting records one more sighting of sql and returns its entry,
+// evicting the least recently sent text when every slot is taken.
+func (a *autoState) sighting(sql string) *autoStmt {
+	a.clock++
+	if e := a.byText[sql]; e != nil {
+		e.seen++
+		e.used = a.clock
+		return e
+	}
+	if a.byText == nil {
+		a.byText = make(map[string]*autoStmt, maxAutoStatements)
+	}
+	slot := len(a.slots)
+	if slot < maxAutoStatements {
+		a.slots = append(a.slots, nil)
+	} else {
+		slot = 0
+		for i, e := range a.slots {
+			if e.used < a.slots[slot].used {
+				slot = i
+			}
+		}
+		delete(a.byText, a.slots[slot].text)
+	}
+	// The slot's old statement, if any, stays on the server until the slot
+	// is prepared again: prepared is "", so a Close goes first.
+	e := &autoStmt{text: strings.Clone(sql), name: a.prefix + strconv.Itoa(slot), seen: 1, used: a.clock}
+	a.slots[slot] = e
+	a.byText[e.text] = e
+	return e
+}
+
+// forget records that the server may no longer have any of the session's
+// own statements.
+func (a *autoState) forget() {
+	a.epoch++
+	for _, e := range a.slots {
+		e.prepared = ""
+	}
+}
+
+// touches reports whether a client's statement operation on name concerns
+// a slot (the names are the proxy's, but a client may learn them from
+// pg_prepared_statements).
+func (a *autoState) touches(name string) bool {
+	return strings.HasPrefix(serverKey(name), a.prefix)
+}
+
+// autoPrepare runs the Query text sql, decided d (a Preparable Rewrite), as
+// the session's own prepared statement once the session has sent it
+// often enough. It reports whether it did; if not, the caller sends the
+// Query.
+func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error) {
+	if len(sql) > maxAutoTextBytes || lex.Uncertain {
+		return false, nil
+	}
+	ps := s.ps
+	s.mu.Lock()
+	ready := !s.state.unsynced && !s.state.copyIn && !s.state.desync && !ps.lost && !s.state.finishing
+	var e *autoStmt
+	if ready {
+		e = ps.auto.sighting(sql)
+		ready = e.seen >= s.srv.opts.AutoPrepare
+	}
+	s.mu.Unlock()
+	if !ready {
+		return false, nil
+	}
+	plex := lex
+	plex.Prepared = true
+	pd := s.decide(plex, sql)
+	if pd.Action != Rewrite || !pd.Preparable || (pd.Lock == nil) != (d.Lock == nil) {
+		return false, nil
+	}
+	var call string
+	if l := pd.Lock; l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) {
+		call = l.Call
+	}
+
+	s.mu.Lock()
+	if s.state.finishing {
+		s.mu.Unlock()
+		return true, errSessionDone
+	}
+	// What track does for a Query: one more ReadyForQuery to come.
+	s.state.inFlight++
+	s.state.lastWasQuery = true
+	s.state.copyEndSent = false
+	s.state.rewrote = true
+	parse := e.prepared != pd.SQL
+	if parse {
+		e.prepared = "" // until its ParseComplete says so
+		epoch, out := ps.auto.epoch, pd.SQL
+		ps.expect('3', nil)
+		ps.countSent('C')
+		ps.expect('1', func(o outcome) {
+			if o == outcomeOK && ps.auto.epoch == epoch {
+				e.prepared = out
+			}
+		})
+		ps.countSent('P')
+	}
+	s.mu.Unlock()
+	if parse {
+		if err := writeMsg(s.uw, &pgproto3.Close{ObjectType: 'S', Name: e.name}); err != nil {
+			return true, upstreamErr(err)
+		}
+		if err := writeMsg(s.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
+			return true, upstreamErr(err)
+		}
+	}
+	if call != "" {
+		if err := s.register(call); err != nil {
+			return true, err
+		}
+	}
+	s.mu.Lock()
+	ps.expect('2', func(o outcome) {
+		if o == outcomeFailed {
+			// The statement is gone (DEALLOCATE in a function, say):
+			// prepare it again next time.
+			e.prepared = ""
+		}
+	})
+	ps.countSent('B')
+	ps.countSent('E')
+	ps.countSent('S')
+	// The server's unnamed portal is now this one, whatever a client's
+	// Bind made of it.
+	delete(ps.portals, "")
+	s.mu.Unlock()
+	if ce := s.logger().Check(zap.DebugLevel, "statement rewritten, run as the session's own prepared statement"); ce != nil {
+		ce.Write(zap.String("sql", pd.SQL), zap.String("statement", e.name), zap.Bool("parsed", parse))
+	}
+	if err := writeMsg(s.uw, &pgproto3.Bind{PreparedStatement: e.name}); err != nil {
+		return true, upstreamErr(err)
+	}
+	if err := writeMsg(s.uw, &pgproto3.Execute{}); err != nil {
+		return true, upstreamErr(err)
+	}
+	return true, upstreamErr(writeMsg(s.uw, &pgproto3.Sync{}))
+}
