@@ -20,6 +20,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -223,7 +224,10 @@ func run() error {
 		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, bouncerPort, cs, *duration); err != nil {
 			return err
 		}
-		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres")); err != nil {
+		u := cl.URL("postgres", "", "postgres")
+		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(proxyPort))
+		proxyDSN := u.String()
+		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN); err != nil {
 			return err
 		}
 		// Last: it stops the server for a while.

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
+	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -62,6 +63,12 @@ type Config struct {
 	// RewriteCacheEntries bounds the per-rule-set cache of rewrite decisions,
 	// keyed by statement text. Default 4096; 0 disables the cache.
 	RewriteCacheEntries int `yaml:"rewrite_cache_entries"`
+	// AutoPrepare: a simple-protocol statement that the proxy rewrites,
+	// sent with the same text for the AutoPrepare-th time in a session,
+	// runs from then on as a prepared statement of the proxy's own (named
+	// fenceproxy_auto_*), which costs the server less per execution.
+	// Default 2; 0: never. Read at start only.
+	AutoPrepare int `yaml:"auto_prepare"`
 	// MaxCheckBytes bounds the size of a statement that may touch a
 	// protected table and so has to be parsed and possibly rewritten, which
 	// takes memory in proportion to its size; larger ones are refused with
@@ -153,6 +160,9 @@ type ClientTLS struct {
 	Require bool `yaml:"require"`
 }
 
+// maxAutoPrepare bounds auto_prepare.
+const maxAutoPrepare = 1000
+
 // maxRelayLoops bounds limits.relay_loops: a loop is an OS thread.
 const maxRelayLoops = 256
 
@@ -241,6 +251,7 @@ func Defaults() Config {
 		LockSetting:         rules.DefaultLockSetting,
 		RewriteCacheEntries: rules.DefaultCacheSize,
 		MaxCheckBytes:       rules.DefaultMaxCheckBytes,
+		AutoPrepare:         proxy.DefaultAutoPrepare,
 	}
 }
 
@@ -429,6 +440,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxCheckBytes < 1024 {
 		bad("max_check_bytes", "must be at least 1024, got %d", c.MaxCheckBytes)
+	}
+	if c.AutoPrepare < 0 || c.AutoPrepare > maxAutoPrepare {
+		bad("auto_prepare", "must be between 0 (never) and %d, got %d", maxAutoPrepare, c.AutoPrepare)
 	}
 	if c.RewriteCacheEntries < 0 {
 		bad("rewrite_cache_entries", "must not be negative, got %d", c.RewriteCacheEntries)

@@ -86,6 +86,8 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{"upstream: {address: 'h:5432'}\nlimits: {max_message_bytes: 10}", "limits.max_message_bytes"},
 		{"upstream: {address: 'h:5432'}\nlimits: {relay_loops: -1}", "limits.relay_loops"},
 		{"upstream: {address: 'h:5432'}\nlimits: {relay_loops: 1000}", "limits.relay_loops"},
+		{"upstream: {address: 'h:5432'}\nauto_prepare: -1", "auto_prepare"},
+		{"upstream: {address: 'h:5432'}\nauto_prepare: 1001", "auto_prepare"},
 		{"upstream: {address: 'h:5432'}\nshutdown: {delay: -1s}", "shutdown.delay"},
 		{"upstream: {address: 'h:5432'}\nlog: {format: xml}", "log.format"},
 		{"upstream: {address: 'h:5432'}\nlog: {level: loud}", "log.level"},

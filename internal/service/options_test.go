@@ -6,6 +6,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/service"
+	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
 // TestProxyOptionsRelayLoops checks that limits.relay_loops reaches the
@@ -22,6 +23,31 @@ func TestProxyOptionsRelayLoops(t *testing.T) {
 		}
 		if opts.RelayLoops != n {
 			t.Errorf("relay_loops %d: proxy.Options.RelayLoops = %d", n, opts.RelayLoops)
+		}
+	}
+}
+
+// TestProxyOptionsAutoPrepare checks that auto_prepare reaches the relay:
+// its default when the file has none, 0 as never (the relay's negative).
+func TestProxyOptionsAutoPrepare(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want int
+	}{
+		{"", proxy.DefaultAutoPrepare},
+		{"auto_prepare: 0", -1},
+		{"auto_prepare: 5", 5},
+	} {
+		cfg, err := config.Parse([]byte("upstream: {address: '127.0.0.1:5432'}\n" + tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts, err := service.ProxyOptions(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opts.AutoPrepare != tc.want {
+			t.Errorf("%q: proxy.Options.AutoPrepare = %d, want %d", tc.yaml, opts.AutoPrepare, tc.want)
 		}
 	}
 }

@@ -300,6 +300,7 @@ var restartOnly = []struct {
 	{"log", func(r, o *config.Config) bool { return keep(&r.Log, o.Log) }},
 	{"admin", func(r, o *config.Config) bool { return keep(&r.Admin, o.Admin) }},
 	{"shutdown", func(r, o *config.Config) bool { return keep(&r.Shutdown, o.Shutdown) }},
+	{"auto_prepare", func(r, o *config.Config) bool { return keep(&r.AutoPrepare, o.AutoPrepare) }},
 }
 
 func keep[T any](dst *T, running T) bool {
@@ -379,6 +380,10 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 		StartupTimeout:   cfg.Limits.StartupTimeout,
 		RelayLoops:       cfg.Limits.RelayLoops,
 		RequireClientTLS: cfg.TLS.Require,
+		AutoPrepare:      cfg.AutoPrepare,
+	}
+	if cfg.AutoPrepare == 0 {
+		opts.AutoPrepare = -1 // never; the proxy's 0 is its default
 	}
 	if cfg.TLS.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
