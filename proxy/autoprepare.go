@@ -144,12 +144,14 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 	plex := lex
 	plex.Prepared = true
 	pd := s.decide(plex, sql)
-	if pd.Action != Rewrite || !pd.Preparable || (pd.Lock == nil) != (d.Lock == nil) {
+	// The registration the Query would have run, the statement runs too.
+	needs := func(l *LockRegistration) bool { return l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) }
+	if pd.Action != Rewrite || !pd.Preparable || needs(pd.Lock) != needs(d.Lock) {
 		return false, nil
 	}
 	var call string
-	if l := pd.Lock; l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) {
-		call = l.Call
+	if needs(pd.Lock) {
+		call = pd.Lock.Call
 	}
 
 	s.mu.Lock()

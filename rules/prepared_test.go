@@ -54,3 +54,46 @@ func TestPreparedOps(t *testing.T) {
 		t.Error("PreparedOps of a syntax error: no error")
 	}
 }
+
+// TestPreparable: only a rewritten single INSERT, UPDATE, DELETE or MERGE
+// without RETURNING and parameters may run as a named prepared statement
+// in place of a simple Query, in every form the proxy writes.
+func TestPreparable(t *testing.T) {
+	rs, err := rules.Compile(rules.Config{Tables: []rules.Table{{Table: "public.config"}, {Table: "public.aud", Mode: rules.ModeAudit}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		sql  string
+		want bool
+	}{
+		{"UPDATE config SET n = 1 WHERE id = 7", true},
+		{"/* a comment */ update config set n = n + 1;", true},
+		{"INSERT INTO config (id, n) VALUES (1, 2) ON CONFLICT (id) DO UPDATE SET n = 3", true},
+		{"DELETE FROM config WHERE id = 1", true},
+		{"MERGE INTO config c USING src s ON c.id = s.id WHEN MATCHED THEN UPDATE SET n = s.n", true},
+		{"WITH x AS (SELECT 1) UPDATE config SET n = 1", true},
+		{"UPDATE config SET n = 1 RETURNING n", false},
+		{"DELETE FROM config RETURNING *", false},
+		{"INSERT INTO config (id) VALUES (1) RETURNING id", false},
+		{"UPDATE config SET n = $1 WHERE id = 1", false},
+		{"UPDATE config SET n = 1 WHERE id = (SELECT $1::int)", false},
+		{"UPDATE config SET n = 1; UPDATE config SET n = 2", false},
+		{"SELECT 1; UPDATE config SET n = 1", false},
+		{"EXPLAIN ANALYZE UPDATE config SET n = 1", false},
+		{"PREPARE p AS UPDATE config SET n = 1", false},
+		{"WITH u AS (UPDATE config SET n = 1 RETURNING id) SELECT * FROM u", false},
+		{"UPDATE config SET n = 1 WHERE CURRENT OF c", true},
+		{"WITH d AS (DELETE FROM aud WHERE CURRENT OF c) UPDATE config SET n = 1", false}, // an audit refusal
+	} {
+		for _, set := range []*rules.Rules{rs, rs.ServerFunctions(), rs.Prepared(), rs.ServerFunctions().Prepared()} {
+			d := set.Decide(tt.sql)
+			if strings.HasPrefix(tt.sql, "WITH d AS") && (d.Action != rules.Rewrite || d.AuditRefusal == nil) {
+				t.Errorf("%q: %v, audit refusal %v; want a rewrite with an audit refusal", tt.sql, d.Action, d.AuditRefusal)
+			}
+			if got := d.Action == rules.Rewrite && d.Preparable; got != tt.want {
+				t.Errorf("%q: %v, Preparable %v; want preparable %v", tt.sql, d.Action, d.Preparable, tt.want)
+			}
+		}
+	}
+}
