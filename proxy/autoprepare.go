@@ -48,6 +48,7 @@ const (
 	// keeps; maxAutoTextBytes the length of one.
 	maxAutoStatements = 32
 	maxAutoTextBytes  = 4096
+	maxAutoSentBytes  = 4 * maxAutoTextBytes
 )
 
 // autoStmt is one text a session sent, and the slot it has.
@@ -59,6 +60,9 @@ type autoStmt struct {
 	// prepared is the statement text the server is known to have under
 	// name ("": none, or not known yet).
 	prepared string
+	// parses counts the Parses sent for the entry: only the last one's
+	// ParseComplete says what the server has.
+	parses uint64
 }
 
 // autoState is the session's own prepared statements; guarded by
@@ -114,6 +118,20 @@ func (a *autoState) forget() {
 	}
 }
 
+// forgetOnSetting is called, with s.mu held, when the server reports a
+// setting that changes how it reads a statement's text or its constants
+// ('2024-01-01 10:00' as a timestamptz, under TimeZone and DateStyle): a
+// statement it analysed before may mean something else now, so each text
+// is prepared again (a simple Query is analysed under the settings in
+// force). ParameterStatus precedes the ReadyForQuery of the statement that
+// changed the setting, and the proxy runs its statements only when
+// nothing is unanswered.
+func (s *session) forgetOnSetting() {
+	if s.ps != nil {
+		s.ps.auto.forget()
+	}
+}
+
 // touches reports whether a client's statement operation on name concerns
 // a slot (the names are the proxy's, but a client may learn them from
 // pg_prepared_statements).
@@ -131,7 +149,11 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 	}
 	ps := s.ps
 	s.mu.Lock()
-	ready := !s.state.unsynced && !s.state.copyIn && !s.state.desync && !ps.lost && !s.state.finishing
+	// Nothing may be unanswered: an earlier statement may change a setting
+	// the server applied when it analysed the statement it has (TimeZone,
+	// DateStyle: see forgetOnSetting), and the Sync would end extended-
+	// protocol messages of the client's.
+	ready := s.state.inFlight == 0 && !s.state.unsynced && !s.state.copyIn && !s.state.desync && !ps.lost && !s.state.finishing
 	var e *autoStmt
 	if ready {
 		e = ps.auto.sighting(sql)
@@ -146,7 +168,7 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 	pd := s.decide(plex, sql)
 	// The registration the Query would have run, the statement runs too.
 	needs := func(l *LockRegistration) bool { return l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) }
-	if pd.Action != Rewrite || !pd.Preparable || needs(pd.Lock) != needs(d.Lock) {
+	if pd.Action != Rewrite || !pd.Preparable || needs(pd.Lock) != needs(d.Lock) || len(pd.SQL) > maxAutoSentBytes {
 		return false, nil
 	}
 	var call string
@@ -167,11 +189,15 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 	parse := e.prepared != pd.SQL
 	if parse {
 		e.prepared = "" // until its ParseComplete says so
-		epoch, out := ps.auto.epoch, pd.SQL
-		ps.expect('3', nil)
+		e.parses++
+		epoch, seq, out := ps.auto.epoch, e.parses, pd.SQL
+		// Recorded as a removal: a client's own definition under the name
+		// (see touches) is gone, and a client Bind or EXECUTE of the name
+		// is refused from now on.
+		ps.addStmtOp(e.name, nil, false, '3', false, 0)
 		ps.countSent('C')
 		ps.expect('1', func(o outcome) {
-			if o == outcomeOK && ps.auto.epoch == epoch {
+			if o == outcomeOK && ps.auto.epoch == epoch && e.parses == seq {
 				e.prepared = out
 			}
 		})

@@ -155,14 +155,16 @@ type preparedState struct {
 	auto autoState
 }
 
-func newPreparedState(pol PreparedPolicy, nonce string) *preparedState {
+// newPreparedState makes a session's state; names is the random part of
+// the names of the proxy's own statements.
+func newPreparedState(pol PreparedPolicy, names string) *preparedState {
 	return &preparedState{
 		pol:          pol,
 		stmts:        make(map[string]*stmtEntry),
 		portals:      make(map[string]*portalEntry),
-		refusedName:  "fenceproxy_refused_" + nonce,
-		registerName: "fenceproxy_register_" + nonce,
-		auto:         autoState{prefix: "fenceproxy_auto_" + nonce + "_"},
+		refusedName:  "fenceproxy_refused_" + names,
+		registerName: "fenceproxy_register_" + names,
+		auto:         autoState{prefix: "fenceproxy_auto_" + names + "_"},
 	}
 }
 

@@ -898,7 +898,10 @@ func (s *session) register(call string) error {
 	msgs = append(msgs, out{'C', &pgproto3.Close{ObjectType: 'P', Name: name}})
 	if !prepared {
 		ps.regPrepared = ""
-		ps.expect('3', nil)
+		// Recorded as a removal: a client's own definition under the name
+		// (it can read it from pg_prepared_statements) is gone, and a
+		// client Bind or EXECUTE of the name is refused from now on.
+		ps.addStmtOp(name, nil, false, '3', false, 0)
 		ps.countSent('C')
 		msgs = append(msgs, out{'C', &pgproto3.Close{ObjectType: 'S', Name: name}})
 		ps.expect('1', func(o outcome) {

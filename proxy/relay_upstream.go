@@ -118,10 +118,16 @@ func (s *session) parameterStatus(body []byte) {
 	case "standard_conforming_strings":
 		s.mu.Lock()
 		s.lex.StandardConformingStrings = ps.Value == "on"
+		s.forgetOnSetting()
 		s.mu.Unlock()
 	case "client_encoding":
 		s.mu.Lock()
 		s.lex.ClientEncoding = ps.Value
+		s.forgetOnSetting()
+		s.mu.Unlock()
+	case "TimeZone", "DateStyle", "IntervalStyle":
+		s.mu.Lock()
+		s.forgetOnSetting()
 		s.mu.Unlock()
 	}
 }

@@ -129,7 +129,11 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 	}
 	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
 	if pp, ok := srv.opts.Policy.(PreparedPolicy); ok {
-		s.ps = newPreparedState(pp, s.nonce)
+		// The proxy's statement names show in pg_prepared_statements: they
+		// get a random part of their own, not the nonce.
+		var m [8]byte
+		_, _ = rand.Read(m[:])
+		s.ps = newPreparedState(pp, hex.EncodeToString(m[:]))
 	}
 	s.idleCond = sync.NewCond(&s.mu)
 	// PostgreSQL's defaults; the server reports the session's values in

@@ -84,6 +84,12 @@ func TestPreparable(t *testing.T) {
 		{"PREPARE p AS UPDATE config SET n = 1", false},
 		{"WITH u AS (UPDATE config SET n = 1 RETURNING id) SELECT * FROM u", false},
 		{"UPDATE config SET n = 1 WHERE CURRENT OF c", true},
+		{"UPDATE config SET at = 'now' WHERE id = 1", false},
+		{"UPDATE config SET at = 'Today 10:00'::timestamp WHERE id = 1", false},
+		{"UPDATE config SET at = '2024-01-01'::date + 1, note = 'snow-known' WHERE id = 1", true},
+		{"INSERT INTO config (id, at) VALUES (1, ' YESTERDAY ')", false},
+		{"UPDATE config SET rel = 'config'::regclass WHERE id = 1", false},
+		{"UPDATE config SET rel = CAST('config' AS pg_catalog.regclass) WHERE id = 1", false},
 		{"WITH d AS (DELETE FROM aud WHERE CURRENT OF c) UPDATE config SET n = 1", false}, // an audit refusal
 	} {
 		for _, set := range []*rules.Rules{rs, rs.ServerFunctions(), rs.Prepared(), rs.ServerFunctions().Prepared()} {

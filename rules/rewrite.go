@@ -178,9 +178,54 @@ func preparable(tree *pg.ParseResult) bool {
 		return false
 	}
 	return !hasNode(n, func(m protoreflect.ProtoMessage) bool {
-		_, ok := m.(*pg.ParamRef)
-		return ok
+		switch m := m.(type) {
+		case *pg.ParamRef:
+			return true
+		case *pg.A_Const:
+			return m.GetSval() != nil && timeDependent(m.GetSval().GetSval())
+		case *pg.TypeCast:
+			return catalogType(m.GetTypeName())
+		}
+		return false
 	})
+}
+
+// timeDependent reports whether a string constant holds a word that
+// PostgreSQL's date and time input reads as the current time ('now',
+// 'today', 'tomorrow', 'yesterday'). The constant is converted when the
+// statement is analysed, so a prepared statement would keep the moment it
+// was prepared at, where a simple Query reads the clock every time.
+func timeDependent(v string) bool {
+	for i := 0; i < len(v); {
+		if !isASCIILetter(v[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(v) && isASCIILetter(v[j]) {
+			j++
+		}
+		switch strings.ToLower(v[i:j]) {
+		case "now", "today", "tomorrow", "yesterday":
+			return true
+		}
+		i = j
+	}
+	return false
+}
+
+func isASCIILetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
+
+// catalogType reports whether a cast is to one of the object identifier
+// types that name catalog objects (regclass, regproc, ...): the name is
+// looked up when the statement is analysed, and a prepared statement would
+// keep the object of that moment.
+func catalogType(t *pg.TypeName) bool {
+	if t == nil || len(t.Names) == 0 {
+		return false
+	}
+	name := strings.ToLower(t.Names[len(t.Names)-1].GetString_().GetSval())
+	return strings.HasPrefix(name, "reg")
 }
 
 // allAudit reports whether tables is not empty and all of them are in

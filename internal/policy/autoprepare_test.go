@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -417,4 +418,122 @@ func TestAutoPrepareOff(t *testing.T) {
 		t.Fatalf("the proxy prepared %q", got)
 	}
 	wantAcct(t, d, 1, 3, 60)
+}
+
+// TestAutoPrepareHijack: a client that takes the name of one of the
+// proxy's statements (read from pg_prepared_statements) for a statement
+// of its own cannot then run the proxy's statement under that name: once
+// the proxy prepares its slot again, the client's definition counts as
+// gone and EXECUTE of the name is refused, with nothing written. Neither
+// a form decided under older rules (reload) nor one without its lock
+// registration runs.
+func TestAutoPrepareHijack(t *testing.T) {
+	t.Parallel()
+	t.Run("reload", func(t *testing.T) {
+		t.Parallel()
+		r := startReload(t, "audit")
+		c := connectDSN(t, r.proxy.DSN("postgres", "", r.db), func(cfg *pgx.ConnConfig) { cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
+		setToken(t, c, "10")
+		const upd = "UPDATE doc SET payload = payload || 'x' WHERE id = 1"
+		mustSimple(t, c, upd)
+		mustSimple(t, c, upd)
+		name := autoName(t, c)
+		mustSimple(t, c, "DEALLOCATE "+name)
+		mustSimple(t, c, "PREPARE "+name+" AS SELECT 1")
+		mustSimple(t, c, upd) // the proxy prepares its slot again
+		if _, err := r.direct.Exec(ctxT(t), "UPDATE doc SET payload = 'q', last_fence = 20 WHERE id = 1"); err != nil {
+			t.Fatal(err)
+		}
+		r.reload(t, "enforce")
+		wantCode(t, simple(t, c, "EXECUTE "+name), "FP003")
+		r.wantDoc(t, 1, "q", 20)
+		wantCode(t, simple(t, c, upd), "FP001")
+		r.wantDoc(t, 1, "q", 20)
+	})
+	t.Run("lock", func(t *testing.T) {
+		t.Parallel()
+		e := startLockEnv(t)
+		db := newLockDB(t, true)
+		d := direct(t, db)
+		old := e.holder(t, db, "L", 10, pgx.QueryExecModeSimpleProtocol)
+		const upd = "UPDATE acct SET n = n + 1 WHERE id = 1"
+		mustSimple(t, old, upd)
+		mustSimple(t, old, upd)
+		name := autoName(t, old)
+		mustSimple(t, old, "DEALLOCATE "+name)
+		mustSimple(t, old, "PREPARE "+name+" AS SELECT 1")
+		newer := e.holder(t, db, "L", 20, pgx.QueryExecModeSimpleProtocol)
+		mustSimple(t, newer, "SELECT n FROM acct WHERE id = 1")
+		wantCode(t, simple(t, old, upd), "FP001")
+		before := snapshot(t, d, "acct")
+		wantCode(t, simple(t, old, "EXECUTE "+name), "FP003")
+		wantUnchanged(t, d, "acct", before)
+	})
+}
+
+// autoName is the name of the one statement of the proxy's in c's session.
+func autoName(t *testing.T, c *pgx.Conn) string {
+	t.Helper()
+	var name string
+	if err := c.QueryRow(ctxT(t), "SELECT name FROM pg_prepared_statements WHERE name LIKE 'fenceproxy\\_auto\\_%'", pgx.QueryExecModeSimpleProtocol).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// TestAutoPrepareAnalysisTime: what PostgreSQL fixes when it analyses a
+// statement — 'now' and its kin, a literal timestamp read under the
+// session's TimeZone — is what the Query would have had at every sending.
+func TestAutoPrepareAnalysisTime(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t)
+	db := e.newDB(t)
+	c, d := simpleConn(t, e, db), direct(t, db)
+	setToken(t, c, "60")
+	payload := func() string {
+		t.Helper()
+		var p string
+		if err := d.QueryRow(ctxT(t), "SELECT payload FROM acct WHERE id = 1").Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const now = "UPDATE acct SET payload = 'now'::timestamptz::text WHERE id = 1"
+	seen := map[string]bool{}
+	for range 4 {
+		mustSimple(t, c, now)
+		p := payload()
+		if seen[p] {
+			t.Fatalf("'now' wrote %q twice", p)
+		}
+		seen[p] = true
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	const lit = "UPDATE acct SET payload = '2024-01-01 10:00'::timestamptz::text WHERE id = 1"
+	mustSimple(t, c, "SET TimeZone = 'UTC'")
+	mustSimple(t, c, lit)
+	mustSimple(t, c, lit)
+	if p := payload(); p != "2024-01-01 10:00:00+00" {
+		t.Fatalf("under UTC: %q", p)
+	}
+	mustSimple(t, c, "SET TimeZone = 'Asia/Tokyo'")
+	mustSimple(t, c, lit)
+	if p := payload(); p != "2024-01-01 10:00:00+09" {
+		t.Fatalf("under Asia/Tokyo: %q, as if read under the earlier TimeZone", p)
+	}
+	mustSimple(t, c, "BEGIN")
+	mustSimple(t, c, "SET LOCAL DateStyle = 'SQL, DMY'")
+	mustSimple(t, c, lit)
+	mustSimple(t, c, "COMMIT")
+	if p := payload(); p != "01/01/2024 10:00:00 JST" {
+		t.Fatalf("under DateStyle SQL: %q", p)
+	}
+	mustSimple(t, c, lit)
+	if p := payload(); p != "2024-01-01 10:00:00+09" {
+		t.Fatalf("after the transaction: %q", p)
+	}
+	if got := autoStatements(t, c); len(got) != 1 {
+		t.Fatalf("the proxy's statements: %q", got)
+	}
 }
