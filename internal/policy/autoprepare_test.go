@@ -240,10 +240,13 @@ func testAutoTakenAway(t *testing.T, e *env) {
 	wantAcct(t, d, 1, want, 60)
 }
 
-// testAutoPipelined: Queries sent without waiting for their answers, with
-// a DEALLOCATE ALL among them sent after the proxy's Parse and before its
-// ParseComplete: every Query gets its own answer, and the statement the
-// server lost is prepared again.
+// testAutoPipelined: Queries sent without waiting for their answers. The
+// proxy runs its statement only for a Query sent when nothing is
+// unanswered (the first of each batch here) and sends the others as they
+// are; every Query gets its own answer, in order, the responses to the
+// proxy's own messages never reach the client, and a DEALLOCATE ALL among
+// them (after a Parse of the proxy's, before its ParseComplete) costs
+// nothing.
 func testAutoPipelined(t *testing.T, e *env) {
 	db := e.newDB(t)
 	c, d := simpleConn(t, e, db), direct(t, db)
