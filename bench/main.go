@@ -111,18 +111,25 @@ func run() error {
 			return fmt.Errorf("build fenceproxy: %w", err)
 		}
 	}
-	proxyPort, stopProxy, err := startProxy(bin, work, cl.Port())
+	proxyPort, stopProxy, err := startProxy(bin, work, cl.Port(), "")
 	if err != nil {
 		return err
 	}
 	defer stopProxy()
 	// The same proxy held to one OS thread running Go code: on a small
 	// machine shared with PostgreSQL this avoids cross-thread wake-ups.
-	proxy1Port, stopProxy1, err := startProxy(bin, work, cl.Port(), "GOMAXPROCS=1")
+	proxy1Port, stopProxy1, err := startProxy(bin, work, cl.Port(), "", "GOMAXPROCS=1")
 	if err != nil {
 		return err
 	}
 	defer stopProxy1()
+	// With the proxy's own prepared statements for repeated simple
+	// Queries (opt-in).
+	proxyAutoPort, stopProxyAuto, err := startProxy(bin, work, cl.Port(), "auto_prepare: 2\n")
+	if err != nil {
+		return err
+	}
+	defer stopProxyAuto()
 
 	var cs []int
 	for _, s := range strings.Split(*clients, ",") {
@@ -221,11 +228,11 @@ func run() error {
 	}
 
 	if !*skipFenced {
-		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, bouncerPort, cs, *duration); err != nil {
+		if err := fencedBench(ctx, cl, pgbench, work, proxyPort, proxy1Port, proxyAutoPort, bouncerPort, cs, *duration); err != nil {
 			return err
 		}
 		u := cl.URL("postgres", "", "postgres")
-		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(proxyPort))
+		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(proxyAutoPort))
 		proxyDSN := u.String()
 		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN); err != nil {
 			return err
@@ -275,7 +282,7 @@ func initData(ctx context.Context, cl *pgcluster.Cluster, pgbench string, scale 
 		INSERT INTO public.config_plain (id) SELECT g FROM generate_series(1, 256) g;`)
 }
 
-func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort, proxy1Port, bouncerPort int, cs []int, duration time.Duration) error {
+func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work string, proxyPort, proxy1Port, proxyAutoPort, bouncerPort int, cs []int, duration time.Duration) error {
 	proxyScript := filepath.Join(work, "fenced-proxy.sql")
 	directScript := filepath.Join(work, "fenced-direct.sql")
 	plainScript := filepath.Join(work, "fenced-plain.sql")
@@ -302,9 +309,12 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 	fmt.Println()
 	fmt.Println("(relay only: the hand-written statement through PgBouncer (session mode, server connections not reused), and through fenceproxy on a table it does not protect: what relaying a write costs without fencing; µs/tx: the relay process's CPU per transaction, over the cell's runs)")
 	fmt.Println()
-	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-28s | %-28s | %-28s | %-28s | %-28s |\n", "sync", "mode", "-c", "hand-written, direct",
-		"relay only: pgbouncer", "relay only: fenceproxy", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock")
-	fmt.Printf("|------|----------|----|----------------------------|%s\n", strings.Repeat("------------------------------|", 5))
+	fmt.Println("(auto_prepare: fenceproxy with `auto_prepare: 2` (opt-in): from its second sending in a session, a simple Query it rewrites runs as a prepared statement of the proxy's own; the prepared rows are unchanged by it)")
+	fmt.Println()
+	fmt.Printf("| %-4s | %-8s | %2s | %-26s | %-28s | %-28s | %-28s | %-28s | %-28s | %-28s | %-28s |\n", "sync", "mode", "-c", "hand-written, direct",
+		"relay only: pgbouncer", "relay only: fenceproxy", "fenceproxy, row", "fenceproxy GOMAXPROCS=1, row", "fenceproxy, lock",
+		"auto_prepare, row", "auto_prepare, lock")
+	fmt.Printf("|------|----------|----|----------------------------|%s\n", strings.Repeat("------------------------------|", 7))
 	defer func() { _ = setSyncCommit(ctx, cl, "") }()
 	for _, commit := range []string{"on", "off"} {
 		// PgBouncer refuses the options startup parameter (PGOPTIONS), so
@@ -321,9 +331,9 @@ func fencedBench(ctx context.Context, cl *pgcluster.Cluster, pgbench, work strin
 					{port: bouncerPort, extra: handArgs(directScript)},
 					{port: proxyPort, env: env, extra: handArgs(plainScript)},
 				}
-				for i, port := range []int{proxyPort, proxy1Port, proxyPort} {
+				for i, port := range []int{proxyPort, proxy1Port, proxyPort, proxyAutoPort, proxyAutoPort} {
 					opts := "PGOPTIONS=-c fence.token=42 -c synchronous_commit=" + commit
-					if i == 2 {
+					if i == 2 || i == 4 {
 						opts += " -c fence.lock=bench"
 					}
 					runs = append(runs, benchRun{port: port, env: []string{opts}, extra: []string{"-f", proxyScript}})

@@ -49,7 +49,7 @@ func TestBenchPrintsEveryTable(t *testing.T) {
 		t.Errorf("%d complete select-only rows, want 1:\n%s", n, out)
 	}
 	// Fenced writes: synchronous_commit on and off, simple and prepared.
-	if n := rows(`(?m)^\| (on |off) +\| (simple|prepared) +\|  1 \|[^\n]*( +[0-9]+ tps [0-9.]+x +[0-9.]+ µs/tx +\|){5}$`); n != 4 {
+	if n := rows(`(?m)^\| (on |off) +\| (simple|prepared) +\|  1 \|[^\n]*( +[0-9]+ tps [0-9.]+x +[0-9.]+ µs/tx +\|){7}$`); n != 4 {
 		t.Errorf("%d complete fenced-write rows, want 4:\n%s", n, out)
 	}
 	// Server cost: six statements in CPU time and in instructions, with

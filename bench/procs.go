@@ -64,7 +64,7 @@ func waitPort(port int, d time.Duration) error {
 	return fmt.Errorf("nothing listening on port %d after %v", port, d)
 }
 
-func startProxy(bin, work string, upstreamPort int, env ...string) (int, func(), error) {
+func startProxy(bin, work string, upstreamPort int, extraConfig string, env ...string) (int, func(), error) {
 	port, err := freePort()
 	if err != nil {
 		return 0, nil, err
@@ -79,7 +79,7 @@ admin:
   listen: "off"
 tables:
   - table: public.config
-`, port, upstreamPort)
+`, port, upstreamPort) + extraConfig
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		return 0, nil, err
 	}

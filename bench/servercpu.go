@@ -140,16 +140,17 @@ func serverCPUTable(ctx context.Context, dsn, proxyDSN string) error {
 		return err
 	}
 	// The client's statement sent through fenceproxy, again and again in
-	// one session, as pgbench -M simple does: from the second time on the
-	// proxy runs it as its own prepared statement (auto_prepare), so the
-	// server executes the prepared form without analysing it.
+	// one session, as pgbench -M simple does, through a proxy with
+	// auto_prepare: from the second time on the proxy runs it as its own
+	// prepared statement, so the server executes the prepared form without
+	// analysing it.
 	viaProxy := []struct {
 		cpuStatement
 		settings map[string]string
 	}{
-		{cpuStatement{"row fencing through fenceproxy, the same simple Query again (the proxy's prepared statement)", client},
+		{cpuStatement{"row fencing through fenceproxy with auto_prepare, the same simple Query again (the proxy's prepared statement)", client},
 			map[string]string{"fence.token": "42", "synchronous_commit": "off"}},
-		{cpuStatement{"lock fencing through fenceproxy, the same simple Query again (registration + the proxy's prepared statement)", client},
+		{cpuStatement{"lock fencing through fenceproxy with auto_prepare, the same simple Query again (registration + the proxy's prepared statement)", client},
 			map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}},
 	}
 	for _, v := range viaProxy {
@@ -236,7 +237,7 @@ func preparedInstructions(c pgcost.Counter, setup []string, perByte, simpleRef f
 	fmt.Println()
 	fmt.Println("prepared (PREPARE once, then EXECUTE; the statement's analysis and planning are not repeated):")
 	fmt.Println()
-	fmt.Println("(last column: against the hand-written statement sent as a simple Query, above; a simple Query that fenceproxy has seen before in the session runs as the prepared form's EXECUTE — target ≤ 1.10)")
+	fmt.Println("(last column: against the hand-written statement sent as a simple Query, above; with auto_prepare, a simple Query that fenceproxy has seen before in the session runs as the prepared form's EXECUTE — target ≤ 1.10)")
 	fmt.Println()
 	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written | net vs hand-written simple Query |")
 	fmt.Println("|---|---|---|---|---|")

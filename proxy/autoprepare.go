@@ -39,11 +39,6 @@ import (
 // as any Query is: a different decision prepares the slot again.
 
 const (
-	// DefaultAutoPrepare is Options.AutoPrepare's default: from the second
-	// sighting on. Analysing the prepared form costs the server about as
-	// much as one more simple Query; every execution after that, about
-	// half of one.
-	DefaultAutoPrepare = 2
 	// maxAutoStatements bounds the texts (and server statements) a session
 	// keeps; maxAutoTextBytes the length of one.
 	maxAutoStatements = 32

@@ -168,6 +168,20 @@ func newPreparedState(pol PreparedPolicy, names string) *preparedState {
 	}
 }
 
+// clientNamed records that a client's message or statement defines or
+// removes the prepared statement name: if it is one of the proxy's own
+// (the names show in pg_prepared_statements), the proxy no longer knows
+// what the server has under it and prepares its statement again before
+// the next use. Callers hold session.mu.
+func (ps *preparedState) clientNamed(name string) {
+	if serverKey(name) == serverKey(ps.registerName) {
+		ps.regPrepared = ""
+	}
+	if ps.auto.touches(name) {
+		ps.auto.forget()
+	}
+}
+
 // serverKey is the name as the server stores it.
 func serverKey(name string) string {
 	if len(name) >= nameDataLen {

@@ -371,12 +371,7 @@ func (s *session) relayClose(body []byte) error {
 	s.mu.Lock()
 	switch body[0] {
 	case 'S':
-		if serverKey(name) == serverKey(s.ps.registerName) {
-			s.ps.regPrepared = ""
-		}
-		if s.ps.auto.touches(name) {
-			s.ps.auto.forget()
-		}
+		s.ps.clientNamed(name)
 		s.ps.addStmtOp(name, nil, false, 0, false, 0)
 	case 'P':
 		key := serverKey(name)
@@ -547,8 +542,8 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 			s.ps.regPrepared = "" // the proxy's own statements go too
 			s.ps.auto.forget()
 		}
-		if op.Kind != OpExecute && s.ps.auto.touches(op.Name) {
-			s.ps.auto.forget()
+		if op.Kind != OpExecute {
+			s.ps.clientNamed(op.Name)
 		}
 	}
 	for ; next < len(calls); next++ {
@@ -762,9 +757,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 		// A refused named Parse fails before it would replace anything.
 	default:
-		if s.ps.auto.touches(p.Name) {
-			s.ps.auto.forget()
-		}
+		s.ps.clientNamed(p.Name)
 		def := s.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
 		if def == nil {
 			def = s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)

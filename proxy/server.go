@@ -50,12 +50,13 @@ type Options struct {
 	MaxMessageBytes int
 	// StartupTimeout bounds accept-to-authenticated. Default 30s.
 	StartupTimeout time.Duration
-	// AutoPrepare: a session's simple Query whose exact text the policy
-	// rewrites, and marks Preparable, runs from its AutoPrepare-th
-	// sighting on as a named prepared statement of the proxy's own
-	// (autoprepare.go), which costs the server less per execution.
-	// Default DefaultAutoPrepare; negative: never. Needs a policy that
-	// tracks prepared statements (PreparedPolicy).
+	// AutoPrepare, when positive: a session's simple Query whose exact
+	// text the policy rewrites, and marks Preparable, runs from its
+	// AutoPrepare-th sighting on as a named prepared statement of the
+	// proxy's own (autoprepare.go), which costs the server less per
+	// execution but fixes what PostgreSQL fixes when it analyses a
+	// statement. 0 (the default): never. Needs a policy that tracks
+	// prepared statements (PreparedPolicy).
 	AutoPrepare int
 	// Policy decides what happens to each statement and translates the
 	// upstream errors it provoked. nil forwards everything unchanged.
@@ -175,9 +176,6 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.StartupTimeout <= 0 {
 		opts.StartupTimeout = 30 * time.Second
-	}
-	if opts.AutoPrepare == 0 {
-		opts.AutoPrepare = DefaultAutoPrepare
 	}
 	if opts.Hooks == nil {
 		opts.Hooks = nopHooks{}

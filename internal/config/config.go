@@ -22,7 +22,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
-	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -63,11 +62,12 @@ type Config struct {
 	// RewriteCacheEntries bounds the per-rule-set cache of rewrite decisions,
 	// keyed by statement text. Default 4096; 0 disables the cache.
 	RewriteCacheEntries int `yaml:"rewrite_cache_entries"`
-	// AutoPrepare: a simple-protocol statement that the proxy rewrites,
-	// sent with the same text for the AutoPrepare-th time in a session,
-	// runs from then on as a prepared statement of the proxy's own (named
-	// fenceproxy_auto_*), which costs the server less per execution.
-	// Default 2; 0: never. Read at start only.
+	// AutoPrepare, when positive: a simple-protocol statement that the
+	// proxy rewrites, sent with the same text for the AutoPrepare-th time
+	// in a session, runs from then on as a prepared statement of the
+	// proxy's own (named fenceproxy_auto_*), which costs the server less
+	// per execution. Default 0: never (opt-in: a prepared statement keeps
+	// what PostgreSQL fixed when it analysed it). Read at start only.
 	AutoPrepare int `yaml:"auto_prepare"`
 	// MaxCheckBytes bounds the size of a statement that may touch a
 	// protected table and so has to be parsed and possibly rewritten, which
@@ -251,7 +251,6 @@ func Defaults() Config {
 		LockSetting:         rules.DefaultLockSetting,
 		RewriteCacheEntries: rules.DefaultCacheSize,
 		MaxCheckBytes:       rules.DefaultMaxCheckBytes,
-		AutoPrepare:         proxy.DefaultAutoPrepare,
 	}
 }
 

@@ -76,12 +76,19 @@ func wantAcct(t testing.TB, d *pgx.Conn, id, n int, fence int64) {
 	}
 }
 
+// startAutoEnv is startEnv (the inline form) with the proxy's own
+// prepared statements; startRaisersEnv has them too.
+func startAutoEnv(t *testing.T) *env {
+	t.Helper()
+	return startPolicyEnv(t, policy.Options{}, nil, autoPrepare)
+}
+
 func TestAutoPrepare(t *testing.T) {
 	t.Parallel()
 	for _, form := range []struct {
 		name  string
 		start func(*testing.T) *env
-	}{{"inline", startEnv}, {"raisers", startRaisersEnv}} {
+	}{{"inline", startAutoEnv}, {"raisers", startRaisersEnv}} {
 		t.Run(form.name, func(t *testing.T) {
 			t.Parallel()
 			e := form.start(t)
@@ -357,7 +364,7 @@ func testAutoManyTexts(t *testing.T, e *env) {
 // statement the server still has.
 func TestAutoPrepareReload(t *testing.T) {
 	t.Parallel()
-	r := startReload(t, "enforce")
+	r := startReload(t, "enforce", autoPrepare)
 	c := connectDSN(t, r.proxy.DSN("postgres", "", r.db), func(cfg *pgx.ConnConfig) { cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
 	ctx := ctxT(t)
 	const upd = "UPDATE doc SET payload = 'p' WHERE id = 1"
@@ -397,8 +404,7 @@ func TestAutoPrepareReload(t *testing.T) {
 	r.wantDoc(t, 1, "p", 11)
 }
 
-// TestAutoPrepareOff: with AutoPrepare negative the proxy prepares
-// nothing of its own.
+// TestAutoPrepareOff: by default the proxy prepares nothing of its own.
 func TestAutoPrepareOff(t *testing.T) {
 	t.Parallel()
 	rs, err := rules.Compile(testRules)
@@ -407,9 +413,8 @@ func TestAutoPrepareOff(t *testing.T) {
 	}
 	e := &env{pol: policy.New(rs, false, policy.Options{})}
 	e.proxy = proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy:      e.pol,
-		AutoPrepare: -1,
-		Logger:      zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+		Policy: e.pol,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})
 	db := e.newDB(t)
 	c, d := simpleConn(t, e, db), direct(t, db)
@@ -434,7 +439,7 @@ func TestAutoPrepareHijack(t *testing.T) {
 	t.Parallel()
 	t.Run("reload", func(t *testing.T) {
 		t.Parallel()
-		r := startReload(t, "audit")
+		r := startReload(t, "audit", autoPrepare)
 		c := connectDSN(t, r.proxy.DSN("postgres", "", r.db), func(cfg *pgx.ConnConfig) { cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
 		setToken(t, c, "10")
 		const upd = "UPDATE doc SET payload = payload || 'x' WHERE id = 1"
@@ -455,7 +460,7 @@ func TestAutoPrepareHijack(t *testing.T) {
 	})
 	t.Run("lock", func(t *testing.T) {
 		t.Parallel()
-		e := startLockEnv(t)
+		e := startLockEnvWith(t, policy.Options{}, autoPrepare)
 		db := newLockDB(t, true)
 		d := direct(t, db)
 		old := e.holder(t, db, "L", 10, pgx.QueryExecModeSimpleProtocol)
@@ -489,7 +494,7 @@ func autoName(t *testing.T, c *pgx.Conn) string {
 // session's TimeZone — is what the Query would have had at every sending.
 func TestAutoPrepareAnalysisTime(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t)
+	e := startAutoEnv(t)
 	db := e.newDB(t)
 	c, d := simpleConn(t, e, db), direct(t, db)
 	setToken(t, c, "60")
@@ -538,5 +543,40 @@ func TestAutoPrepareAnalysisTime(t *testing.T) {
 	}
 	if got := autoStatements(t, c); len(got) != 1 {
 		t.Fatalf("the proxy's statements: %q", got)
+	}
+}
+
+// TestRegisterNameTaken: a lock holder that gives one of its own
+// statements the name of the proxy's registration statement (read from
+// pg_prepared_statements) does not get that statement run in place of the
+// registration: the proxy prepares its registration again, and a stale
+// holder stays refused. With a driver's named statements (the
+// registration runs at each Bind) and with simple Queries the proxy
+// prepares for itself.
+func TestRegisterNameTaken(t *testing.T) {
+	t.Parallel()
+	e := startLockEnvWith(t, policy.Options{}, autoPrepare)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := newLockDB(t, true)
+			d := direct(t, db)
+			old := e.holder(t, db, "L", 10, mode)
+			const upd = "UPDATE acct SET payload = 'old' WHERE id = 1"
+			mustExec(t, old, upd)
+			mustExec(t, old, upd)
+			var name string
+			if err := old.QueryRow(ctxT(t), "SELECT name FROM pg_prepared_statements WHERE name LIKE 'fenceproxy\\_register\\_%'", pgx.QueryExecModeSimpleProtocol).Scan(&name); err != nil {
+				t.Fatal(err)
+			}
+			mustSimple(t, old, "DEALLOCATE "+name)
+			mustSimple(t, old, "PREPARE "+name+" AS SELECT WHERE false")
+			newer := e.holder(t, db, "L", 20, pgx.QueryExecModeSimpleProtocol)
+			mustSimple(t, newer, "SELECT payload FROM acct WHERE id = 1")
+			before := snapshot(t, d, "acct")
+			_, err := old.Exec(ctxT(t), upd)
+			wantCode(t, err, "FP001")
+			wantUnchanged(t, d, "acct", before)
+		})
 	}
 }

@@ -53,16 +53,20 @@ type lockEnv struct {
 
 func startLockEnv(t *testing.T) *lockEnv { return startLockEnvWith(t, policy.Options{}) }
 
-func startLockEnvWith(t *testing.T, opts policy.Options) *lockEnv {
+func startLockEnvWith(t *testing.T, opts policy.Options, edit ...func(*proxy.Options)) *lockEnv {
 	t.Helper()
 	rs, err := rules.Compile(lockRules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &lockEnv{proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+	po := proxy.Options{
 		Policy: policy.New(rs, false, opts),
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	}
+	for _, f := range edit {
+		f(&po)
+	}
+	return &lockEnv{proxy: proxytest.Start(t, cluster.Addr(), po)}
 }
 
 // objectsSQL is what `fenceproxy setup` installs.
@@ -130,7 +134,7 @@ func TestLockFencing(t *testing.T) {
 func TestLockFencingRaisers(t *testing.T) {
 	t.Parallel()
 	checker, _ := startChecker(t, lockRules)
-	e := startLockEnvWith(t, policy.Options{Checks: checker})
+	e := startLockEnvWith(t, policy.Options{Checks: checker}, autoPrepare)
 
 	// The form sent: the registration, then the UPDATE calling the raisers.
 	db := newLockDB(t, true)

@@ -133,8 +133,15 @@ type env struct {
 func startRaisersEnv(t *testing.T) *env {
 	t.Helper()
 	checker, specs := startChecker(t, testRules)
-	return startPolicyEnv(t, policy.Options{Checks: checker}, specs)
+	// The raisers' groups also run with the proxy's own prepared
+	// statements for repeated simple Queries (auto_prepare), the inline
+	// groups without.
+	return startPolicyEnv(t, policy.Options{Checks: checker}, specs, autoPrepare)
 }
+
+// autoPrepare turns on the proxy's own prepared statements
+// (proxy.Options.AutoPrepare) from the second sending.
+func autoPrepare(o *proxy.Options) { o.AutoPrepare = 2 }
 
 // startChecker starts a real dbsetup.Checker of the cluster's databases
 // for cfg, connecting as the superuser, closed when the test ends; it
@@ -161,17 +168,21 @@ func startEnv(t *testing.T) *env {
 
 // startPolicyEnv starts a proxy whose policy enforces testRules with opts;
 // specs are installed in each database newDB makes.
-func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec) *env {
+func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec, edit ...func(*proxy.Options)) *env {
 	t.Helper()
 	rs, err := rules.Compile(testRules)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pol := policy.New(rs, false, opts)
-	return &env{specs: specs, pol: pol, proxy: proxytest.Start(t, cluster.Addr(), proxy.Options{
+	po := proxy.Options{
 		Policy: pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	}
+	for _, f := range edit {
+		f(&po)
+	}
+	return &env{specs: specs, pol: pol, proxy: proxytest.Start(t, cluster.Addr(), po)}
 }
 
 // Each group of checks runs in parallel with the others, against a proxy

@@ -57,13 +57,17 @@ func docRules(t testing.TB, mode string) *rules.Rules {
 	return rs
 }
 
-func startReload(t *testing.T, mode string) *reloadEnv {
+func startReload(t *testing.T, mode string, edit ...func(*proxy.Options)) *reloadEnv {
 	t.Helper()
 	r := &reloadEnv{pol: policy.New(docRules(t, mode), false, policy.Options{})}
-	r.proxy = proxytest.Start(t, cluster.Addr(), proxy.Options{
+	po := proxy.Options{
 		Policy: r.pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})
+	}
+	for _, f := range edit {
+		f(&po)
+	}
+	r.proxy = proxytest.Start(t, cluster.Addr(), po)
 	r.db = fmt.Sprintf("reload%d", dbSeq.Add(1))
 	ctx := ctxT(t)
 	if err := cluster.CreateDatabase(ctx, r.db); err != nil {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/service"
-	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
 // TestProxyOptionsRelayLoops checks that limits.relay_loops reaches the
@@ -27,16 +26,16 @@ func TestProxyOptionsRelayLoops(t *testing.T) {
 	}
 }
 
-// TestProxyOptionsAutoPrepare checks that auto_prepare reaches the relay:
-// its default when the file has none, 0 as never (the relay's negative).
+// TestProxyOptionsAutoPrepare checks that auto_prepare reaches the relay,
+// off unless the file turns it on.
 func TestProxyOptionsAutoPrepare(t *testing.T) {
 	for _, tc := range []struct {
 		yaml string
 		want int
 	}{
-		{"", proxy.DefaultAutoPrepare},
-		{"auto_prepare: 0", -1},
-		{"auto_prepare: 5", 5},
+		{"", 0},
+		{"auto_prepare: 0", 0},
+		{"auto_prepare: 2", 2},
 	} {
 		cfg, err := config.Parse([]byte("upstream: {address: '127.0.0.1:5432'}\n" + tc.yaml))
 		if err != nil {

@@ -382,9 +382,6 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 		RequireClientTLS: cfg.TLS.Require,
 		AutoPrepare:      cfg.AutoPrepare,
 	}
-	if cfg.AutoPrepare == 0 {
-		opts.AutoPrepare = -1 // never; the proxy's 0 is its default
-	}
 	if cfg.TLS.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
 		if err != nil {
