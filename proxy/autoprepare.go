@@ -14,9 +14,12 @@ import (
 // receives it, a named prepared statement's once. A fenced write costs the
 // server more to analyse than the client's statement would (the fence is
 // an expression of its own), and less to execute in the form the policy
-// writes for named statements (Lexing.Prepared). So when a session sends
-// the same rewritten text again (Options.AutoPrepare sightings), the relay
-// sends, in place of the Query:
+// writes for named statements (Lexing.Prepared). So, when the operator
+// turns it on (Options.AutoPrepare: it is opt-in, because a prepared
+// statement keeps what PostgreSQL fixed when it analysed it, and some of
+// that, such as settings the server does not report, the proxy cannot
+// see), a session that sends the same rewritten text again gets, in place
+// of its Query:
 //
 //	Close and Parse of its own statement   (only when the server does not have it)
 //	the lock registration                  (session.register, when the text needs one)
@@ -25,16 +28,19 @@ import (
 // The responses to Close, Parse and Bind are not relayed; the client gets
 // the Execute's CommandComplete or the first error, then ReadyForQuery:
 // what the Query would have answered. Only texts the policy marks
-// Preparable qualify (one INSERT, UPDATE, DELETE or MERGE without RETURNING
-// and without parameters), and only while nothing else is pending in
-// the extended protocol, so that the Sync ends no client's messages.
+// Preparable qualify (one INSERT, UPDATE, DELETE or MERGE without RETURNING,
+// parameters or constants read at analysis from the clock or the
+// catalogs), and only while nothing is unanswered: no earlier statement
+// can then change a reported setting behind the proxy's back
+// (forgetOnSetting), and the Sync ends no client's messages.
 //
 // A session keeps at most maxAutoStatements texts (the least recently sent
 // goes first), each under the name of a slot; a slot's statement is closed
 // before the slot is prepared again. Which text the server has under a
-// slot is known from the ParseComplete; a DEALLOCATE ALL or DISCARD ALL,
-// or any statement operation on a slot's name, forgets them all, and the
-// next sighting prepares its text again. After a reload, or when the
+// slot is known from the ParseComplete of its latest Parse; a DEALLOCATE
+// ALL or DISCARD ALL, any statement operation of the client's on a slot's
+// name, or a reported change of a setting forgets them all, and the next
+// sighting prepares its text again. After a reload, or when the
 // database's objects change, the text is decided again at every sighting
 // as any Query is: a different decision prepares the slot again.
 
