@@ -58,7 +58,8 @@ type Decision struct {
 	// statement needs in sessions that name a lock (see LockPolicy).
 	Lock *LockRegistration
 	// Preparable, on a Rewrite of a Query's text, says that the text is
-	// one statement that returns no rows and has no parameters, so that
+	// one statement that returns no rows and has no parameters (nor
+	// constants fixed at analysis from the clock or the catalogs), so that
 	// a named prepared statement of what the policy decides for the text
 	// with Lexing.Prepared answers Bind and Execute as the Query would be
 	// answered. The relay then runs a text a session repeats that way

@@ -60,10 +60,12 @@ type Decision struct {
 	// would-reject. Nil otherwise.
 	AuditRefusal *Error
 	// Preparable, on a Rewrite, says that the text is one INSERT, UPDATE,
-	// DELETE or MERGE, without RETURNING, parameters or an audit refusal:
-	// executed as a named prepared statement (in the form the Prepared
-	// sibling writes), it answers exactly as the simple Query does, so a
-	// relay may run a text it sees repeatedly that way.
+	// DELETE or MERGE, without RETURNING, parameters, an audit refusal or
+	// constants PostgreSQL reads from the clock or the catalogs when it
+	// analyses the statement ('now', 'x'::regclass): executed as a named
+	// prepared statement (in the form the Prepared sibling writes), it
+	// answers as the simple Query does under the same settings, so a relay
+	// may run a text it sees repeatedly that way (see preparable).
 	Preparable bool
 }
 
