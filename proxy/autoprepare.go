@@ -129,7 +129,7 @@ func (a *autoState) forget() {
 // nothing is unanswered.
 func (s *session) forgetOnSetting() {
 	if s.ps != nil {
-		s.ps.auto.forget()
+		s.ps.auto.forget() // the registration's CALL has no such constants
 	}
 }
 

@@ -174,12 +174,17 @@ func newPreparedState(pol PreparedPolicy, names string) *preparedState {
 // what the server has under it and prepares its statement again before
 // the next use. Callers hold session.mu.
 func (ps *preparedState) clientNamed(name string) {
-	if serverKey(name) == serverKey(ps.registerName) {
-		ps.regPrepared = ""
+	if serverKey(name) == serverKey(ps.registerName) || ps.auto.touches(name) {
+		ps.forgetOwn()
 	}
-	if ps.auto.touches(name) {
-		ps.auto.forget()
-	}
+}
+
+// forgetOwn records that the server may no longer have any of the proxy's
+// own statements (the lock registration's, autoprepare.go's): each is
+// prepared again before its next use. Callers hold session.mu.
+func (ps *preparedState) forgetOwn() {
+	ps.regPrepared = ""
+	ps.auto.forget()
 }
 
 // serverKey is the name as the server stores it.

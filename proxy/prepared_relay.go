@@ -539,8 +539,7 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 			for key := range s.ps.stmts {
 				s.ps.addStmtOp(key, nil, false, 0, query, idx)
 			}
-			s.ps.regPrepared = "" // the proxy's own statements go too
-			s.ps.auto.forget()
+			s.ps.forgetOwn() // the proxy's own statements go too
 		}
 		if op.Kind != OpExecute {
 			s.ps.clientNamed(op.Name)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -63,7 +64,7 @@ func wantState(t *testing.T, conn *pgx.Conn, sql, state string) {
 // fences returns the fence column by id, as "id=fence" pairs.
 func fences(t *testing.T, conn *pgx.Conn, table string) string {
 	t.Helper()
-	return strings.Join(queryStrings(t, conn, "SELECT format('%s=%s', id, last_fence) FROM "+table+" ORDER BY id"), " ")
+	return strings.Join(testutil.QueryStrings(t, conn, "SELECT format('%s=%s', id, last_fence) FROM "+table+" ORDER BY id"), " ")
 }
 
 const configTable = "CREATE TABLE config (id int PRIMARY KEY, payload text NOT NULL DEFAULT '', last_fence bigint NOT NULL DEFAULT 0)"
@@ -422,7 +423,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 // that wrote them.
 func guardState(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	state := queryStrings(t, conn, `
+	state := testutil.QueryStrings(t, conn, `
 		SELECT format('trigger %s %s %s %s', tgrelid::regclass, tgname, xmin, tgenabled) FROM pg_trigger WHERE tgname LIKE 'fenceproxy_guard%'
 		UNION ALL
 		SELECT format('function %s %s', proname, xmin) FROM pg_proc WHERE pronamespace = 'fenceproxy'::regnamespace AND proname LIKE 'guard%'

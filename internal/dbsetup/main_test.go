@@ -86,17 +86,3 @@ func specs(t *testing.T, tables ...rules.Table) []rules.TableSpec {
 	}
 	return s
 }
-
-// queryStrings runs sql, whose rows are one text each, and returns them.
-func queryStrings(t *testing.T, conn *pgx.Conn, sql string) []string {
-	t.Helper()
-	rows, err := conn.Query(t.Context(), sql)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -19,7 +20,7 @@ import (
 // contents shows too.
 func objectsState(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	state := queryStrings(t, conn, `
+	state := testutil.QueryStrings(t, conn, `
 		SELECT format('schema %s %s', n.xmin, n.nspacl) FROM pg_namespace n WHERE nspname = 'fenceproxy'
 		UNION ALL
 		SELECT format('relation %s %s %s', c.relname, c.xmin, c.relacl) FROM pg_class c

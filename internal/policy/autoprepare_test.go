@@ -8,12 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -49,30 +46,14 @@ func mustSimple(t testing.TB, c *pgx.Conn, sql string) {
 // texts, as the server has them.
 func autoStatements(t testing.TB, c *pgx.Conn) []string {
 	t.Helper()
-	rows, err := c.Query(ctxT(t), "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'fenceproxy\\_auto\\_%' ORDER BY statement")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testutil.QueryStrings(t, c, "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'fenceproxy\\_auto\\_%' ORDER BY statement")
 }
 
-// acctN reads row id of acct directly: n and the fence.
-func acctN(t testing.TB, d *pgx.Conn, id int) (n int, fence int64) {
-	t.Helper()
-	if err := d.QueryRow(ctxT(t), "SELECT n, last_fence FROM acct WHERE id = $1", id).Scan(&n, &fence); err != nil {
-		t.Fatal(err)
-	}
-	return n, fence
-}
-
+// wantAcct checks row id of acct, read directly: n and the fence.
 func wantAcct(t testing.TB, d *pgx.Conn, id, n int, fence int64) {
 	t.Helper()
-	if gn, gf := acctN(t, d, id); gn != n || gf != fence {
-		t.Fatalf("acct %d: n=%d fence=%d, want n=%d fence=%d", id, gn, gf, n, fence)
+	if r := snapshot(t, d, "acct")[int64(id)]; int(r.N) != n || r.Fence != fence {
+		t.Fatalf("acct %d: n=%d fence=%d, want n=%d fence=%d", id, r.N, r.Fence, n, fence)
 	}
 }
 
@@ -327,6 +308,11 @@ func testAutoNotPrepared(t *testing.T, e *env) {
 		mustSimple(t, c, "UPDATE acct SET n = n + 1 WHERE id = 2; UPDATE acct SET n = n + 1 WHERE id = 3")
 		mustSimple(t, c, "/* prepare */ UPDATE acct SET n = n + 1 WHERE id = 3")
 	}
+	// Longer than a session keeps (4 KiB).
+	long := "UPDATE acct SET payload = '" + strings.Repeat("x", 4100) + "' WHERE id = 2"
+	for range 3 {
+		mustSimple(t, c, long)
+	}
 	wantCode(t, simple(t, c, "UPDATE acct SET n = $1 WHERE id = 1"), "42P02")
 	wantCode(t, simple(t, c, "UPDATE acct SET n = $1 WHERE id = 1"), "42P02")
 	if got := autoStatements(t, c); len(got) != 0 {
@@ -407,15 +393,7 @@ func TestAutoPrepareReload(t *testing.T) {
 // TestAutoPrepareOff: by default the proxy prepares nothing of its own.
 func TestAutoPrepareOff(t *testing.T) {
 	t.Parallel()
-	rs, err := rules.Compile(testRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{pol: policy.New(rs, false, policy.Options{})}
-	e.proxy = proxytest.Start(t, cluster.Addr(), proxy.Options{
-		Policy: e.pol,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})
+	e := startEnv(t)
 	db := e.newDB(t)
 	c, d := simpleConn(t, e, db), direct(t, db)
 	setToken(t, c, "60")

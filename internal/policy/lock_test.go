@@ -12,8 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
@@ -59,14 +57,7 @@ func startLockEnvWith(t *testing.T, opts policy.Options, edit ...func(*proxy.Opt
 	if err != nil {
 		t.Fatal(err)
 	}
-	po := proxy.Options{
-		Policy: policy.New(rs, false, opts),
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	}
-	for _, f := range edit {
-		f(&po)
-	}
-	return &lockEnv{proxy: proxytest.Start(t, cluster.Addr(), po)}
+	return &lockEnv{proxy: startProxy(t, policy.New(rs, false, opts), edit...)}
 }
 
 // objectsSQL is what `fenceproxy setup` installs.

@@ -175,6 +175,13 @@ func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec, 
 		t.Fatal(err)
 	}
 	pol := policy.New(rs, false, opts)
+	return &env{specs: specs, pol: pol, proxy: startProxy(t, pol, edit...)}
+}
+
+// startProxy starts a proxy in front of the cluster with pol, its options
+// edited by edit (autoPrepare, say), stopped when the test ends.
+func startProxy(t *testing.T, pol proxy.Policy, edit ...func(*proxy.Options)) *proxytest.Proxy {
+	t.Helper()
 	po := proxy.Options{
 		Policy: pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
@@ -182,7 +189,7 @@ func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec, 
 	for _, f := range edit {
 		f(&po)
 	}
-	return &env{specs: specs, pol: pol, proxy: proxytest.Start(t, cluster.Addr(), po)}
+	return proxytest.Start(t, cluster.Addr(), po)
 }
 
 // Each group of checks runs in parallel with the others, against a proxy

@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
@@ -60,14 +58,7 @@ func docRules(t testing.TB, mode string) *rules.Rules {
 func startReload(t *testing.T, mode string, edit ...func(*proxy.Options)) *reloadEnv {
 	t.Helper()
 	r := &reloadEnv{pol: policy.New(docRules(t, mode), false, policy.Options{})}
-	po := proxy.Options{
-		Policy: r.pol,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	}
-	for _, f := range edit {
-		f(&po)
-	}
-	r.proxy = proxytest.Start(t, cluster.Addr(), po)
+	r.proxy = startProxy(t, r.pol, edit...)
 	r.db = fmt.Sprintf("reload%d", dbSeq.Add(1))
 	ctx := ctxT(t)
 	if err := cluster.CreateDatabase(ctx, r.db); err != nil {

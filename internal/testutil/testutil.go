@@ -1,6 +1,6 @@
 // Package testutil holds the small helpers the test suites of several
-// packages share: a per-step context, SQLSTATE checks, a bounded receive
-// and a buffer safe for concurrent use.
+// packages share: a per-step context, SQLSTATE checks, a query of texts, a
+// bounded receive and a buffer safe for concurrent use.
 package testutil
 
 import (
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -44,6 +45,21 @@ func WantSQLState(t testing.TB, err error, code string) {
 	if got := SQLState(err); got != code {
 		t.Fatalf("got error %v (SQLSTATE %q), want SQLSTATE %s", err, got, code)
 	}
+}
+
+// QueryStrings runs sql on conn, each of whose rows is one text, and
+// returns the texts.
+func QueryStrings(t testing.TB, conn *pgx.Conn, sql string) []string {
+	t.Helper()
+	rows, err := conn.Query(Ctx(t), sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // SyncBuffer is a bytes.Buffer that a writer goroutine (a child process's
