@@ -240,16 +240,16 @@ func acquire(ctx context.Context, cli *clientv3.Client, name string, opts Option
 	}
 
 	l := &Lease{
+		held:      held{name: name, token: token},
 		cli:       cli,
-		name:      name,
 		holderKey: holderKey,
-		token:     token,
 		id:        g.ID,
 		ttl:       granted,
 		session:   s,
 		ctx:       lctx,
 		cancel:    lcancel,
 		monitored: make(chan struct{}),
+		renewed:   make(chan time.Time),
 		done:      make(chan struct{}),
 	}
 	go l.monitor(expiry, opts.KeepAlive)
@@ -280,10 +280,9 @@ func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID) {
 // and the etcd lease that keeps it, and the fencing token the grant
 // carries. Its methods are safe for concurrent use.
 type Lease struct {
+	held
 	cli       *clientv3.Client
-	name      string
 	holderKey string
-	token     int64
 	id        clientv3.LeaseID
 	ttl       time.Duration
 	session   *concurrency.Session
@@ -291,20 +290,12 @@ type Lease struct {
 	ctx       context.Context // canceled to stop the monitor and the session
 	cancel    context.CancelFunc
 	monitored chan struct{} // closed when the monitor has returned
+	renewed   chan time.Time // Renew's new expiry, for the monitor
 
 	done    chan struct{}
 	endOnce sync.Once
 	err     error // set before done is closed
 }
-
-// Token returns the fencing token: the etcd revision at which this grant's
-// holder key was created. It is positive and larger than every earlier
-// holder's token, whether that holder used this package or etcdctl lock.
-func (l *Lease) Token() int64 { return l.token }
-
-// Key returns the lock's name, as passed to Acquire; the value for the
-// fence.lock setting.
-func (l *Lease) Key() string { return l.name }
 
 // HolderKey returns the etcd key this grant created: Prefix(Key()) followed
 // by the lease ID in hexadecimal. It exists while the grant waits and holds.
@@ -386,6 +377,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 }
 
+func isLeaseNotFound(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
+
 // monitor watches for the end of the lease until the lease ends. expiry is
 // the local deadline of the lease as granted; with keepAlive it moves on
 // with every renewal.
@@ -426,6 +419,11 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 		case <-timer.C:
 			l.lost("lease expired after %v", l.ttl)
 			return
+		case e := <-l.renewed:
+			if e.After(expiry) {
+				expiry = e
+				timer.Reset(time.Until(expiry))
+			}
 		case r, ok := <-renewals:
 			if !ok {
 				if ctx.Err() == nil {

@@ -2,10 +2,7 @@ package lock
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Default names of the PostgreSQL settings that carry a grant to the
@@ -74,38 +71,6 @@ func validSettingName(name string) bool {
 		}
 	}
 	return true
-}
-
-// RuntimeParams returns the token and the lock's name keyed by the setting
-// names in s, for a connection's startup parameters.
-func (l *Lease) RuntimeParams(s Settings) map[string]string {
-	return map[string]string{
-		s.token(): strconv.FormatInt(l.token, 10),
-		s.lock():  l.name,
-	}
-}
-
-// ConfigurePgx puts the token and the lock's name into cfg.RuntimeParams,
-// so that every connection made from cfg sends them in its startup message
-// and PostgreSQL sets them for the whole session: the program needs no
-// set_config. The settings belong to this grant; a connection made from cfg
-// after the lease ends carries an old token, which fenced writes refuse.
-// For a pgxpool.Config, pass its ConnConfig.
-func (l *Lease) ConfigurePgx(cfg *pgx.ConnConfig, s Settings) {
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = make(map[string]string)
-	}
-	for k, v := range l.RuntimeParams(s) {
-		cfg.RuntimeParams[k] = v
-	}
-}
-
-// PGOptions returns the token and the lock's name as libpq command-line
-// options, "-c TOKEN_SETTING=<token> -c LOCK_SETTING=<name>", escaped for
-// the PGOPTIONS environment variable or the options connection parameter.
-func (l *Lease) PGOptions(s Settings) string {
-	return "-c " + escapeOption(s.token()+"="+strconv.FormatInt(l.token, 10)) +
-		" -c " + escapeOption(s.lock()+"="+l.name)
 }
 
 // AppendPGOptions appends opts to an existing PGOPTIONS value. Options

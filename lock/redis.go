@@ -1,0 +1,470 @@
+package lock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis key layout, the one Redisson's RFencedLock uses (see the package
+// documentation): the lock is a hash at the lock's name whose one field
+// names the holder, the token counter is a string key whose hash tag is
+// the lock's name, and releases are announced on a channel of the same
+// tag.
+const (
+	redisTokenPrefix   = "redisson_lock_token"
+	redisChannelPrefix = "redisson_lock__channel"
+	// redisUnlockMessage is what a release publishes (Redisson's
+	// LockPubSub.UNLOCK_MESSAGE).
+	redisUnlockMessage = "0"
+)
+
+// redisAcquire takes the lock and draws its token in one step. KEYS[1] is
+// the lock hash, KEYS[2] the token counter; ARGV[1] the TTL in
+// milliseconds, ARGV[2] this grant's holder field. The INCR comes first:
+// if the counter is not an integer the script fails before it writes
+// anything. It returns {-1, token} when taken, otherwise {pttl, holder
+// field, current counter} (false for either when absent).
+var redisAcquire = redis.NewScript(`
+if redis.call('exists', KEYS[1]) == 0 then
+	local token = redis.call('incr', KEYS[2])
+	redis.call('hset', KEYS[1], ARGV[2], 1)
+	redis.call('pexpire', KEYS[1], ARGV[1])
+	return {-1, token}
+end
+local holder = false
+if redis.call('type', KEYS[1]).ok == 'hash' then
+	holder = redis.call('hkeys', KEYS[1])[1] or false
+end
+return {redis.call('pttl', KEYS[1]), holder, redis.call('get', KEYS[2])}
+`)
+
+// redisRenew extends the expiry only while the lock hash holds this
+// grant's field (as Redisson's renewal does); 1 if it did.
+var redisRenew = redis.NewScript(`
+if redis.call('type', KEYS[1]).ok == 'hash' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+	redis.call('pexpire', KEYS[1], ARGV[1])
+	return 1
+end
+return 0
+`)
+
+// redisRelease deletes the lock hash only while it holds this grant's
+// field, and then announces the release on KEYS[2]; 1 if it deleted.
+var redisRelease = redis.NewScript(`
+if redis.call('type', KEYS[1]).ok == 'hash' and redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+	redis.call('del', KEYS[1])
+	redis.call('publish', KEYS[2], ARGV[2])
+	return 1
+end
+return 0
+`)
+
+// redisSeed raises the counter to at least ARGV[1]; it returns the
+// counter's value afterwards.
+var redisSeed = redis.NewScript(`
+local v = tonumber(redis.call('get', KEYS[1]) or '0')
+if v == nil then
+	return redis.error_reply('token counter ' .. KEYS[1] .. ' is not an integer')
+end
+local want = tonumber(ARGV[1])
+if v < want then
+	redis.call('set', KEYS[1], ARGV[1])
+	return want
+end
+return v
+`)
+
+// DefaultRedisPoll is RedisOptions.Poll's default.
+const DefaultRedisPoll = time.Second
+
+// RedisOptions configures NewRedis.
+type RedisOptions struct {
+	// Poll bounds how long a waiter waits for a release announcement
+	// before it tries again anyway (an announcement can be missed: a
+	// holder's key that expires announces nothing, and a reconnecting
+	// subscription misses messages), and how often a grant checks that
+	// its key is still its own. Default DefaultRedisPoll.
+	Poll time.Duration
+}
+
+// Redis takes locks in Redis. Its methods are safe for concurrent use.
+type Redis struct {
+	cli  redis.UniversalClient
+	poll time.Duration
+}
+
+// NewRedis returns a Locker that takes locks in Redis through cli: a
+// *redis.Client, a *redis.ClusterClient, or a failover client. See the
+// package documentation for the key layout and what Redis must be
+// configured with for tokens to keep increasing.
+func NewRedis(cli redis.UniversalClient, opts RedisOptions) *Redis {
+	if opts.Poll <= 0 {
+		opts.Poll = DefaultRedisPoll
+	}
+	return &Redis{cli: cli, poll: opts.Poll}
+}
+
+// RedisTokenKey returns the key of the token counter of the lock name:
+// "redisson_lock_token:{NAME}", or "redisson_lock_token:NAME" when NAME
+// has a hash tag of its own, so that the counter and the lock hash (the
+// key NAME) are in one hash slot.
+func RedisTokenKey(name string) string { return redisPrefixName(redisTokenPrefix, name) }
+
+// RedisChannel returns the channel on which releases of the lock name are
+// announced.
+func RedisChannel(name string) string { return redisPrefixName(redisChannelPrefix, name) }
+
+// redisPrefixName is Redisson's RedissonObject.prefixName.
+func redisPrefixName(prefix, name string) string {
+	if strings.Contains(name, "{") {
+		return prefix + ":" + name
+	}
+	return prefix + ":{" + name + "}"
+}
+
+// checkRedisName refuses names for which the lock hash and the counter
+// could land in different Redis Cluster slots: a name with "{" but no
+// non-empty "{…}" after its first "{" is hashed whole, and then the
+// counter's key, a different string, hashes elsewhere.
+func checkRedisName(name string) error {
+	if name == "" {
+		return errors.New("lock: empty name")
+	}
+	i := strings.IndexByte(name, '{')
+	if i < 0 {
+		return nil
+	}
+	j := strings.IndexByte(name[i+1:], '}')
+	if j <= 0 {
+		return fmt.Errorf("lock: Redis lock name %q has a \"{\" but no non-empty hash tag {...} after it; its token counter would hash to another cluster slot", name)
+	}
+	return nil
+}
+
+// Acquire takes the lock name, waiting while another holder has it until
+// ctx is done. Waiters are woken by the release announcement, or retry
+// after the holder's remaining TTL or RedisOptions.Poll, whichever is
+// sooner; they are not served in order. The Grant is a *RedisLease.
+func (r *Redis) Acquire(ctx context.Context, name string, opts Options) (Grant, error) {
+	l, err := r.acquire(ctx, name, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// TryAcquire takes the lock name if it is free, or returns a *LockedError
+// at once. The Grant is a *RedisLease.
+func (r *Redis) TryAcquire(ctx context.Context, name string, opts Options) (Grant, error) {
+	l, err := r.acquire(ctx, name, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait bool) (*RedisLease, error) {
+	if r == nil || r.cli == nil {
+		return nil, errors.New("lock: nil Redis client")
+	}
+	if err := checkRedisName(name); err != nil {
+		return nil, err
+	}
+	ttl := opts.TTL
+	switch {
+	case ttl < 0:
+		return nil, fmt.Errorf("lock: negative TTL %v", ttl)
+	case ttl == 0:
+		ttl = DefaultTTL
+	case ttl < time.Millisecond:
+		ttl = time.Millisecond
+	}
+	ttl = ttl.Round(time.Millisecond)
+	field, err := redisHolderField(opts.holder())
+	if err != nil {
+		return nil, err
+	}
+	keys := []string{name, RedisTokenKey(name)}
+
+	var sub *redis.PubSub
+	if wait {
+		// Subscribe before the first try, so that a release between a
+		// failed try and the wait is not missed.
+		sub = r.cli.Subscribe(ctx, RedisChannel(name))
+		defer sub.Close()
+		if _, err := sub.Receive(ctx); err != nil {
+			return nil, fmt.Errorf("lock: acquire %q: subscribe: %w", name, err)
+		}
+	}
+	for {
+		// The expiry is measured from before the request: Redis starts
+		// its clock later, so the local deadline never falls after it.
+		start := time.Now()
+		res, err := redisAcquire.Run(ctx, r.cli, keys, ttl.Milliseconds(), field).Slice()
+		if err != nil {
+			return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
+		}
+		if len(res) < 2 {
+			return nil, fmt.Errorf("lock: acquire %q: script returned %v", name, res)
+		}
+		if code, _ := res[0].(int64); code == -1 {
+			token, ok := res[1].(int64)
+			if !ok || token <= 0 {
+				// Not a token fenced storage can use; leave the key to
+				// expire rather than delete what we cannot vouch for.
+				return nil, fmt.Errorf("lock: acquire %q: token counter %s gave %v", name, keys[1], res[1])
+			}
+			return r.newLease(name, field, token, ttl, start, opts.KeepAlive), nil
+		}
+		pttl, _ := res[0].(int64)
+		if !wait {
+			e := &LockedError{Key: name, HolderKey: name}
+			e.Holder, _ = res[1].(string)
+			if len(res) > 2 {
+				if s, ok := res[2].(string); ok {
+					fmt.Sscan(s, &e.Token) //nolint:errcheck // informational
+				}
+			}
+			return nil, e
+		}
+		// pttl is -1 for a key without expiry (not one of ours or
+		// Redisson's) and -2 if it has just gone.
+		d := r.poll
+		if pttl >= 0 && time.Duration(pttl)*time.Millisecond < d {
+			d = time.Duration(pttl)*time.Millisecond + time.Millisecond
+		}
+		if err := waitRelease(ctx, sub, d); err != nil {
+			return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
+		}
+	}
+}
+
+// waitRelease waits up to d for a message on sub. Any message, a timeout
+// or a broken subscription (go-redis reconnects it) ends the wait; only a
+// done ctx is an error.
+func waitRelease(ctx context.Context, sub *redis.PubSub, d time.Duration) error {
+	_, err := sub.ReceiveTimeout(ctx, d)
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	var ne net.Error
+	if err != nil && !errors.As(err, &ne) {
+		// Not a timeout: back off a little before trying again.
+		select {
+		case <-time.After(min(d, 100*time.Millisecond)):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// redisHolderField is the hash field naming this grant: random, so that no
+// two grants ever share one (Redisson re-enters a lock whose hash holds
+// its own field), followed by the holder's name for operators.
+func redisHolderField(holder string) (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("lock: %w", err)
+	}
+	return hex.EncodeToString(b[:]) + ":" + holder, nil
+}
+
+// SeedToken raises the token counter of the lock name to at least
+// atLeast and returns the counter's value. After Redis lost the counter
+// (a restart without persistence, a failover to a replica that missed the
+// last increments, an eviction), seed it above the highest token the
+// fenced database has seen, so that the next grant's token is larger
+// than every earlier one. It never lowers the counter.
+func (r *Redis) SeedToken(ctx context.Context, name string, atLeast int64) (int64, error) {
+	if err := checkRedisName(name); err != nil {
+		return 0, err
+	}
+	v, err := redisSeed.Run(ctx, r.cli, []string{RedisTokenKey(name)}, atLeast).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("lock: seed token of %q: %w", name, err)
+	}
+	return v, nil
+}
+
+func (r *Redis) newLease(name, field string, token int64, ttl time.Duration, start time.Time, keepAlive bool) *RedisLease {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &RedisLease{
+		held:      held{name: name, token: token},
+		r:         r,
+		field:     field,
+		ttl:       ttl,
+		ctx:       ctx,
+		cancel:    cancel,
+		monitored: make(chan struct{}),
+		renewed:   make(chan time.Time),
+		done:      make(chan struct{}),
+	}
+	go l.monitor(start.Add(ttl), keepAlive)
+	return l
+}
+
+// RedisLease is one holder's grant of a Redis lock. Its methods are safe
+// for concurrent use.
+type RedisLease struct {
+	held
+	r     *Redis
+	field string
+	ttl   time.Duration
+
+	ctx       context.Context // canceled to stop the monitor
+	cancel    context.CancelFunc
+	monitored chan struct{} // closed when the monitor has returned
+	renewed   chan time.Time
+
+	done    chan struct{}
+	endOnce sync.Once
+	err     error // set before done is closed
+}
+
+// HolderField returns the field of the lock hash that names this grant.
+func (l *RedisLease) HolderField() string { return l.field }
+
+// TTL returns the expiry the lock key is given on each grant and renewal.
+func (l *RedisLease) TTL() time.Duration { return l.ttl }
+
+// Done returns a channel that is closed when the grant is lost or released.
+func (l *RedisLease) Done() <-chan struct{} { return l.done }
+
+// Err returns nil while the grant is held, then ErrReleased after Release
+// or a *LostError saying how it was lost.
+func (l *RedisLease) Err() error {
+	select {
+	case <-l.done:
+		return l.err
+	default:
+		return nil
+	}
+}
+
+func (l *RedisLease) end(err error) {
+	l.endOnce.Do(func() {
+		l.err = err
+		close(l.done)
+		l.cancel()
+	})
+}
+
+func (l *RedisLease) lost(format string, args ...any) {
+	l.end(&LostError{Key: l.name, Token: l.token, Reason: fmt.Sprintf(format, args...)})
+}
+
+// Renew extends the lock key's expiry by TTL, only while the key still
+// holds this grant; the counter is not touched. If the key is gone or
+// another holder's, the grant ends and Renew returns its *LostError.
+func (l *RedisLease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	expiry, err := l.renew(ctx)
+	if err != nil {
+		return err
+	}
+	select {
+	case l.renewed <- expiry:
+	case <-l.done:
+		return l.Err()
+	}
+	return nil
+}
+
+// renew runs the renewal script; it returns the new local expiry, or the
+// *LostError after ending the grant when the key is no longer its own.
+func (l *RedisLease) renew(ctx context.Context) (time.Time, error) {
+	before := time.Now()
+	ok, err := redisRenew.Run(ctx, l.r.cli, []string{l.name}, l.ttl.Milliseconds(), l.field).Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lock: renew %q: %w", l.name, err)
+	}
+	if ok != 1 {
+		l.lost("key %q no longer holds this grant", l.name)
+		return time.Time{}, l.Err()
+	}
+	return before.Add(l.ttl), nil
+}
+
+// Release deletes the lock key only if it still holds this grant, and
+// announces the release to waiters; the counter is not touched. It
+// returns ErrNotHeld if the key had expired or was another holder's. The
+// grant ends whatever the outcome; if Redis cannot be reached the key
+// expires by itself.
+func (l *RedisLease) Release(ctx context.Context) error {
+	l.end(ErrReleased)
+	<-l.monitored
+	n, err := redisRelease.Run(ctx, l.r.cli, []string{l.name, RedisChannel(l.name)}, l.field, redisUnlockMessage).Int64()
+	switch {
+	case err != nil:
+		return fmt.Errorf("lock: release %q: %w", l.name, err)
+	case n != 1:
+		return fmt.Errorf("%w: lock %q, token %d", ErrNotHeld, l.name, l.token)
+	}
+	return nil
+}
+
+// monitor ends the grant when its local expiry passes, or when a check
+// (with keepAlive, the renewal itself) finds the key is no longer its own.
+func (l *RedisLease) monitor(expiry time.Time, keepAlive bool) {
+	defer close(l.monitored)
+	timer := time.NewTimer(time.Until(expiry))
+	defer timer.Stop()
+	every := min(l.r.poll, l.ttl/3)
+	if every <= 0 {
+		every = l.ttl
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-timer.C:
+			l.lost("lease expired after %v", l.ttl)
+			return
+		case e := <-l.renewed:
+			if e.After(expiry) {
+				expiry = e
+				timer.Reset(time.Until(expiry))
+			}
+		case <-tick.C:
+			cctx, cancel := context.WithTimeout(l.ctx, max(time.Until(expiry), time.Millisecond))
+			if keepAlive {
+				e, err := l.renew(cctx)
+				if err == nil && e.After(expiry) {
+					expiry = e
+					timer.Reset(time.Until(expiry))
+				}
+			} else {
+				l.check(cctx)
+			}
+			cancel()
+			if l.Err() != nil {
+				return
+			}
+		}
+	}
+}
+
+// check ends the grant if the key no longer holds it; errors are left to
+// the expiry timer.
+func (l *RedisLease) check(ctx context.Context) {
+	ok, err := l.r.cli.HExists(ctx, l.name, l.field).Result()
+	if err == nil && !ok {
+		l.lost("key %q no longer holds this grant", l.name)
+	} else if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		l.lost("key %q replaced", l.name)
+	}
+}
