@@ -289,7 +289,7 @@ type Lease struct {
 
 	ctx       context.Context // canceled to stop the monitor and the session
 	cancel    context.CancelFunc
-	monitored chan struct{} // closed when the monitor has returned
+	monitored chan struct{}  // closed when the monitor has returned
 	renewed   chan time.Time // Renew's new expiry, for the monitor
 
 	done    chan struct{}
