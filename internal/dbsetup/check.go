@@ -90,6 +90,9 @@ func targets(specs []rules.TableSpec, db string) []*target {
 //     calling functions that are this fenceproxy's; no other table has
 //     them; the exempt roles are guard.exempt_roles. Report.Guarded lists
 //     the tables whose guard is in place.
+//   - Whether the catalog watch is in place (Report.Watched), with a note
+//     when the fenceproxy schema is there without it and some table in
+//     mode enforce is not guarded.
 //
 // It runs in a read-only transaction. An error means the check could not
 // run; problems found are in the Report.
@@ -165,7 +168,26 @@ func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	}
 	rep.Problems = append(rep.Problems, ps...)
 	rep.Guarded = guarded
+	if rep.Watched, err = readWatch(ctx, tx); err != nil {
+		return fail(err)
+	}
+	if !rep.Watched && obj.schema && unguardedEnforced(specs, rep.Database, guarded) {
+		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is not installed: a view, rule, parent or foreign key created " +
+			"on another connection is seen by the proxy at its next check only (fenceproxy setup, run as a superuser, installs it)"})
+	}
 	return rep, nil
+}
+
+// unguardedEnforced reports whether an entry in mode enforce applies in
+// database db to a table that is not in guarded: writes that reach such a
+// table through a new path must be refused.
+func unguardedEnforced(specs []rules.TableSpec, db string, guarded []string) bool {
+	for _, s := range specs {
+		if s.Mode == rules.ModeEnforce && appliesIn(s, db) && !slices.Contains(guarded, s.Display) {
+			return true
+		}
+	}
+	return false
 }
 
 // objectProblems reports missing or outdated fenceproxy objects.

@@ -167,6 +167,10 @@ type Report struct {
 	// on schema fenceproxy and EXECUTE on them): the proxy's rewrites may
 	// call them. Setup leaves it false.
 	Raisers bool
+	// Watched reports that Check found the catalog watch in place (see
+	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
+	// and notified on CatalogChannel. Setup leaves it false.
+	Watched bool
 }
 
 // OK reports whether Check found no problem.

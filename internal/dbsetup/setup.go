@@ -71,7 +71,7 @@ func (e *NewerError) Error() string {
 
 // Setup prepares the database conn is connected to for specs, in one
 // transaction: it installs or upgrades the fenceproxy objects (objects.sql)
-// and, with opts.AddColumns, adds the missing fence columns of the entries
+// and, as a superuser, the catalog watch (watch.sql), and, with opts.AddColumns, adds the missing fence columns of the entries
 // that apply in this database (mode not off, scope.databases empty or
 // naming it) whose table exists here; with opts.Guard it installs or
 // updates the database guard (see SetupOptions.Guard), with
@@ -113,6 +113,9 @@ func Setup(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts Se
 		if errors.As(err, &newer) {
 			return Report{Database: rep.Database, Version: rep.Version}, err
 		}
+		return fail(err)
+	}
+	if err := installWatch(ctx, tx, &rep); err != nil {
 		return fail(err)
 	}
 	if err := addColumns(ctx, tx, specs, opts, &rep); err != nil {

@@ -52,6 +52,7 @@ func TestSetupTwice(t *testing.T) {
 	}
 	want := []string{
 		"created the fenceproxy schema and objects (version 4)",
+		"installed the catalog watch (event triggers fenceproxy_catalog_ddl and fenceproxy_catalog_drop)",
 		"added column last_fence bigint NOT NULL DEFAULT 0 to public.config",
 	}
 	if rep.Database != db || rep.Version != 0 || !slices.Equal(rep.Actions, want) {
@@ -90,7 +91,7 @@ func TestSetupWithoutAddColumns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Actions) != 1 || len(rep.Notes) != 2 ||
+	if len(rep.Actions) != 2 || len(rep.Notes) != 2 ||
 		rep.Notes[0] != (dbsetup.Note{Table: "public.config", Text: "fence column last_fence is missing: setup adds it with --add-columns"}) ||
 		rep.Notes[1].Table != "public.elsewhere" {
 		t.Errorf("setup: %+v", rep)
@@ -181,7 +182,7 @@ func TestConcurrentSetups(t *testing.T) {
 		actions = append(actions, r.rep.Actions)
 	}
 	slices.SortFunc(actions, func(a, b []string) int { return len(b) - len(a) })
-	if len(actions[0]) != 2 || len(actions[1]) != 0 {
+	if len(actions[0]) != 3 || len(actions[1]) != 0 {
 		t.Errorf("actions %q; want one setup to do everything and the other nothing", actions)
 	}
 }

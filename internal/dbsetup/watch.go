@@ -1,0 +1,129 @@
+package dbsetup
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The catalog watch (watch.sql): two event triggers, on ddl_command_end
+// and sql_drop, that count every change of the catalog that may open a
+// path to a protected table in fenceproxy.catalog, in the changing
+// transaction, and notify CatalogChannel. The checks read the count (the
+// stamp) before they read the paths; the proxy reads it again before it
+// forwards a write, and checks again when it has moved. See
+// docs/design.md, "Catalog changes while the proxy runs".
+
+// watchSQL is watch.sql: the stamp's table and the triggers' function.
+//
+//go:embed watch.sql
+var watchSQL string
+
+// watchBody is the triggers' function's source, as pg_proc.prosrc keeps it.
+var watchBody = dollarBody(watchSQL, "body")
+
+// CatalogChannel is the channel the catalog watch notifies in the
+// transaction of each change it counts.
+const CatalogChannel = "fenceproxy_catalog"
+
+// The event triggers, one per event.
+const (
+	watchDDLTrigger  = "fenceproxy_catalog_ddl"
+	watchDropTrigger = "fenceproxy_catalog_drop"
+)
+
+// watchTriggersSQL creates the event triggers afresh. ENABLE ALWAYS: they
+// fire under session_replication_role = replica too, which restores and
+// replication tools set.
+const watchTriggersSQL = `
+DROP EVENT TRIGGER IF EXISTS ` + watchDDLTrigger + `;
+DROP EVENT TRIGGER IF EXISTS ` + watchDropTrigger + `;
+CREATE EVENT TRIGGER ` + watchDDLTrigger + ` ON ddl_command_end EXECUTE FUNCTION fenceproxy.catalog_changed();
+CREATE EVENT TRIGGER ` + watchDropTrigger + ` ON sql_drop EXECUTE FUNCTION fenceproxy.catalog_changed();
+ALTER EVENT TRIGGER ` + watchDDLTrigger + ` ENABLE ALWAYS;
+ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
+`
+
+// querier is what readWatch needs of a connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// readWatch reports whether the catalog watch is in place as watch.sql and
+// watchTriggersSQL install it: the stamp's table with its row, the
+// function with this source and declaration, and both event triggers
+// calling it, enabled always, for every command.
+func readWatch(ctx context.Context, q querier) (bool, error) {
+	var table, ok bool
+	err := q.QueryRow(ctx, `
+		WITH f AS (
+			SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_changed' AND p.pronargs = 0
+				AND p.prorettype = 'pg_catalog.event_trigger'::pg_catalog.regtype
+				AND p.prosrc = $1 AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'])
+		SELECT EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+				WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r'),
+			(SELECT count(*) FROM pg_catalog.pg_event_trigger e JOIN f ON e.evtfoid = f.oid
+				WHERE e.evtenabled = 'A' AND e.evttags IS NULL
+				AND ((e.evtname = $2::text AND e.evtevent = 'ddl_command_end')
+					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2`,
+		watchBody, watchDDLTrigger, watchDropTrigger).Scan(&table, &ok)
+	if err != nil {
+		return false, fmt.Errorf("read the catalog watch: %w", err)
+	}
+	if !table || !ok {
+		return false, nil
+	}
+	// The row: without it the first change creates it, but a check that
+	// read no stamp has nothing to compare with.
+	var rows int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM fenceproxy.catalog`).Scan(&rows); err != nil {
+		return false, fmt.Errorf("read the catalog watch: %w", err)
+	}
+	return rows == 1, nil
+}
+
+// installWatch installs or repairs the catalog watch when the connecting
+// role is a superuser (only superusers may create event triggers), and
+// notes it when it cannot.
+func installWatch(ctx context.Context, tx pgx.Tx, rep *Report) error {
+	ok, err := readWatch(ctx, tx)
+	if err != nil || ok {
+		return err
+	}
+	var super bool
+	if err := tx.QueryRow(ctx, `SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+		return fmt.Errorf("read the connecting role: %w", err)
+	}
+	if !super {
+		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch (event triggers) needs a superuser: without it, a view, rule, " +
+			"parent or foreign key created later on another connection is seen by the proxy at its next check only; run fenceproxy setup as a superuser once"})
+		return nil
+	}
+	if _, err := tx.Exec(ctx, watchSQL); err != nil {
+		return fmt.Errorf("install the catalog watch: %w", err)
+	}
+	if _, err := tx.Exec(ctx, watchTriggersSQL); err != nil {
+		return fmt.Errorf("install the catalog watch: %w", err)
+	}
+	rep.Actions = append(rep.Actions, "installed the catalog watch (event triggers "+watchDDLTrigger+" and "+watchDropTrigger+")")
+	return nil
+}
+
+// ReadStamp returns the catalog stamp of the database conn is connected
+// to, as of the statement's snapshot. It fails where the catalog watch
+// was never installed.
+func ReadStamp(ctx context.Context, conn *pgx.Conn) (int64, error) {
+	var s int64
+	err := conn.QueryRow(ctx, `SELECT stamp FROM fenceproxy.catalog`).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, errors.New("dbsetup: fenceproxy.catalog has no row")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dbsetup: read the catalog stamp: %w", err)
+	}
+	return s, nil
+}
