@@ -115,6 +115,15 @@ func (s *session) relayAuth(deadline time.Time) error {
 			}
 			return upstreamErr(errors.New("startup refused"))
 		case 'Z':
+			if s.fence.on {
+				// Before the client may send anything: the role's and
+				// database's defaults of the fence settings. (body aliases
+				// the reader's buffer, which the query's answer reuses.)
+				body = append([]byte(nil), body...)
+				if err := s.readFenceDefaults(); err != nil {
+					return err
+				}
+			}
 			if len(body) == 1 {
 				s.mu.Lock() // read by drain, from Shutdown
 				s.state.txStatus = body[0]

@@ -187,7 +187,11 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 	s.state.lastWasQuery = true
 	s.state.copyEndSent = false
 	s.state.rewrote = true
-	parse := e.prepared != pd.SQL
+	// Parsed again at every use, in the same pipeline as its Bind: a
+	// function the session ran since could have put a statement of its
+	// own under the name (DEALLOCATE and PREPARE in stored code, which
+	// the proxy cannot see).
+	parse := true
 	if parse {
 		e.prepared = "" // until its ParseComplete says so
 		e.parses++
@@ -211,6 +215,11 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 		}
 		if err := writeMsg(s.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
 			return true, upstreamErr(err)
+		}
+	}
+	if s.fence.on {
+		if err := s.sendPrelude(); err != nil {
+			return true, err
 		}
 	}
 	if call != "" {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"unsafe"
+
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // Prepared statements and rules reloads.
@@ -66,6 +68,9 @@ type stmtDef struct {
 	// lock is the lock registration the statement needs when it runs
 	// (for a SQL-level definition, that of the statement it prepares).
 	lock *LockRegistration
+	// fence: what the statement does to the fence settings when it runs
+	// (set_config with parameters is resolved at each Bind).
+	fence []rules.SettingOp
 }
 
 // stmtEntry is what the server may have under one name.
@@ -92,6 +97,8 @@ type portalEntry struct {
 	gen       uint64
 	seg       uint64 // segment of the Bind: gone once a later ReadyForQuery says idle
 	uncertain bool   // another portal of that name may still be open
+	// fence: the fence-setting changes its first Execute makes.
+	fence []fenceApplied
 }
 
 // outcome of a message, from the responses.
@@ -151,6 +158,9 @@ type preparedState struct {
 	// is known to have prepared under that name ("" if none).
 	registerName string
 	regPrepared  string
+	// preludeName names the statement and portal of the fence settings'
+	// prelude (sendPrelude).
+	preludeName string
 	// auto is the session's own prepared statements (autoprepare.go).
 	auto autoState
 }
@@ -164,6 +174,7 @@ func newPreparedState(pol PreparedPolicy, names string) *preparedState {
 		portals:      make(map[string]*portalEntry),
 		refusedName:  "fenceproxy_refused_" + names,
 		registerName: "fenceproxy_register_" + names,
+		preludeName:  "fenceproxy_settings_" + names,
 		auto:         autoState{prefix: "fenceproxy_auto_" + names + "_"},
 	}
 }
@@ -174,7 +185,7 @@ func newPreparedState(pol PreparedPolicy, names string) *preparedState {
 // what the server has under it and prepares its statement again before
 // the next use. Callers hold session.mu.
 func (ps *preparedState) clientNamed(name string) {
-	if serverKey(name) == serverKey(ps.registerName) || ps.auto.touches(name) {
+	if serverKey(name) == serverKey(ps.registerName) || serverKey(name) == serverKey(ps.preludeName) || ps.auto.touches(name) {
 		ps.forgetOwn()
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // The session side of the prepared-statement bookkeeping: what the relay
@@ -20,9 +22,13 @@ import (
 // message types the bookkeeping needs. It reports whether to drop it.
 func (s *session) preparedResponse(typ byte, status byte) bool {
 	s.mu.Lock()
+	if typ == 'E' {
+		s.fence.failed = true
+	}
 	drop, mismatch := s.ps.response(typ, status)
 	if mismatch {
 		s.ps.loseTrack()
+		s.fenceLost()
 	}
 	if mismatch {
 		s.wakeIdleLocked()
@@ -198,6 +204,28 @@ func (s *session) relayBind(body []byte) error {
 			return err
 		}
 	}
+	var fence []fenceApplied
+	if s.fence.on && v.def != nil {
+		var ok bool
+		if fence, ok = s.resolveBindOps(v.def.fence, body); !ok {
+			return s.sendRefusedInstead(refuseFenceUnknown("a Bind whose parameters for set_config cannot be read"))
+		}
+		if !v.def.plain || len(v.def.ops) > 0 {
+			// A statement on a protected table: the session's own values
+			// first, transaction-locally; the registration follows them.
+			named, ok, err := s.fenceReady()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return s.sendRefusedInstead(errFenceBroken)
+			}
+			s.lockNamed = named
+			if err := s.sendPrelude(); err != nil {
+				return err
+			}
+		}
+	}
 	lock := s.bindLock(v.def, gen)
 	if lock.refuse != nil {
 		return s.sendRefusedInstead(lock.refuse)
@@ -211,7 +239,7 @@ func (s *session) relayBind(body []byte) error {
 	pkey := serverKey(portal)
 	old := s.ps.portals[pkey]
 	s.ps.portalSeq++
-	next := portalEntry{def: v.def, gen: gen, seg: s.ps.sentSeg, id: s.ps.portalSeq}
+	next := portalEntry{def: v.def, gen: gen, seg: s.ps.sentSeg, id: s.ps.portalSeq, fence: fence}
 	if portal != "" && old != nil && old.seg >= s.ps.idleSeg {
 		// A named portal cannot be bound twice in a transaction: this
 		// Bind fails and the old one stays open.
@@ -333,6 +361,15 @@ func (s *session) relayExecute(body []byte) error {
 		}
 		s.mu.Lock()
 		pe.gen = gen
+		s.mu.Unlock()
+	}
+	if pe != nil && len(pe.fence) > 0 {
+		// Its fence-setting changes count once it ran.
+		s.mu.Lock()
+		for _, a := range pe.fence {
+			s.ps.expect(0, s.fenceDone(a))
+		}
+		pe.fence = nil
 		s.mu.Unlock()
 	}
 	if def != nil && len(def.ops) > 0 {
@@ -503,14 +540,14 @@ func (s *session) lexingNoWait(text string) (Lexing, error) {
 // be sent: as statements of a Query (query), or as the effects of the
 // Execute about to be sent. defs are from sqlOpDefs. Callers hold s.mu.
 func (s *session) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
-	s.registerSQLOpsWithCalls(ops, defs, query, nil)
+	s.registerSQLOpsWithCalls(ops, defs, query, nil, nil)
 }
 
 // registerSQLOpsWithCalls is registerSQLOps for a Query into which the
 // proxy inserted statements, at calls (indexes in the text sent): the
 // client's statements move behind them, and their CommandCompletes are
 // swallowed. Callers hold s.mu.
-func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int) {
+func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int, fence []rules.SettingOp) {
 	// sent maps a client statement index to its index in the text sent.
 	sent := func(k int) int {
 		for _, c := range calls {
@@ -520,11 +557,23 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 		}
 		return k
 	}
-	next := 0 // calls registered so far (the fifo is kept in order)
+	next := 0      // calls registered so far (the fifo is kept in order)
+	nextFence := 0 // fence operations registered so far
+	fenceUpTo := func(idx int) {
+		for ; nextFence < len(fence) && sent(fence[nextFence].Stmt) <= idx; nextFence++ {
+			f := fence[nextFence]
+			for next < len(calls) && calls[next] < sent(f.Stmt) {
+				s.ps.swallowQuery(calls[next])
+				next++
+			}
+			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: sent(f.Stmt), query: true, done: s.fenceDone(knownOp(f))})
+		}
+	}
 	for i, op := range ops {
 		idx := op.Stmt
 		if query {
 			idx = sent(op.Stmt)
+			fenceUpTo(idx)
 			for next < len(calls) && calls[next] < idx {
 				s.ps.swallowQuery(calls[next])
 				next++
@@ -544,6 +593,9 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 		if op.Kind != OpExecute {
 			s.ps.clientNamed(op.Name)
 		}
+	}
+	if query {
+		fenceUpTo(1 << 30)
 	}
 	for ; next < len(calls); next++ {
 		s.ps.swallowQuery(calls[next])
@@ -670,6 +722,7 @@ func (s *session) losePreparedTrack() {
 	if s.ps == nil || s.ps.lost {
 		return
 	}
+	s.fenceLost()
 	if s.ps.loseTrack() {
 		go s.terminate(fatal("XX000", "fenceproxy: lost track of the responses to prepared statements it re-prepared; reconnect"), "prepared-statement bookkeeping lost")
 	}
@@ -683,7 +736,7 @@ func (s *session) losePreparedTrack() {
 // and what the text defines or removes is recorded; preparedForm is
 // whether d was decided with Lexing.Prepared, words what mentionsPrepared
 // found in sql.
-func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool, words prepWords) error {
+func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool, words prepWords, ft *fenceText) error {
 	var ops []PreparedOp
 	if d.Action != Refuse {
 		if words.any {
@@ -729,8 +782,26 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			*d = Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
 		}
 	}
+	if typ == 'Q' && d.Action != Refuse && s.fence.on && fencedDecision(d, words) {
+		// The session's own values, transaction-locally, before the
+		// text: two statements, whose CommandCompletes are swallowed.
+		s.mu.Lock()
+		pre := s.fence.simplePrelude()
+		s.mu.Unlock()
+		base := sql
+		if d.Action == Rewrite {
+			base = d.SQL
+		}
+		*d = Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
+		shifted := []int{0, 1}
+		for _, c := range calls {
+			shifted = append(shifted, c+2)
+		}
+		calls = shifted
+	}
 	if d.Action == Refuse {
 		ops = nil
+		ft.ops = nil
 	}
 	var defs []*stmtDef
 	if typ == 'Q' && len(ops) > 0 {
@@ -748,7 +819,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		if d.Action == Refuse {
 			calls = nil
 		}
-		s.registerSQLOpsWithCalls(ops, defs, true, calls)
+		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops)
 	case d.Action == Refuse:
 		if p.Name == "" {
 			// The refused Parse still drops the unnamed statement.
@@ -764,6 +835,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
 			def.preparedForm = preparedForm
+			def.fence = ft.ops
 		}
 		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}
@@ -876,7 +948,10 @@ func (s *session) register(call string) error {
 		s.mu.Unlock()
 		return errSessionDone
 	}
-	name, prepared := ps.registerName, ps.regPrepared == call && !ps.lost
+	// Parsed again every time, in the same pipeline as its Bind: nothing
+	// the session runs in between (a DEALLOCATE and PREPARE of the name in
+	// a function, which the proxy cannot see) can stand in for it.
+	name, prepared := ps.registerName, false
 	type out struct {
 		typ byte
 		msg encoder

@@ -226,7 +226,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		// change of generation later.
 		gen = s.ps.pol.Generation()
 	}
-	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok && !s.lockNamed && lp.NamesLock(&s.info, sql) {
+	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok && !s.fence.on && !s.lockNamed && lp.NamesLock(&s.info, sql) {
 		s.lockNamed = true
 	}
 	lex, err := s.lexingFor(sql)
@@ -242,13 +242,19 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	lex.Prepared = preparedForm(typ, p.Name, words)
 	d := s.decide(lex, sql)
 	s.decided(&d, s.clock().Sub(start))
+	var ft fenceText
+	if s.fence.on && d.Action != Refuse {
+		if err := s.fenceDecide(typ, &d, &ft, sql, words); err != nil {
+			return err
+		}
+	}
 	if typ == 'Q' && d.Action == Rewrite && d.Preparable && s.ps != nil && s.srv.opts.AutoPrepare > 0 && !words.any {
 		if done, err := s.autoPrepare(lex, sql, &d); done || err != nil {
 			return err
 		}
 	}
 	if s.ps != nil {
-		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words); err != nil {
+		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words, &ft); err != nil {
 			return err
 		}
 	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {

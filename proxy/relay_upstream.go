@@ -152,6 +152,9 @@ func (s *session) readyForQuery(status byte) bool {
 	// The server is not in copy-in mode when it is ready for a query.
 	s.state.copyIn = false
 	s.state.txStatus = status
+	if s.fence.on {
+		s.fence.ready(status)
+	}
 	if s.state.inFlight == 0 && !s.state.unsynced {
 		// Every refused or rewritten statement sent so far has been
 		// answered; one pipelined behind this Sync would still be pending

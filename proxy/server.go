@@ -58,6 +58,11 @@ type Options struct {
 	// statement. 0 (the default): never. Needs a policy that tracks
 	// prepared statements (PreparedPolicy).
 	AutoPrepare int
+	// DisableSettingsCarry turns off the record of each session's fence
+	// settings and their transaction-local application before statements
+	// on protected tables (fencesettings.go). Only for tests that show what
+	// the record prevents; never in a deployment.
+	DisableSettingsCarry bool
 	// Policy decides what happens to each statement and translates the
 	// upstream errors it provoked. nil forwards everything unchanged.
 	Policy Policy

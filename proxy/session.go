@@ -75,6 +75,9 @@ type session struct {
 	// that need a lock registration get it. Written before the relay
 	// starts and then by the client-to-upstream goroutine only.
 	lockNamed bool
+	// fence is the record of the session's fence settings
+	// (fencesettings.go); guarded by mu.
+	fence fenceRecord
 	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
 	// by mu.
 	lex Lexing

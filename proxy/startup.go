@@ -267,7 +267,15 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		s.info.Database = s.info.User
 	}
 	s.info.ApplicationName = params["application_name"]
-	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok {
+	if sp, ok := s.srv.opts.Policy.(SettingsPolicy); ok && !s.srv.opts.DisableSettingsCarry {
+		if tok, lk := sp.FenceSettings(); tok != "" && s.ps != nil {
+			f := &s.fence
+			f.on, f.tokenName, f.lockName = true, tok, lk
+			f.defaults, f.startupTok, f.startupLk = startupFenceValues(params, s.whichSetting)
+			f.sess, f.pend, f.cur = f.defaults, f.defaults, f.defaults
+		}
+	}
+	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok && !s.fence.on {
 		// options (-c fence.lock=...), PGOPTIONS, or the setting itself.
 		for k, v := range params {
 			if lp.NamesLock(&s.info, k) || lp.NamesLock(&s.info, v) {
