@@ -29,6 +29,21 @@ import (
 // (CREATE STATISTICS, publications, ...). Creating a table under a
 // protected name, or renaming another table to one, is forwarded: it
 // creates protection rather than removing it.
+//
+// Some statements reach a table without naming it: DROP OWNED drops, and
+// REASSIGN OWNED gives away, whatever the roles own; DROP EXTENSION drops
+// its member objects, which ALTER EXTENSION ... ADD and DROP choose and
+// ALTER EXTENSION ... SET SCHEMA moves; an extension's update script may do
+// anything to them; CASCADE drops what depends on the object named (a
+// table typed by a type, a column of a domain, a default calling a
+// function, every object of a schema, an inheritance child); DROP DATABASE
+// drops every table in it. Which tables that is depends on the catalog
+// (pg_depend, pg_shdepend), which the proxy does not read, so where the
+// session fences any table these are refused (see reachesUnnamed). The
+// RESTRICT form (the default) of every other DROP fails on the server
+// rather than drop a dependent, with one exception the text cannot show:
+// DROP TABLE of a partitioned table drops its partitions. See https://www.postgresql.org/docs/current/ddl-depend.html
+// and the pages of DROP OWNED, REASSIGN OWNED and ALTER EXTENSION.
 
 // ddlAllowList is named in every DDL refusal.
 const ddlAllowList = "CREATE INDEX, REINDEX, COMMENT, GRANT/REVOKE, ANALYZE, VACUUM, CLUSTER, and ALTER TABLE ... ADD COLUMN with no default or a constant one"
@@ -138,13 +153,15 @@ func (w *walker) renameStmt(n *pg.RenameStmt) {
 }
 
 // alterObjectSchemaStmt refuses ALTER TABLE ... SET SCHEMA of a protected
-// table.
+// table, and ALTER EXTENSION ... SET SCHEMA, which moves the extension's
+// members.
 func (w *walker) alterObjectSchemaStmt(n *pg.AlterObjectSchemaStmt) {
 	if ts := w.matchAll(n.Relation); len(ts) > 0 {
 		w.refuseDDL(ts, fmt.Sprintf("fenceproxy: moving %s to schema %s is not allowed: writes under the new name would not be fenced",
 			describeTables(displays(ts)), quoteIdent(n.Newschema)),
 			"fenceproxy protects tables by schema-qualified name.")
 	}
+	w.unnamed(n)
 }
 
 // denyDDL refuses DDL on protected tables (not empty) that is not on the
@@ -198,6 +215,9 @@ func (w *walker) alterTableStmt(n *pg.AlterTableStmt) {
 			return
 		}
 	}
+	// DROP COLUMN or DROP CONSTRAINT ... CASCADE of another table, ALTER
+	// TYPE ... DROP ATTRIBUTE ... CASCADE (which reaches typed tables).
+	w.unnamed(n)
 }
 
 // alterTableWhat names an ALTER TABLE subcommand for a refusal.
@@ -323,6 +343,7 @@ func (w *walker) ddl(m protoreflect.ProtoMessage) bool {
 	switch n := m.(type) {
 	case *pg.DropStmt:
 		w.dropStmt(n)
+		w.unnamed(n)
 		return false
 	case *pg.CreateStmt:
 		w.createStmt(n)
@@ -343,6 +364,9 @@ func (w *walker) ddl(m protoreflect.ProtoMessage) bool {
 	name := m.ProtoReflect().Descriptor().Name()
 	if !strings.HasSuffix(string(name), "Stmt") || notDDL[name] {
 		return true
+	}
+	if w.unnamed(m) {
+		return false
 	}
 	// Any other utility statement that names a protected table as a
 	// relation (outside the queries it contains, walked as queries).
@@ -425,4 +449,157 @@ func (w *walker) createStmt(n *pg.CreateStmt) {
 		}
 		w.denyDDL(found, what)
 	}
+}
+
+// unnamedReach describes a statement that can drop a table, move it, or
+// change its owner or its extension membership without naming it.
+type unnamedReach struct {
+	what   string // the statement, for the message
+	effect string // what it does to objects it does not name
+	hint   string
+}
+
+const (
+	hintDirect  = "Run it on a direct connection to PostgreSQL as a DBA."
+	hintCascade = "Drop the dependent objects by name and use RESTRICT (the default), or run it on a direct connection to PostgreSQL as a DBA."
+)
+
+// reachesUnnamed returns how statement m can reach a table it does not
+// name, or nil when it cannot. It is decided on m alone: which tables are
+// reached depends on the catalog.
+func reachesUnnamed(m protoreflect.ProtoMessage) *unnamedReach {
+	switch n := m.(type) {
+	case *pg.DropOwnedStmt:
+		return &unnamedReach{"DROP OWNED", "it drops every object the roles own, which may be a protected table it does not name", hintDirect}
+	case *pg.ReassignOwnedStmt:
+		return &unnamedReach{"REASSIGN OWNED", "it changes the owner of every object the roles own, which may be a protected table it does not name", hintDirect}
+	case *pg.DropdbStmt:
+		return &unnamedReach{"DROP DATABASE", "it drops every table in the database, which may hold protected tables", hintDirect}
+	case *pg.DropStmt:
+		if n.RemoveType == pg.ObjectType_OBJECT_EXTENSION {
+			return &unnamedReach{"DROP EXTENSION", "it drops the extension's member objects, which may be a protected table it does not name", hintDirect}
+		}
+	case *pg.AlterExtensionContentsStmt:
+		what := "ALTER EXTENSION ... ADD"
+		if n.Action < 0 {
+			what = "ALTER EXTENSION ... DROP"
+		}
+		return &unnamedReach{what, "it changes which objects belong to the extension, whose members DROP EXTENSION drops without naming them", hintDirect}
+	case *pg.AlterExtensionStmt:
+		return &unnamedReach{"ALTER EXTENSION ... UPDATE", "the extension's update script runs inside the server and may drop, move or change the owner of its member objects, which may be a protected table", hintDirect}
+	case *pg.AlterObjectSchemaStmt:
+		if n.ObjectType == pg.ObjectType_OBJECT_EXTENSION {
+			return &unnamedReach{"ALTER EXTENSION ... SET SCHEMA", "it moves the extension's member objects to another schema, which may take a protected table it does not name out of its fenced name", hintDirect}
+		}
+	case *pg.TruncateStmt, *pg.GrantStmt, *pg.GrantRoleStmt, *pg.DropSubscriptionStmt:
+		// TRUNCATE ... CASCADE empties tables (decided with the catalog's
+		// paths, see IndirectSet); REVOKE ... CASCADE revokes privileges;
+		// nothing depends on a subscription.
+		return nil
+	}
+	if what := cascadeWhat(m); what != "" {
+		return &unnamedReach{what, "CASCADE also drops the objects that depend on what it names, which may be a protected table or one of its columns, defaults or constraints", hintCascade}
+	}
+	return nil
+}
+
+// cascadeWhat names statement m for a refusal if it, or a subcommand of it
+// (ALTER TABLE ... DROP COLUMN ... CASCADE), drops with CASCADE; it returns
+// "" otherwise. Nested statements are not looked at: the walker reaches
+// them on its own.
+func cascadeWhat(m protoreflect.ProtoMessage) string {
+	top := m.ProtoReflect()
+	cascade := false
+	walkMessages(top, func(m protoreflect.Message) bool {
+		if cascade {
+			return false
+		}
+		if m != top && strings.HasSuffix(string(m.Descriptor().Name()), "Stmt") {
+			return false
+		}
+		fd := m.Descriptor().Fields().ByName("behavior")
+		if fd != nil && fd.Enum() != nil && fd.Enum().FullName() == dropBehaviorName &&
+			m.Get(fd).Enum() == protoreflect.EnumNumber(pg.DropBehavior_DROP_CASCADE) {
+			cascade = true
+		}
+		return !cascade
+	})
+	if !cascade {
+		return ""
+	}
+	switch n := m.(type) {
+	case *pg.DropStmt:
+		return objectWords("DROP ", n.RemoveType) + " ... CASCADE"
+	case *pg.AlterTableStmt:
+		return objectWords("ALTER ", n.Objtype) + " ... CASCADE"
+	case *pg.AlterDomainStmt:
+		return "ALTER DOMAIN ... CASCADE"
+	}
+	return "a statement with CASCADE"
+}
+
+var dropBehaviorName = pg.DropBehavior_DROP_CASCADE.Descriptor().FullName()
+
+// objectWords is prefix and an object type in words (OBJECT_FOREIGN_TABLE
+// -> FOREIGN TABLE).
+func objectWords(prefix string, t pg.ObjectType) string {
+	return prefix + strings.ReplaceAll(strings.TrimPrefix(t.String(), "OBJECT_"), "_", " ")
+}
+
+// unnamed refuses m, where the session fences any table, if it can reach
+// a table without naming it (reachesUnnamed). All of the session's tables
+// are named, as any of them may be reached: in audit mode the statement is
+// forwarded and recorded, as other refusals are.
+func (w *walker) unnamed(m protoreflect.ProtoMessage) bool {
+	if w.err != nil || len(w.r.tables) == 0 {
+		return w.err != nil
+	}
+	if w.audit != nil && allAudit(w.r.tables) {
+		return false // forwarded and recorded already
+	}
+	u := reachesUnnamed(m)
+	if u == nil {
+		return false
+	}
+	return w.refuse(w.r.tables, fmt.Sprintf("fenceproxy: %s is not allowed through the proxy: %s, and this session fences %s",
+		u.what, u.effect, describeTables(displays(w.r.tables))),
+		"The proxy decides on the statement alone; which tables it reaches depends on ownership, extension membership and dependencies in the catalog, which the proxy does not read, so it refuses the statement (fail closed).",
+		u.hint)
+}
+
+// mayReachUnnamed is MayTouch's check for the statements reachesUnnamed
+// refuses, which need not name a protected table: it reports whether sql
+// has the word "owned" (DROP OWNED, REASSIGN OWNED), or "alter" or "drop"
+// with "cascade", "extension" or "database". Words are compared ignoring
+// ASCII case wherever they appear (in strings and comments too: a false
+// positive only costs a parse); a keyword is always such a word, as the
+// lexer ends an identifier or keyword only at a byte that cannot continue
+// one. It does not allocate.
+func mayReachUnnamed(sql string) bool {
+	alterDrop, object := false, false
+	for i := 0; i < len(sql); {
+		if !isIdentCont(sql[i]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(sql) && isIdentCont(sql[j]) {
+			j++
+		}
+		switch w := sql[i:j]; {
+		case len(w) < 4 || len(w) > 9:
+		case hasPrefixFoldASCII(w, "owned") && len(w) == 5:
+			return true
+		case len(w) == 5 && hasPrefixFoldASCII(w, "alter"), len(w) == 4 && hasPrefixFoldASCII(w, "drop"):
+			alterDrop = true
+		case len(w) == 7 && hasPrefixFoldASCII(w, "cascade"), len(w) == 9 && hasPrefixFoldASCII(w, "extension"),
+			len(w) == 8 && hasPrefixFoldASCII(w, "database"):
+			object = true
+		}
+		if alterDrop && object {
+			return true
+		}
+		i = j
+	}
+	return false
 }
