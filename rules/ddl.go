@@ -41,9 +41,10 @@ import (
 // (pg_depend, pg_shdepend), which the proxy does not read, so where the
 // session fences any table these are refused (see reachesUnnamed). The
 // RESTRICT form (the default) of every other DROP fails on the server
-// rather than drop a dependent, with one exception the text cannot show:
-// DROP TABLE of a partitioned table drops its partitions. See https://www.postgresql.org/docs/current/ddl-depend.html
-// and the pages of DROP OWNED, REASSIGN OWNED and ALTER EXTENSION.
+// while anything depends on the object, with one exception the text cannot
+// show: DROP TABLE of a partitioned table drops its partitions. See
+// https://www.postgresql.org/docs/current/ddl-depend.html and the pages of
+// DROP OWNED, REASSIGN OWNED and ALTER EXTENSION.
 
 // ddlAllowList is named in every DDL refusal.
 const ddlAllowList = "CREATE INDEX, REINDEX, COMMENT, GRANT/REVOKE, ANALYZE, VACUUM, CLUSTER, and ALTER TABLE ... ADD COLUMN with no default or a constant one"
