@@ -16,6 +16,10 @@ import (
 
 // copyClientToUpstream relays client messages, passing SQL through the rules.
 func (s *session) copyClientToUpstream() error {
+	s.cr.budget = s.messageBudget()
+	// A large body's budget is given back after each message; this is for
+	// a session that ends while it handles one.
+	defer s.cr.release()
 	for {
 		if !s.cr.buffered() {
 			if err := s.uw.Flush(); err != nil {
@@ -36,10 +40,16 @@ func (s *session) copyClientToUpstream() error {
 		switch typ {
 		case 'Q', 'P':
 			body, err := s.cr.body(n)
-			if err != nil {
+			switch {
+			case errors.Is(err, errNoBudget):
+				err = s.refuseUnheld(typ, body, err)
+			case err != nil:
 				return clientErr(err)
+			default:
+				err = s.relaySQL(typ, body)
 			}
-			if err := s.relaySQL(typ, body); err != nil {
+			s.cr.release()
+			if err != nil {
 				return err
 			}
 		case 'B', 'D', 'E', 'C':
@@ -50,6 +60,14 @@ func (s *session) copyClientToUpstream() error {
 				continue
 			}
 			body, err := s.cr.body(n)
+			if errors.Is(err, errNoBudget) {
+				err = s.sendRefusedInstead(noBudgetRefusal(err))
+				s.cr.release()
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			if err != nil {
 				return clientErr(err)
 			}
@@ -63,6 +81,7 @@ func (s *session) copyClientToUpstream() error {
 			case 'C':
 				err = s.relayClose(body)
 			}
+			s.cr.release()
 			if err != nil {
 				return err
 			}
@@ -191,6 +210,66 @@ func (s *session) copyInEnded() {
 	s.mu.Unlock()
 }
 
+// noBudgetRefusal is the error a client gets for a message the proxy had
+// no memory budget for (MessageBudget).
+func noBudgetRefusal(err error) *pgproto3.ErrorResponse {
+	return &pgproto3.ErrorResponse{
+		Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "53200",
+		Message: "fenceproxy: out of memory for large messages; the message was not executed",
+		Detail:  strings.TrimPrefix(err.Error(), "proxy: ") + " (limits.large_message_budget, limits.large_message_wait)",
+		Hint:    "Retry later, send smaller messages, or raise limits.large_message_budget.",
+	}
+}
+
+// refuseUnheld refuses a Query or Parse whose body the proxy had no
+// memory budget for (start is its first bytes; the rest was dropped): the
+// server gets a statement that fails with the refusal in its place, as
+// for a statement the policy refuses.
+func (s *session) refuseUnheld(typ byte, start []byte, err error) error {
+	e := noBudgetRefusal(err)
+	s.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message), zap.Error(err))
+	var p pgproto3.Parse
+	if typ == 'P' {
+		name, _, ok := cstring(start)
+		if !ok {
+			return s.protocolViolation(errors.New("invalid Parse message"))
+		}
+		p.Name = name
+	}
+	d := Decision{Action: Refuse, Refusal: e}
+	if s.ps != nil {
+		if err := s.trackPrepared(typ, &p, "", s.ps.pol.Generation(), &d, false, prepWords{}, &fenceText{}); err != nil {
+			return err
+		}
+	}
+	if !s.track(typ) {
+		return errSessionDone
+	}
+	sql := s.refusalSQL(d.Refusal)
+	var msg encoder = &pgproto3.Query{String: sql}
+	if typ == 'P' {
+		msg = &pgproto3.Parse{Name: p.Name, Query: sql}
+	}
+	return upstreamErr(writeMsg(s.uw, msg))
+}
+
+// decisionCost is what deciding a large text that may touch a protected
+// table costs the policy, in multiples of the text's size: the rules copy
+// such a text and lower-case it four times while they look for the tables
+// it names (measured refusing a 60 MiB INSERT: 300 MiB allocated), before
+// they refuse it for being over max_check_bytes.
+const decisionCost = 5
+
+// chargeDecision charges the budget of the message being handled for
+// deciding sql, if the policy may act on it: so that the budget bounds the
+// memory of large statements being decided too.
+func (s *session) chargeDecision(sql string) error {
+	if m, ok := s.srv.opts.Policy.(MayTouchPolicy); !ok || !m.MayTouch(&s.info, sql) {
+		return nil
+	}
+	return s.cr.charge(decisionCost * int64(len(sql)))
+}
+
 // relaySQL takes the rules decision for a Query or Parse message and
 // forwards what it says.
 func (s *session) relaySQL(typ byte, body []byte) error {
@@ -219,6 +298,11 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 			s.oidBuf = p.ParameterOIDs[:0]
 		}
 		sql = p.Query
+	}
+	if len(sql) > largeBodyBytes {
+		if err := s.chargeDecision(sql); err != nil {
+			return s.refuseUnheld(typ, body, err)
+		}
 	}
 	var gen uint64
 	if s.ps != nil {

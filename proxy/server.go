@@ -48,6 +48,12 @@ type Options struct {
 	// MaxMessageBytes bounds the body of any client message after
 	// authentication (before it, PostgreSQL's own limits). Default 64 MiB.
 	MaxMessageBytes int
+	// LargeMessages bounds the memory the sessions hold at once for large
+	// client messages, and how long a message waits for room before it is
+	// refused (see MessageBudget). nil: one budget of
+	// DefaultLargeMessageBudget and DefaultLargeMessageWait, shared by
+	// every Server of the process that names none.
+	LargeMessages *MessageBudget
 	// StartupTimeout bounds accept-to-authenticated. Default 30s.
 	StartupTimeout time.Duration
 	// AutoPrepare, when positive: a session's simple Query whose exact

@@ -52,6 +52,25 @@ type msgReader struct {
 	full    bool  // the last read filled all the room it was given
 	err     error // from src, returned once the buffered bytes are used
 	scratch []byte
+
+	// budget is charged for the buffers of bodies larger than
+	// largeBodyBytes; nil: they are not charged (the upstream's reader).
+	budget  bodyBudget
+	charged int64 // bytes charged for the last large body, until release
+}
+
+// largeBodyBytes is the largest body a reader holds without charging its
+// budget: what every session may hold at once without harm.
+const largeBodyBytes = 64 << 10
+
+// bodyBudget is what a msgReader charges a large body's buffers to
+// (a *MessageBudget, or a session's view of one).
+type bodyBudget interface {
+	// acquire takes n more bytes for a body that holds own already,
+	// waiting if need be; past its wait, an error wrapping errNoBudget.
+	acquire(n, own int64) error
+	// release gives back n bytes.
+	release(n int64)
 }
 
 // smallBufferSize is what a reader keeps while its peer is idle: enough for
@@ -144,6 +163,7 @@ func (m *msgReader) fill(need int) error {
 
 // header reads one message header and returns its type and body length.
 func (m *msgReader) header() (byte, int, error) {
+	m.release()
 	if err := m.fill(5); err != nil {
 		if m.w > m.r && errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -164,8 +184,14 @@ func (m *msgReader) header() (byte, int, error) {
 }
 
 // body reads a whole body of n bytes. The slice is valid until the next
-// call on m.
+// call on m, and for a body larger than largeBodyBytes until release.
+//
+// A large body fails with an error wrapping errNoBudget when its budget
+// had no room for it in time: then the rest of it has been read and
+// dropped, and the slice holds the bytes read before (at least the first
+// largeBodyBytes).
 func (m *msgReader) body(n int) ([]byte, error) {
+	m.release()
 	if n <= m.size {
 		if err := m.fill(n); err != nil {
 			return nil, unexpected(err)
@@ -173,6 +199,9 @@ func (m *msgReader) body(n int) ([]byte, error) {
 		b := m.buf[m.r : m.r+n : m.r+n]
 		m.r += n
 		return b, nil
+	}
+	if n > largeBodyBytes {
+		return m.largeBody(n)
 	}
 	// A length field is only a claim: memory is allocated as the bytes
 	// arrive (append grows the slice geometrically), never up front.
@@ -187,12 +216,81 @@ func (m *msgReader) body(n int) ([]byte, error) {
 		b = append(b, m.buf[m.r:m.r+chunk]...)
 		m.r += chunk
 	}
-	// Do not keep a large buffer around for the rest of the session.
 	m.scratch = nil
-	if cap(b) <= 64<<10 {
+	if cap(b) <= largeBodyBytes {
 		m.scratch = b[:0]
 	}
 	return b, nil
+}
+
+// largeBody reads a body of n > largeBodyBytes bytes into a buffer of its
+// own, charged to m.budget until release. A length field is only a
+// claim: the buffer starts at largeBodyBytes and doubles as bytes arrive
+// (each size allocated once, exactly, and charged before it is), until an
+// eighth of the body has arrived; then it is sized once from the length
+// field. So a body costs at most about 1.25 times its size, its
+// outgrown buffers included, the budget is charged for at most ten times
+// the bytes that arrived, and appending (which grows a large slice by a
+// quarter at a time, leaving its old copies behind) never runs.
+func (m *msgReader) largeBody(n int) ([]byte, error) {
+	b := make([]byte, largeBodyBytes)
+	have := 0
+	for have < n {
+		if have == len(b) {
+			size := min(n, 2*len(b))
+			if have >= n/8 {
+				size = n
+			}
+			if err := m.charge(int64(size)); err != nil {
+				// Keep the start (a Parse's name), drop the rest unheld.
+				start := append([]byte(nil), b[:largeBodyBytes]...)
+				b = nil
+				m.release()
+				if serr := m.skip(n - have); serr != nil {
+					return nil, serr
+				}
+				return start, err
+			}
+			nb := make([]byte, size)
+			copy(nb, b[:have])
+			// The old buffer stays charged: it is garbage until a
+			// collection frees it (MessageBudget.collect).
+			b = nb
+		}
+		if m.r == m.w {
+			if err := m.fill(1); err != nil {
+				m.release()
+				return nil, unexpected(err)
+			}
+		}
+		chunk := copy(b[have:], m.buf[m.r:m.w])
+		m.r += chunk
+		have += chunk
+	}
+	return b, nil
+}
+
+// charge takes n more bytes from the budget for the current body (a new
+// buffer, or what handling it costs), beside what it holds already.
+func (m *msgReader) charge(n int64) error {
+	if m.budget == nil {
+		return nil
+	}
+	if err := m.budget.acquire(n, m.charged); err != nil {
+		return err
+	}
+	m.charged += n
+	return nil
+}
+
+// release gives back the budget of the last large body: the caller no
+// longer refers to it. body calls it, and the session must once it has
+// handled a large body.
+func (m *msgReader) release() {
+	if m.charged > 0 {
+		m.budget.release(m.charged)
+		m.charged = 0
+	}
 }
 
 // writeError is a failed write in copyBody: the side written to failed,
