@@ -183,6 +183,16 @@ type Limits struct {
 	// relay the authenticated sessions. 0 (the default): half the CPUs the
 	// process may use, at least one.
 	RelayLoops int `yaml:"relay_loops"`
+	// LargeMessageBudget bounds the memory, in bytes, that all sessions
+	// together hold at once for large client messages (a Query's or a
+	// Parse's text, a Bind the proxy tracks, over 64 KiB), their deciding
+	// included. A message that would exceed it waits for room. Default
+	// 268435456 (256 MiB); at least 1048576.
+	LargeMessageBudget int64 `yaml:"large_message_budget"`
+	// LargeMessageWait is how long a large message waits for room in
+	// large_message_budget; past it, the message is refused with SQLSTATE
+	// 53200 and the session goes on. Default 30s.
+	LargeMessageWait time.Duration `yaml:"large_message_wait"`
 }
 
 // Shutdown controls graceful shutdown.
@@ -242,7 +252,7 @@ func Defaults() Config {
 	return Config{
 		Listen:              "127.0.0.1:6432",
 		Upstream:            Upstream{ConnectTimeout: 5 * time.Second, TLS: UpstreamTLS{Mode: "disable"}},
-		Limits:              Limits{MaxConnections: 1000, MaxMessageBytes: 64 << 20, StartupTimeout: 30 * time.Second},
+		Limits:              Limits{MaxConnections: 1000, MaxMessageBytes: 64 << 20, StartupTimeout: 30 * time.Second, LargeMessageBudget: 256 << 20, LargeMessageWait: 30 * time.Second},
 		Shutdown:            Shutdown{DrainTimeout: 30 * time.Second},
 		Log:                 Log{Format: "json", Level: "info"},
 		Admin:               Admin{Listen: "127.0.0.1:6438"},
@@ -402,6 +412,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxMessageBytes < 1024 || c.Limits.MaxMessageBytes > 1<<30 {
 		bad("limits.max_message_bytes", "must be between 1024 and 1073741824, got %d", c.Limits.MaxMessageBytes)
+	}
+	if c.Limits.LargeMessageBudget < 1<<20 {
+		bad("limits.large_message_budget", "must be at least 1048576, got %d", c.Limits.LargeMessageBudget)
+	}
+	if c.Limits.LargeMessageWait <= 0 {
+		bad("limits.large_message_wait", "must be positive, got %v", c.Limits.LargeMessageWait)
 	}
 	if c.Limits.RelayLoops < 0 || c.Limits.RelayLoops > maxRelayLoops {
 		bad("limits.relay_loops", "must be between 0 (half the CPUs) and %d, got %d", maxRelayLoops, c.Limits.RelayLoops)

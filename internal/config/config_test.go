@@ -84,6 +84,8 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{"upstream: {address: 'h:5432'}\ntls: {require: true}", "tls.require"},
 		{"upstream: {address: 'h:5432'}\nlimits: {max_connections: 0}", "limits.max_connections"},
 		{"upstream: {address: 'h:5432'}\nlimits: {max_message_bytes: 10}", "limits.max_message_bytes"},
+		{"upstream: {address: 'h:5432'}\nlimits: {large_message_budget: 1000}", "limits.large_message_budget"},
+		{"upstream: {address: 'h:5432'}\nlimits: {large_message_wait: 0s}", "limits.large_message_wait"},
 		{"upstream: {address: 'h:5432'}\nlimits: {relay_loops: -1}", "limits.relay_loops"},
 		{"upstream: {address: 'h:5432'}\nlimits: {relay_loops: 1000}", "limits.relay_loops"},
 		{"upstream: {address: 'h:5432'}\nauto_prepare: -1", "auto_prepare"},

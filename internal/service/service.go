@@ -381,6 +381,7 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 		RelayLoops:       cfg.Limits.RelayLoops,
 		RequireClientTLS: cfg.TLS.Require,
 		AutoPrepare:      cfg.AutoPrepare,
+		LargeMessages:    proxy.NewMessageBudget(cfg.Limits.LargeMessageBudget, cfg.Limits.LargeMessageWait),
 	}
 	if cfg.TLS.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
