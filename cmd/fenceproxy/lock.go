@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -21,8 +22,8 @@ import (
 
 const lockUsage = `usage: fenceproxy lock [flags] KEY [--] COMMAND [ARGS...]
 
-Takes the etcd lock KEY, runs COMMAND while holding it and releases it when
-COMMAND exits, like flock(1). COMMAND gets the fencing token in FENCE_TOKEN
+Takes the lock KEY in etcd (or in Redis with --redis), runs COMMAND while
+holding it and releases it when COMMAND exits, like flock(1). COMMAND gets the fencing token in FENCE_TOKEN
 and the key in FENCE_LOCK_KEY. The lease is renewed while COMMAND runs.
 
 COMMAND's PGOPTIONS gets "-c fence.token=TOKEN -c fence.lock=KEY" appended
@@ -34,13 +35,22 @@ KEY is the same lock as "etcdctl lock KEY": the two exclude each other and
 wait in one line; the token is the creation revision of the holder's key
 KEY/<lease ID in hex>.
 
+With --redis URL (redis:// or rediss:// for TLS; a password in the URL, in
+$FENCEPROXY_REDIS, or in $FENCEPROXY_REDIS_PASSWORD, so that it stays off
+the command line) the lock is the Redis hash KEY and the token comes from
+the counter redisson_lock_token:{KEY}, drawn in the same script that takes
+the lock: the layout of Redisson's RFencedLock, so Java services using it
+and this command exclude each other and share one token sequence. Redis
+must keep the counter (appendonly yes, appendfsync always, noeviction);
+see docs/tokens.md.
+
 SIGINT and SIGTERM are forwarded to COMMAND. If the lease is lost, COMMAND
 gets SIGTERM, then SIGKILL after 5s, and fenceproxy exits with status 75.
 Unless stdin is a terminal, COMMAND runs in its own process group and
 signals go to the whole group, so its children stop too.
 
 Exit status: COMMAND's status (128+N if killed by signal N); 1 if the lock
-was not taken (held with --wait 0, timed out, etcd error); 2 usage error;
+was not taken (held with --wait 0, timed out, etcd or Redis error); 2 usage error;
 75 lease lost; 126/127 COMMAND could not be run.
 
 flags (each also from $FENCEPROXY_<NAME>, e.g. FENCEPROXY_ETCD):
@@ -93,6 +103,7 @@ func (w *waitFlag) Set(s string) error {
 
 type lockArgs struct {
 	endpoints []string
+	redisURL  string // empty: etcd
 	ttl       time.Duration
 	wait      waitFlag
 	settings  lock.Settings
@@ -111,6 +122,7 @@ func parseLockArgs(args []string, stdout, stderr io.Writer) (*lockArgs, int) {
 		fs.PrintDefaults()
 	}
 	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints")
+	fs.StringVar(&a.redisURL, "redis", "", "take the lock in Redis at this URL (redis://[[user]:password@]host:port[/db], rediss:// for TLS) instead of etcd")
 	fs.DurationVar(&a.ttl, "ttl", lock.DefaultTTL, "lease TTL, whole seconds, at least 1s")
 	fs.Var(&a.wait, "wait", "how long to wait for the lock; 0 fails at once if it is held")
 	fs.StringVar(&a.settings.Token, "token-setting", lock.DefaultTokenSetting, "PostgreSQL setting that carries the token in PGOPTIONS")
@@ -171,23 +183,40 @@ func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   a.endpoints,
-		DialTimeout: etcdTimeout,
-		Logger:      zap.NewNop(),
-	})
-	if err != nil {
-		return fail("etcd: %v", err)
-	}
-	defer cli.Close()
-	pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
-	_, err = cli.Get(pctx, a.key, clientv3.WithCountOnly())
-	cancel()
-	if err != nil {
-		return fail("etcd at %s: %v", strings.Join(a.endpoints, ","), err)
+	var locker lock.Locker
+	if a.redisURL != "" {
+		rcli, addr, err := redisClient(a.redisURL)
+		if err != nil {
+			return fail("--redis: %v", err)
+		}
+		defer rcli.Close()
+		pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		err = rcli.Ping(pctx).Err()
+		cancel()
+		if err != nil {
+			return fail("redis at %s: %v", addr, err)
+		}
+		locker = lock.NewRedis(rcli, lock.RedisOptions{})
+	} else {
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints:   a.endpoints,
+			DialTimeout: etcdTimeout,
+			Logger:      zap.NewNop(),
+		})
+		if err != nil {
+			return fail("etcd: %v", err)
+		}
+		defer cli.Close()
+		pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		_, err = cli.Get(pctx, a.key, clientv3.WithCountOnly())
+		cancel()
+		if err != nil {
+			return fail("etcd at %s: %v", strings.Join(a.endpoints, ","), err)
+		}
+		locker = lock.Etcd(cli)
 	}
 
-	l, code := acquireForCommand(ctx, cli, a, sigs, stderr)
+	l, code := acquireForCommand(ctx, locker, a, sigs, stderr)
 	if l == nil {
 		return code
 	}
@@ -197,7 +226,7 @@ func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // acquireForCommand takes the lock as --wait says. A SIGINT or SIGTERM
 // meanwhile abandons the wait. On failure it returns nil and the exit
 // status.
-func acquireForCommand(ctx context.Context, cli *clientv3.Client, a *lockArgs, sigs <-chan os.Signal, stderr io.Writer) (*lock.Lease, int) {
+func acquireForCommand(ctx context.Context, locker lock.Locker, a *lockArgs, sigs <-chan os.Signal, stderr io.Writer) (lock.Grant, int) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if a.wait.set && a.wait.d > 0 {
@@ -217,13 +246,13 @@ func acquireForCommand(ctx context.Context, cli *clientv3.Client, a *lockArgs, s
 	}()
 	opts := lock.Options{TTL: a.ttl, KeepAlive: true}
 	var (
-		l   *lock.Lease
+		l   lock.Grant
 		err error
 	)
 	if a.wait.set && a.wait.d == 0 {
-		l, err = lock.TryAcquire(actx, cli, a.key, opts)
+		l, err = locker.TryAcquire(actx, a.key, opts)
 	} else {
-		l, err = lock.Acquire(actx, cli, a.key, opts)
+		l, err = locker.Acquire(actx, a.key, opts)
 	}
 	close(stop)
 	<-stopped
@@ -257,7 +286,7 @@ func acquireForCommand(ctx context.Context, cli *clientv3.Client, a *lockArgs, s
 // runHolding runs command while l is held, then releases l. It returns the
 // command's exit status, or exitLeaseLost if the lease was lost while the
 // command ran.
-func runHolding(ctx context.Context, l *lock.Lease, command []string, settings lock.Settings, sigs <-chan os.Signal, stdout, stderr io.Writer) int {
+func runHolding(ctx context.Context, l lock.Grant, command []string, settings lock.Settings, sigs <-chan os.Signal, stdout, stderr io.Writer) int {
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdTimeout)
 		defer cancel()
@@ -348,7 +377,7 @@ func runHolding(ctx context.Context, l *lock.Lease, command []string, settings l
 
 // commandEnv returns environ with the grant added: FENCE_TOKEN,
 // FENCE_LOCK_KEY, and both settings appended to PGOPTIONS.
-func commandEnv(environ []string, l *lock.Lease, settings lock.Settings) []string {
+func commandEnv(environ []string, l lock.Grant, settings lock.Settings) []string {
 	env := make([]string, 0, len(environ)+3)
 	var (
 		pgoptions string
@@ -370,8 +399,24 @@ func commandEnv(environ []string, l *lock.Lease, settings lock.Settings) []strin
 	return append(env,
 		"FENCE_TOKEN="+strconv.FormatInt(l.Token(), 10),
 		"FENCE_LOCK_KEY="+l.Key(),
-		"PGOPTIONS="+lock.AppendPGOptions(pgoptions, l.PGOptions(settings)),
+		"PGOPTIONS="+lock.AppendPGOptions(pgoptions, l.Fence(settings).PGOptions()),
 	)
+}
+
+// redisClient connects to the Redis URL u; a password missing from u is
+// taken from $FENCEPROXY_REDIS_PASSWORD. It returns the address, the part
+// of u that is safe to print.
+func redisClient(u string) (*redis.Client, string, error) {
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		// ParseURL's errors may quote the URL, password and all.
+		return nil, "", errors.New("not a redis:// or rediss:// URL")
+	}
+	if opt.Password == "" {
+		opt.Password = os.Getenv(envPrefix + "REDIS_PASSWORD")
+	}
+	opt.DialTimeout = etcdTimeout
+	return redis.NewClient(opt), opt.Addr, nil
 }
 
 func reportLost(stderr io.Writer, err error, then string) {

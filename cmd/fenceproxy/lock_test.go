@@ -17,6 +17,8 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
+	"github.com/fenceproxy/fenceproxy/internal/rediscluster/redistest"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
 )
@@ -467,5 +469,100 @@ func TestLockPGOptionsEnv(t *testing.T) {
 	}
 	if strings.Join(env, "\n") != strings.Join(want, "\n") {
 		t.Errorf("environment\n%q\nwant\n%q", env, want)
+	}
+}
+
+// TestLockRedis runs fenceproxy lock --redis end to end: real psql reads
+// the token and the key from PGOPTIONS, a second command waits for the
+// first and gets a larger token, the password comes from the environment
+// and stays out of every message, and the lock is free afterwards.
+func TestLockRedis(t *testing.T) {
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Fatalf("psql not found: %v", err)
+	}
+	const password = "s3cret-pw"
+	rs := redistest.Start(t, rediscluster.Options{Args: []string{"requirepass", password}})
+	pg := pgtest.Start(t, pgcluster.Options{})
+	t.Setenv("FENCEPROXY_REDIS_PASSWORD", password)
+	url := rs.URL()
+	run := func(ctx context.Context, args ...string) (*testutil.SyncBuffer, *testutil.SyncBuffer, <-chan lockRun) {
+		stdout, stderr := new(testutil.SyncBuffer), new(testutil.SyncBuffer)
+		res := make(chan lockRun, 1)
+		go func() {
+			code := lockMain(ctx, append([]string{"--redis", url}, args...), stdout, stderr)
+			res <- lockRun{code, stdout, stderr}
+		}()
+		return stdout, stderr, res
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	const key = "locks/redis report"
+	r := wait(t, func() <-chan lockRun {
+		_, _, res := run(ctx, key, "--", psql, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", pg.SuperuserDSN("postgres"),
+			"-c", "SHOW fence.token", "-c", "SHOW fence.lock")
+		return res
+	}(), 30*time.Second)
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stdout.String(), "\n"), "\n")
+	if len(lines) != 2 || lines[0] != "1" || lines[1] != key {
+		t.Fatalf("psql printed %q, want token 1 and %q", r.stdout, key)
+	}
+
+	// A holder that sleeps, and a second command that waits for it.
+	_, errA, resA := run(ctx, key, "--", "sh", "-c", `echo "a $FENCE_TOKEN"; sleep 0.5`)
+	time.Sleep(150 * time.Millisecond)
+	outB, _, resB := run(ctx, key, "--", "sh", "-c", `echo "b $FENCE_TOKEN"`)
+	if a := wait(t, resA, 30*time.Second); a.code != 0 || a.stdout.String() != "a 2\n" {
+		t.Fatalf("first: exit %d, stdout %q, stderr %q", a.code, a.stdout, errA)
+	}
+	if b := wait(t, resB, 30*time.Second); b.code != 0 || outB.String() != "b 3\n" {
+		t.Fatalf("second: exit %d, stdout %q, stderr %q", b.code, outB, b.stderr)
+	}
+
+	// --wait 0 while held fails at once with exit 1.
+	_, _, resH := run(ctx, key, "--", "sleep", "2")
+	time.Sleep(300 * time.Millisecond)
+	if f := wait(t, func() <-chan lockRun { _, _, res := run(ctx, "--wait", "0", key, "--", "true"); return res }(), 10*time.Second); f.code != exitFailed || !strings.Contains(f.stderr.String(), "is held") {
+		t.Errorf("--wait 0 while held: exit %d, stderr %q", f.code, f.stderr)
+	}
+	wait(t, resH, 30*time.Second)
+
+	// A wrong password: the message names the address, never the secret.
+	t.Setenv("FENCEPROXY_REDIS_PASSWORD", "wrong-"+password)
+	f := wait(t, func() <-chan lockRun { _, _, res := run(ctx, key, "--", "true"); return res }(), 10*time.Second)
+	if f.code != exitFailed || strings.Contains(f.stderr.String(), password) || !strings.Contains(f.stderr.String(), rs.Addr()) {
+		t.Errorf("wrong password: exit %d, stderr %q", f.code, f.stderr)
+	}
+	if f := lockMain(ctx, []string{"--redis", "redis://:" + password + "@[bad", key, "--", "true"}, new(bytes.Buffer), new(testutil.SyncBuffer)); f != exitFailed {
+		t.Errorf("bad URL: exit %d", f)
+	}
+}
+
+// TestLockRedisLeaseLost: when the key is deleted under the command (as a
+// Redis restart without persistence would), the command gets SIGTERM and
+// fenceproxy lock exits 75.
+func TestLockRedisLeaseLost(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t, rediscluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stdout, stderr := new(testutil.SyncBuffer), new(testutil.SyncBuffer)
+	res := make(chan lockRun, 1)
+	go func() {
+		code := lockMain(ctx, []string{"--redis", rs.URL(), "--ttl", "3s", "locks/lost", "--", "sh", "-c", "echo started; sleep 30"}, stdout, stderr)
+		res <- lockRun{code, stdout, stderr}
+	}()
+	waitFor(t, stdout, "started", 10*time.Second)
+	rs.Crash()
+	if err := rs.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := wait(t, res, 20*time.Second)
+	if r.code != exitLeaseLost || !strings.Contains(r.stderr.String(), "lease lost") {
+		t.Errorf("exit %d, stderr %q; want %d and lease lost", r.code, r.stderr, exitLeaseLost)
 	}
 }

@@ -169,7 +169,8 @@ func (s *Server) launchLocked(ctx context.Context) error {
 	}
 }
 
-// ping sends an inline PING and expects +PONG.
+// ping sends an inline PING and expects +PONG, or -NOAUTH from a server
+// with requirepass, which is up all the same.
 func ping(ctx context.Context, addr string) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -185,7 +186,7 @@ func ping(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
+	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
 		return fmt.Errorf("rediscluster: PING answered %q", strings.TrimSpace(line))
 	}
 	return nil
