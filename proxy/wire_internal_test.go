@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // TestBodyAllocatesAsBytesArrive sends a header that announces 60 MiB and
@@ -93,4 +94,55 @@ func TestRelayWriterReturnsBufferOnFlush(t *testing.T) {
 	if out.Len() != 1000*8 {
 		t.Fatalf("wrote %d bytes, want %d", out.Len(), 1000*8)
 	}
+}
+
+// TestLargeBodyChargesBudget reads a 1 MiB body with a budget: its buffers
+// are charged (about 1.25 times the body), given back after release, and a
+// body the budget has no room for is skipped with errNoBudget, leaving the
+// reader at the next message.
+func TestLargeBodyChargesBudget(t *testing.T) {
+	const size = 1 << 20
+	frame := func(typ byte, n int) []byte {
+		msg := []byte{typ, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(msg[1:], uint32(n+4))
+		return append(msg, bytes.Repeat([]byte{'x'}, n)...)
+	}
+	b := NewMessageBudget(2<<20, 50*time.Millisecond)
+	m := newMsgReader(bytes.NewReader(append(frame('Q', size), frame('S', 0)...)), ioBufferSize, 64<<20)
+	m.budget = b
+	if _, n, err := m.header(); err != nil || n != size {
+		t.Fatalf("header = %d, %v", n, err)
+	}
+	body, err := m.body(size)
+	if err != nil || len(body) != size {
+		t.Fatalf("body = %d bytes, %v", len(body), err)
+	}
+	held, _ := b.InUse()
+	if held < size || held > size+size/2 {
+		t.Errorf("a %d-byte body holds %d bytes of the budget", size, held)
+	}
+	m.release()
+	deadline := time.Now().Add(2 * time.Second)
+	for held, _ = b.InUse(); held != 0 && time.Now().Before(deadline); held, _ = b.InUse() {
+		time.Sleep(time.Millisecond)
+	}
+	if held != 0 {
+		t.Fatalf("budget holds %d bytes after release", held)
+	}
+
+	// No room: the budget is taken by someone else.
+	if err := b.acquire(2<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	m = newMsgReader(bytes.NewReader(append(frame('Q', size), frame('S', 0)...)), ioBufferSize, 64<<20)
+	m.budget = b
+	_, n, _ := m.header()
+	start, err := m.body(n)
+	if !errors.Is(err, errNoBudget) || len(start) != largeBodyBytes {
+		t.Fatalf("body with no room = %d bytes, %v; want the first %d and errNoBudget", len(start), err, largeBodyBytes)
+	}
+	if typ, n, err := m.header(); err != nil || typ != 'S' || n != 0 {
+		t.Fatalf("next header = %q %d %v, want the Sync after the skipped body", typ, n, err)
+	}
+	b.release(2 << 20)
 }
