@@ -2,7 +2,8 @@
 # Installs the Debian packages fenceproxy's tests and benchmarks need, if they
 # are missing: PostgreSQL server binaries (initdb, postgres, pgbench), psql,
 # a C compiler for pg_query_go (cgo), docker-compose (to validate the compose
-# file), and with --bench also PgBouncer and valgrind.
+# file), redis-server and PgBouncer (the lock and pooler tests), and with
+# --bench also valgrind.
 set -euo pipefail
 
 need=()
@@ -17,8 +18,9 @@ command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # docker-compose validates docker-compose.yml in the tests ('config' needs no engine).
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 if [ "${1:-}" = "--bench" ]; then
-	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 	command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -37,4 +39,11 @@ if [ ${#need[@]} -gt 0 ]; then
 			pg_ctlcluster "${c%/*}" "${c#*/}" stop || true
 		done
 	fi
+	# Likewise the packaged redis-server and pgbouncer services.
+	for svc in redis-server pgbouncer; do
+		if command -v systemctl >/dev/null 2>&1; then
+			systemctl stop "$svc" >/dev/null 2>&1 || true
+		fi
+		service "$svc" stop >/dev/null 2>&1 || true
+	done
 fi
