@@ -1,4 +1,14 @@
-// Package lock takes named locks in etcd and hands out fencing tokens.
+// Package lock takes named locks in etcd or Redis and hands out fencing
+// tokens.
+//
+// Both services sit behind one interface: Locker (Etcd, NewRedis) hands out
+// a Grant with a token, Done, Renew and Release, so a program picks the
+// service by configuration. The etcd backend is described first below;
+// the Redis backend (RedisLease) takes the lock and draws the token from
+// a counter in one server-side script, in the key layout of Redisson's
+// RFencedLock, and is safe only on a Redis that keeps that counter:
+// docs/tokens.md in the repository says which settings that takes, and
+// which numbers of other lock services are safe tokens.
 //
 // It is built on etcd's client/v3/concurrency, so a lock taken here and
 // "etcdctl lock NAME" (or any concurrency.Mutex on NAME) exclude each other
@@ -50,7 +60,10 @@
 //
 // To carry a grant to PostgreSQL, Lease.ConfigurePgx puts the token and
 // the lock's name into a pgx connection's startup parameters, and
-// Lease.PGOptions formats them for libpq's PGOPTIONS.
+// Lease.PGOptions formats them for libpq's PGOPTIONS. Behind a transaction
+// pooler, which moves transactions between server sessions, BeginTx (pgx)
+// and BeginSQL (database/sql) set both with set_config(…, true) inside
+// each transaction instead.
 //
 // Operator caveat — snapshot restore: tokens are revisions, so restoring etcd
 // from an old snapshot moves revisions backwards and would hand out tokens
