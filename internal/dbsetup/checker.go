@@ -63,6 +63,12 @@ type checkedDB struct {
 	// recheckDue: Recheck asked for a run that waits for
 	// minRecheckInterval to pass.
 	recheckDue bool
+	// asked counts the requests for a run that starts after them
+	// (WaitFresh); ran is the count a run had read when it started, set
+	// when it ends; ended is closed and replaced when a run ends.
+	asked, ran uint64
+	ended      chan struct{}
+	stamps     *stampReader
 }
 
 // minRecheckInterval spaces the runs Recheck starts: the errors that call
@@ -99,7 +105,7 @@ func (c *Checker) Ensure(database string) {
 			}
 			return
 		}
-		d = &checkedDB{done: make(chan struct{})}
+		d = &checkedDB{done: make(chan struct{}), ended: make(chan struct{})}
 		c.dbs[database] = d
 		c.startLocked(database, d)
 		return
@@ -178,6 +184,13 @@ type Result struct {
 	// Raisers: the error raisers are current and callable by all
 	// (Report.Raisers), so the rewrites there may call them.
 	Raisers bool
+	// Watched: the catalog watch is in place and some table in mode
+	// enforce is not guarded, so a change of the catalog made after the
+	// check may open a path Indirect does not list. Stamp is the catalog
+	// stamp read before the paths: while Stamp reads the same, Indirect is
+	// current.
+	Watched bool
+	Stamp   int64
 }
 
 // Result returns what the last check of database found. known is false
@@ -222,6 +235,7 @@ func (c *Checker) Close() {
 	c.cancel()
 	c.mu.Unlock()
 	c.wg.Wait()
+	c.closeStamps()
 }
 
 // startLocked starts a goroutine that checks database, if the
@@ -242,9 +256,10 @@ func (c *Checker) run(database string, d *checkedDB) {
 	for {
 		c.mu.Lock()
 		specs, opts := c.specs, c.opts
+		asked := d.asked
 		c.mu.Unlock()
 
-		rep, indirect, err := c.checkOnce(database, specs, opts)
+		rep, indirect, watched, stamp, err := c.checkOnce(database, specs, opts)
 		var byTable map[string][]Problem
 		switch {
 		case err != nil && c.ctx.Err() != nil:
@@ -266,7 +281,10 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers}
+		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, Watched: watched, Stamp: stamp}
+		d.ran = asked
+		close(d.ended)
+		d.ended = make(chan struct{})
 		for _, p := range indirect {
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", pathRelName(p.Schema, p.Name)),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
@@ -298,23 +316,39 @@ func (c *Checker) run(database string, d *checkedDB) {
 }
 
 // checkOnce connects to database and runs Check, then finds the indirect
-// paths to the tables in mode enforce there, within checkTimeout.
-func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (Report, []IndirectPath, error) {
+// paths to the tables in mode enforce there, within checkTimeout. watched
+// and stamp are Result's.
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, paths []IndirectPath, watched bool, stamp int64, err error) {
 	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
 	defer cancel()
 	conn, err := c.connect(ctx, database)
 	if err != nil {
-		return Report{}, nil, err
+		return Report{}, nil, false, 0, err
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	rep, err := CheckWith(ctx, conn, specs, opts)
+	// The stamp first: a change committed between it and the catalog
+	// reads below is in the paths found, and moves the stamp past this
+	// one, which only checks again.
+	stamp, stampErr := ReadStamp(ctx, conn)
+	rep, err = CheckWith(ctx, conn, specs, opts)
 	if err != nil {
-		return rep, nil, err
+		return rep, nil, false, 0, err
 	}
+	watched = stampErr == nil && rep.Watched && unguardedEnforced(specs, rep.Database, rep.Guarded)
+	if !watched {
+		stamp = 0
+	}
+	paths, err = c.paths(ctx, conn, database, specs, rep)
+	return rep, paths, watched, stamp, err
+}
+
+// paths finds the indirect paths to the tables in mode enforce of
+// database whose target the guard does not protect.
+func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, specs []rules.TableSpec, rep Report) ([]IndirectPath, error) {
 	var rels []Rel
 	for _, s := range specs {
 		if s.Mode == rules.ModeEnforce && appliesIn(s, database) {
@@ -322,11 +356,11 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 		}
 	}
 	if len(rels) == 0 {
-		return rep, nil, nil
+		return nil, nil
 	}
 	paths, err := IndirectPaths(ctx, conn, rels)
 	if err != nil {
-		return rep, nil, err
+		return nil, err
 	}
 	// The guard fences writes to its tables inside PostgreSQL, whatever
 	// path they take: those paths need no refusal.
@@ -340,5 +374,5 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 			kept = append(kept, p)
 		}
 	}
-	return rep, kept, nil
+	return kept, nil
 }

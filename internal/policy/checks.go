@@ -39,6 +39,11 @@ type dbChecks struct {
 	// raisers: the database has the error raisers, so rewrites call them
 	// (rules.Rules.ServerFunctions).
 	raisers bool
+	// watched: the catalog watch counts changes here and a table in mode
+	// enforce is not guarded, so writes compare stamp, the catalog stamp
+	// the results describe, with the stamp now (stamp.go).
+	watched bool
+	stamp   int64
 }
 
 type checkCache struct {
@@ -109,12 +114,28 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, watched: known && res.Watched, stamp: res.Stamp}
+	if !known && st != nil && st.watched {
+		// The check failed where the catalog watch ran: the paths found
+		// last hold while the stamp reads as it did then, and writes are
+		// refused once it does not (freshState).
+		next.watched, next.stamp, paths = true, st.stamp, st.paths
+		next.paths = paths
+	}
 	time.AfterFunc(dbRefresh, func() { next.expired.Store(true) })
 	if st != nil && samePaths(st.paths, paths) {
 		next.indirect = st.indirect
 	} else {
 		next.indirect = rules.NewIndirectSet(indirectRules(paths))
+		if st != nil && !equalPaths(st.paths, paths) {
+			// Statements prepared before may write through a new path.
+			p.bumpGeneration()
+		}
+	}
+	if next.watched {
+		if w, ok := p.auditor.(catalogWatcher); ok {
+			w.WatchCatalog(database)
+		}
 	}
 	c.mu.Lock()
 	if st != nil || c.n < maxCheckedDBs {
@@ -144,11 +165,13 @@ func indirectRules(paths []dbsetup.IndirectPath) []rules.Indirect {
 
 // checkRefusal returns the refusal of a statement that writes tables whose
 // check failed in this database, or that writes through a relation that
-// reaches a protected table. nil when the database is not checked.
+// reaches a protected table. nil when the database is not checked. Where
+// the catalog watch runs, a statement that may write is checked against
+// the catalog as it is now (freshState).
 //
-// Quick, it reports false instead of parsing sql.
+// Quick, it reports false instead of parsing sql or reading the stamp.
 func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, quick bool) (*rules.Error, bool) {
-	if st == nil || !st.known {
+	if st == nil || (!st.known && !st.watched) {
 		return nil, true
 	}
 	if d.Action == rules.Rewrite {
@@ -167,6 +190,16 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 				}, true
 			}
 		}
+	}
+	if st.watched && mayWrite(sql) {
+		if quick {
+			return nil, false
+		}
+		fresh, e := p.freshState(info, st, sql)
+		if e != nil {
+			return e, true
+		}
+		st = fresh
 	}
 	if quick {
 		return st.indirect.CheckCached(sql)

@@ -1,0 +1,177 @@
+package policy
+
+import (
+	"context"
+	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// A view, rule, parent or foreign key created on another connection after
+// a database's check opens a path the check's IndirectSet does not list.
+// Where the catalog watch counts such changes (dbsetup's watch.sql), a
+// statement that may write is forwarded only once the stamp read for it —
+// by a read that began after the statement arrived — equals the stamp of
+// the results it is decided with; otherwise the database is checked again
+// first, and while that cannot finish the statement is refused (FP003).
+// See docs/design.md, "Catalog changes while the proxy runs".
+
+// freshChecks is what the policy needs of Checks (dbsetup.Checker) to see
+// catalog changes before a write: the stamp now, and a check that starts
+// after a moment.
+type freshChecks interface {
+	Stamp(ctx context.Context, database string) (int64, error)
+	WaitFresh(ctx context.Context, database string) error
+}
+
+// catalogWatcher is what the policy needs of the Auditor (audit.Listener)
+// to hear of catalog changes: a listener in the database, started without
+// waiting.
+type catalogWatcher interface {
+	WatchCatalog(database string)
+}
+
+// CatalogChanged is called when database's catalog watch notifies a
+// change: its results are read again at the next statement, and statements
+// prepared before are decided again before they next run (their writes
+// then compare the stamp too).
+func (p *Policy) CatalogChanged(database string) {
+	if v, ok := p.checkCache.byDB.Load(database); ok {
+		v.(*dbChecks).expired.Store(true)
+	}
+	p.bumpGeneration()
+}
+
+// bumpGeneration makes the relay decide every prepared statement again
+// before it next runs (proxy.PreparedPolicy), with the rules in force.
+func (p *Policy) bumpGeneration() {
+	p.swapMu.Lock()
+	defer p.swapMu.Unlock()
+	cur := p.current.Load()
+	next := *cur
+	next.gen = cur.gen + 1
+	p.current.Store(&next)
+}
+
+// freshState returns database's check results as they are after every
+// change of its catalog committed before now, or the refusal of sql when
+// they cannot be had.
+func (p *Policy) freshState(info *proxy.SessionInfo, st *dbChecks, sql string) (*dbChecks, *rules.Error) {
+	fc, ok := p.checks.(freshChecks)
+	if !ok {
+		return st, nil
+	}
+	db := info.Database
+	ctx, cancel := context.WithTimeout(context.Background(), p.checkWait)
+	defer cancel()
+	stamp, err := fc.Stamp(ctx, db)
+	if err != nil {
+		return nil, catalogUnknown(db, "its catalog stamp could not be read: "+err.Error())
+	}
+	if stamp == st.stamp {
+		return st, nil
+	}
+	// A notification may have had the database checked already.
+	if res, known := p.checks.Result(db); !known || res.Stamp != stamp {
+		if err := fc.WaitFresh(ctx, db); err != nil {
+			return nil, catalogUnknown(db, "the check after the change has not finished: "+err.Error())
+		}
+	}
+	next := p.refreshDBState(db)
+	if next == nil || !next.known {
+		return nil, catalogUnknown(db, "the check after the change could not run")
+	}
+	p.log.Info("catalog changed; checked again before a write", zap.String("database", db),
+		zap.Int64("stamp", next.stamp), zap.Int("indirect-paths", len(next.paths)), zap.Uint64("conn-id", info.ID))
+	if !equalPaths(st.paths, next.paths) && hasWord(sql, "execute") {
+		// EXECUTE runs a statement prepared before the change, which the
+		// relay decides again only once the generation has moved, as it
+		// now has: the next try is decided with the new paths.
+		return nil, catalogUnknown(db, "a statement prepared before the change is decided again at its next EXECUTE")
+	}
+	return next, nil
+}
+
+// catalogUnknown is the refusal of a write while a database's catalog is
+// not known to be the one its check results describe.
+func catalogUnknown(db, why string) *rules.Error {
+	return &rules.Error{
+		Code: rules.CodeRefused,
+		Message: "fenceproxy: the catalog of database " + db + " changed since the proxy's last check: a write that may reach a protected table " +
+			"through a new view, rule, parent or foreign key is refused until the proxy has checked it again",
+		Detail: why,
+		Hint:   "Retry the statement.",
+	}
+}
+
+// equalPaths reports whether a and b list the same paths.
+func equalPaths(a, b []dbsetup.IndirectPath) bool {
+	return slices.EqualFunc(a, b, func(x, y dbsetup.IndirectPath) bool {
+		return x.Schema == y.Schema && x.Name == y.Name && x.Target == y.Target && x.Kind == y.Kind &&
+			x.Via == y.Via && slices.Equal(x.Ops, y.Ops)
+	})
+}
+
+// mayWrite reports whether sql holds, as a word (ASCII case ignored), one
+// of the words without which a statement cannot write through a relation:
+// the statement kinds that write, COPY (FROM), and EXECUTE of a prepared
+// statement. In a comment, a literal or a quoted name they only cost a
+// stamp read.
+func mayWrite(sql string) bool {
+	return scanWords(sql, func(w []byte) bool {
+		switch string(w) { // no allocation: the conversion is only compared
+		case "insert", "update", "delete", "merge", "copy", "truncate", "execute":
+			return true
+		}
+		return false
+	})
+}
+
+// hasWord reports whether sql holds word (lower case) as a word.
+func hasWord(sql, word string) bool {
+	return scanWords(sql, func(w []byte) bool { return string(w) == word })
+}
+
+// scanWords calls match with each word of sql of 4 to 8 ASCII letters,
+// lowered, until it returns true. A word is a run of identifier bytes
+// (letters, digits, _, $, bytes >= 0x80): "updated_at" is not "update".
+func scanWords(sql string, match func([]byte) bool) bool {
+	var buf [8]byte
+	for i := 0; i < len(sql); {
+		if !identByte(sql[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(sql) && identByte(sql[j]) {
+			j++
+		}
+		if n := j - i; n >= 4 && n <= len(buf) {
+			ok := true
+			for k := 0; k < n; k++ {
+				c := sql[i+k]
+				switch {
+				case 'a' <= c && c <= 'z':
+				case 'A' <= c && c <= 'Z':
+					c += 'a' - 'A'
+				default:
+					ok = false
+				}
+				buf[k] = c
+			}
+			if ok && match(buf[:n]) {
+				return true
+			}
+		}
+		i = j
+	}
+	return false
+}
+
+func identByte(c byte) bool {
+	return c >= 0x80 || c == '_' || c == '$' || ('0' <= c && c <= '9') || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
+}
