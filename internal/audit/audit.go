@@ -1,6 +1,7 @@
 // Package audit keeps the LISTEN connections on which rewritten statements
 // report (rules.AuditChannel) and turns their notifications into log lines
-// and metrics. It is the proxy's only I/O on behalf of the rules apart from
+// and metrics; the same connections hear the catalog watch
+// (dbsetup.CatalogChannel). It is the proxy's only I/O on behalf of the rules apart from
 // the relay itself; the decisions live in package policy.
 package audit
 
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
@@ -39,6 +41,11 @@ type Options struct {
 	Metrics    *metrics.Metrics
 	// ConnectTimeout bounds the first connection of a listener. Default 5s.
 	ConnectTimeout time.Duration
+	// CatalogChanged, when set, is called with the database whenever its
+	// catalog watch notifies a change (dbsetup.CatalogChannel), and when a
+	// listener connects again (changes meanwhile went unheard). It must
+	// not block.
+	CatalogChanged func(database string)
 }
 
 // Listener keeps one LISTEN connection on rules.AuditChannel per database
@@ -126,6 +133,21 @@ func (a *Listener) Ready(database string) bool {
 	}
 }
 
+// WatchCatalog starts a listener in database, if none runs, without
+// waiting for it: it also hears the catalog watch's notifications
+// (Options.CatalogChanged).
+func (a *Listener) WatchCatalog(database string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.listeners[database]; ok || len(a.listeners) >= maxAuditDatabases || a.ctx.Err() != nil {
+		return
+	}
+	l := &dbListener{ready: make(chan struct{})}
+	a.listeners[database] = l
+	a.wg.Add(1)
+	go a.listen(database, l)
+}
+
 // Close stops every listener.
 func (a *Listener) Close() {
 	a.cancel()
@@ -137,7 +159,7 @@ func (a *Listener) Close() {
 func (a *Listener) listen(database string, l *dbListener) {
 	defer a.wg.Done()
 	log := a.log.With(zap.String("database", database))
-	first := true
+	first, connected := true, false
 	backoff := 100 * time.Millisecond
 	for a.ctx.Err() == nil {
 		conn, err := a.connect(database)
@@ -158,6 +180,10 @@ func (a *Listener) listen(database string, l *dbListener) {
 		}
 		backoff = 100 * time.Millisecond
 		log.Info("audit listener connected")
+		if connected && a.opts.CatalogChanged != nil {
+			a.opts.CatalogChanged(database)
+		}
+		connected = true
 		for {
 			// Notifications arrive through the OnNotification callback
 			// set in connect.
@@ -191,8 +217,11 @@ func (a *Listener) connect(database string) (*pgconn.PgConn, error) {
 		return nil, err
 	}
 	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
-		if n.Channel == rules.AuditChannel {
+		switch {
+		case n.Channel == rules.AuditChannel:
 			a.handle(n.PID, n.Payload)
+		case n.Channel == dbsetup.CatalogChannel && a.opts.CatalogChanged != nil:
+			a.opts.CatalogChanged(database)
 		}
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, a.opts.ConnectTimeout)
@@ -201,7 +230,7 @@ func (a *Listener) connect(database string) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+rules.AuditChannel).ReadAll(); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+rules.AuditChannel+"; LISTEN "+dbsetup.CatalogChannel).ReadAll(); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, fmt.Errorf("LISTEN: %w", err)
 	}

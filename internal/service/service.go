@@ -107,6 +107,12 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		Logger:         log,
 		Metrics:        m,
 		ConnectTimeout: cfg.Upstream.ConnectTimeout,
+		// Listeners start once the checker and the policy are in place
+		// (Policy.CatalogChanged starts them).
+		CatalogChanged: func(db string) {
+			in.checker.CatalogChanged(db)
+			in.policy.CatalogChanged(db)
+		},
 	})
 	checker := dbsetup.NewChecker(func(ctx context.Context, db string) (*pgx.Conn, error) {
 		in.mu.Lock()
