@@ -586,6 +586,8 @@ type fenceText struct {
 	ops  []rules.SettingOp
 	st   rules.SettingText
 	lock bool // an operation may set the lock
+	// prelude: the session's values go before the text (fenceDecide).
+	prelude bool
 }
 
 // fenceOps reads what sql does to the fence settings; a refusal when it
@@ -743,8 +745,10 @@ func (s *session) sendPrelude() error {
 	ps.countSent('B')
 	ps.expect('C', nil)
 	ps.countSent('E')
+	// Closed again at once: the session's statements stay the client's.
+	ps.addStmtOp(name, nil, false, '3', false, 0)
+	ps.countSent('C')
 	s.state.rewrote = true
-	s.state.unsynced = true
 	s.mu.Unlock()
 	msgs := []encoder{
 		&pgproto3.Close{ObjectType: 'P', Name: name},
@@ -753,6 +757,7 @@ func (s *session) sendPrelude() error {
 		&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name,
 			Parameters: [][]byte{[]byte(tok), []byte(vals.token), []byte(lk), []byte(vals.lock)}},
 		&pgproto3.Execute{Portal: name},
+		&pgproto3.Close{ObjectType: 'S', Name: name},
 	}
 	for _, m := range msgs {
 		if err := writeMsg(s.uw, m); err != nil {
@@ -876,6 +881,12 @@ func fencedDecision(d *Decision, words prepWords) bool {
 	return d.Action == Rewrite || (d.Action != Refuse && d.Lock != nil) || words.execute
 }
 
+// registers reports whether a decision's lock registration is sent in a
+// session that names a lock as lockNamed says.
+func registers(l *LockRegistration, lockNamed bool) bool {
+	return l != nil && len(l.Calls) > 0 && (lockNamed || l.Required)
+}
+
 // fenceDecide reads what a Query's or Parse's text does to the fence
 // settings (refusing it when that cannot be known), and, for a text on a
 // protected table, waits until the record is what the server holds, so
@@ -899,6 +910,9 @@ func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, 
 			refusal = errFenceBroken
 		}
 		s.lockNamed = named || ft.lock
+		// A read of a lock-fenced table that registers nothing in this
+		// session reads no setting: it goes as sent.
+		ft.prelude = d.Action == Rewrite || words.execute || registers(d.Lock, s.lockNamed)
 	}
 	if refusal != nil {
 		*d = Decision{Action: Refuse, Refusal: refusal, Tables: d.Tables}

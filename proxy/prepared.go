@@ -62,6 +62,9 @@ type stmtDef struct {
 	// plain: the text was forwarded unchanged, without a lock
 	// registration, so sent is the hash of sql itself (repeatDef).
 	plain bool
+	// forward: the text was forwarded as sent (with or without a lock
+	// registration); false when unknown.
+	forward bool
 	// ops: the SQL-level prepared-statement operations the text performs
 	// when it runs (a Parse of "PREPARE x AS ..." or "EXECUTE x").
 	ops []PreparedOp

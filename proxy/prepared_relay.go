@@ -221,8 +221,10 @@ func (s *session) relayBind(body []byte) error {
 				return s.sendRefusedInstead(errFenceBroken)
 			}
 			s.lockNamed = named
-			if err := s.sendPrelude(); err != nil {
-				return err
+			if !v.def.forward || len(v.def.ops) > 0 || registers(v.def.lock, named) {
+				if err := s.sendPrelude(); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -782,7 +784,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			*d = Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
 		}
 	}
-	if typ == 'Q' && d.Action != Refuse && s.fence.on && fencedDecision(d, words) {
+	if typ == 'Q' && d.Action != Refuse && s.fence.on && ft.prelude {
 		// The session's own values, transaction-locally, before the
 		// text: two statements, whose CommandCompletes are swallowed.
 		s.mu.Lock()
@@ -834,6 +836,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
+			def.forward = d.Action == Forward
 			def.preparedForm = preparedForm
 			def.fence = ft.ops
 		}

@@ -142,7 +142,9 @@ func translateToken(m string) *Error {
 	case strings.HasPrefix(m, "NULL"):
 		e.Detail = setting + " is not set."
 	case ok && value == "":
-		e.Detail = setting + " is empty."
+		// Through the proxy an unset token reaches the server as '' (the
+		// session's values are applied with SET LOCAL, which cannot unset).
+		e.Detail = setting + " is not set (or empty)."
 	case ok && utf8.RuneCountInString(value) >= tokenEchoLen:
 		e.Detail = setting + " starts with " + strconv.Quote(firstRunes(value, tokenEchoLen)) + "."
 	case ok:

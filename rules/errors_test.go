@@ -66,7 +66,7 @@ func TestTranslateError(t *testing.T) {
 			message: `invalid input syntax for type bigint: "fenceproxy:token:13:public.config:11:fence.token:''"`,
 			want: &rules.Error{Code: rules.CodeMissingToken,
 				Message: "fenceproxy: write to protected table public.config needs a valid fence.token (a decimal integer 1..9223372036854775807)",
-				Detail:  "fence.token is empty.", Hint: hintToken, Table: "public.config"},
+				Detail:  "fence.token is not set (or empty).", Hint: hintToken, Table: "public.config"},
 		},
 		{
 			name:    "token invalid, value quoted",

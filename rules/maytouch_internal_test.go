@@ -42,7 +42,10 @@ func (r *Rules) mayTouchRef(sql string) bool {
 			hides = continuesString(sql[i+1:])
 		}
 	}
-	return hides && (containsWordFoldASCII(sql, "do") || containsWordFoldASCII(sql, "function") || containsWordFoldASCII(sql, "procedure"))
+	if hides && (containsWordFoldASCII(sql, "do") || containsWordFoldASCII(sql, "function") || containsWordFoldASCII(sql, "procedure")) {
+		return true
+	}
+	return mayReachUnnamed(sql)
 }
 
 func TestMayTouchMatchesReference(t *testing.T) {
@@ -53,7 +56,7 @@ func TestMayTouchMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	frags := []string{"config", "CONFIG", "Conf", "ig", "x", "X", "s", "alter", "ALTER", "drop", "dRoP", "schema", "my schema", `t"q`, `t""q`, "public",
-		"u&", "U&", "&", "'", "\\", "\n", " ", "--c\n", "do", "function", "procedure", "accounts", "acc", "a", "c", "ünï", "cödé", "é", "\xff", ";", "(", ")"}
+		"u&", "U&", "&", "'", "\\", "\n", " ", "--c\n", "do", "function", "procedure", "accounts", "acc", "a", "c", "ünï", "cödé", "é", "\xff", ";", "(", ")", "owned", "cascade", "extension", "database", "reassign"}
 	rng := rand.New(rand.NewSource(1))
 	for i := 0; i < 200000; i++ {
 		var b strings.Builder

@@ -332,7 +332,9 @@ func (r *Rules) MayTouch(sql string) bool {
 			}
 		}
 	}
-	return mayHideName(sql)
+	// Statements that reach tables they do not name (DROP OWNED, REASSIGN
+	// OWNED, extensions, CASCADE: ddl.go) are decided too.
+	return mayHideName(sql) || mayReachUnnamed(sql)
 }
 
 // lowerTab maps each byte to its ASCII lower case.

@@ -64,7 +64,7 @@ func TestRaisers(t *testing.T) {
 	for _, tc := range []struct{ set, detail string }{
 		{"", "fence.token is not set."}, // never set in the session
 		{"SET fence.token = 'ab''c'", `fence.token is "ab'c".`},
-		{"SET fence.token = ''", "fence.token is empty."},
+		{"SET fence.token = ''", "fence.token is not set (or empty)."},
 	} {
 		if tc.set != "" {
 			execSQL(t, conn, tc.set)

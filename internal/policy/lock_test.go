@@ -141,8 +141,9 @@ func TestLockFencingRaisers(t *testing.T) {
 	if err := direct(t, db).QueryRow(ctxT(t), "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(q, "CALL fenceproxy.register(") || !strings.Contains(q, "fenceproxy.advance(") {
-		t.Fatalf("sent %s; want the registration and the raisers' form", q)
+	// The session's own values first (SET LOCAL), then the registration.
+	if !strings.HasPrefix(q, "SET LOCAL fence.token = '7';SET LOCAL fence.lock = 'L';CALL fenceproxy.register(") || !strings.Contains(q, "fenceproxy.advance(") {
+		t.Fatalf("sent %s; want the session's values, the registration and the raisers' form", q)
 	}
 
 	testLockFencing(t, e)
