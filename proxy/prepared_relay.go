@@ -121,8 +121,13 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 	e := s.ps.stmts[key]
 	if e == nil {
 		s.mu.Unlock()
-		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("prepared statement %q was not prepared through this proxy session, so the rules it was decided under are unknown", name),
-			"Prepare statements through the proxy (PREPARE or a Parse message), not in functions.")}, nil
+		// PostgreSQL's own answer for a name it does not have (drivers
+		// prepare again on 26000). One the server may have without the
+		// proxy knowing (prepared in a function) gets it too: the proxy
+		// cannot tell what rules it was decided under.
+		return stmtVerdict{refuse: &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "26000",
+			Message: fmt.Sprintf("prepared statement \"%s\" does not exist", name),
+			Hint:    "fenceproxy: prepare statements through the proxy (PREPARE or a Parse message), not in functions."}}, nil
 	}
 	if g, ok := e.minGen(); !ok || g == gen {
 		def := e.assumed()

@@ -65,11 +65,11 @@ type SettingOp struct {
 	Local bool
 	// Null: set_config with a NULL value (PostgreSQL then sets the
 	// default, as RESET does).
-	Null                             bool
-	Name                             string // set_config's constant name, for SetParams
+	Null                              bool
+	Name                              string // set_config's constant name, for SetParams
 	NameParam, ValueParam, LocalParam int
-	Savepoint                        string // for TxSavepoint, TxRelease, TxRollbackTo
-	Why                              string // for SetUnknown
+	Savepoint                         string // for TxSavepoint, TxRelease, TxRollbackTo
+	Why                               string // for SetUnknown
 	// Chain: COMMIT/ROLLBACK AND CHAIN, which begins a transaction at once.
 	Chain bool
 }
