@@ -194,6 +194,10 @@ func TestPooler(t *testing.T) {
 			t.Run("fresh holder stamped with its own token", func(t *testing.T) { t.Parallel(); testPoolerFreshHolder(t, pe, mode) })
 			t.Run("no token on a connection that had one", func(t *testing.T) { t.Parallel(); testPoolerNoToken(t, pe, mode) })
 			t.Run("forms", func(t *testing.T) { t.Parallel(); testPoolerForms(t, pe, mode) })
+			t.Run("pipeline", func(t *testing.T) { t.Parallel(); testPoolerPipeline(t, pe, mode) })
+			if !extendedMode(mode) {
+				t.Run("write after COMMIT in one Query", func(t *testing.T) { t.Parallel(); testPoolerAfterCommit(t, pe) })
+			}
 		})
 	}
 }
@@ -357,6 +361,12 @@ type poolerForm struct {
 	want     poolerWant
 	extended bool // extended protocol only
 	simple   bool // simple protocol only
+	// A statement of before starting with "?" has an effect the statement
+	// does not show: the proxy may read it back or refuse it (FP003).
+	// Refused, it changed nothing, and the outcome is refusedWant (with
+	// refusedLock) instead of want (with lock).
+	refusedWant poolerWant
+	refusedLock bool
 }
 
 func poolerForms() []poolerForm {
@@ -392,6 +402,12 @@ func poolerForms() []poolerForm {
 		{name: "savepoint released", before: []string{"SET fence.token = '44'", "BEGIN", "SAVEPOINT s", "SET fence.token = '41'", "RELEASE SAVEPOINT s", "COMMIT"}, want: wantStale},
 		{name: "failed transaction", before: []string{"SET fence.token = '41'", "BEGIN", "SET fence.token = '44'", "!SELECT 1/0", "COMMIT"}, want: wantStale},
 		{name: "implicit transaction rolled back", before: []string{"SET fence.token = '41'", "!SET fence.token = '44'; SELECT 1/0"}, want: wantStale, simple: true},
+		// Values the statement does not show.
+		{name: "set_config of an expression", before: []string{"SET fence.token = '44'", "?SELECT set_config('fence.token', chr(52) || chr(49), false)"}, want: wantStale, refusedWant: wantValid},
+		{name: "set_config of a subquery", before: []string{"SET fence.token = '41'", "?SELECT set_config('fence.token', (SELECT '44'), false)"}, want: wantValid, refusedWant: wantStale},
+		{name: "set_config of the lock from an expression", before: []string{"SET fence.token = '41'", "?SELECT set_config('fence.lock', chr(76), false)"}, lock: true, want: wantStale, refusedWant: wantStale},
+		{name: "DO block", before: []string{"SET fence.token = '44'", "?DO $$BEGIN PERFORM set_config('fence.token', '41', false); PERFORM set_config('fence.lock', 'L', false); END$$"}, lock: true, want: wantStale, refusedWant: wantValid},
+		{name: "DO block with dynamic SQL", before: []string{"SET fence.token = '44'", `?DO $$BEGIN EXECUTE 'SET fence.' || 'token = ''41'''; END$$`}, want: wantStale, refusedWant: wantValid},
 		{name: "SET in a multi-statement Query in the transaction", before: []string{"SET fence.token = '44'"}, tx: []string{"SET fence.token = '41'; SET fence.lock = 'L'"}, lock: true, want: wantStale, simple: true},
 	}
 }
@@ -415,7 +431,10 @@ func testPoolerForms(t *testing.T, pe *poolerEnv, mode pgx.QueryExecMode) {
 				if i == len(f.before)-1 {
 					args = f.args
 				}
-				runPoolerStmt(t, a, st, args)
+				if runPoolerStmt(t, a, st, args) {
+					t.Logf("refused (FP003): %s", st)
+					f.want, f.lock = f.refusedWant, f.refusedLock
+				}
 			}
 			pe.pollute(t, db, "43", f.pollLock)
 			inTx := f.tx != nil
@@ -434,16 +453,21 @@ func testPoolerForms(t *testing.T, pe *poolerEnv, mode pgx.QueryExecMode) {
 	}
 }
 
-func runPoolerStmt(t *testing.T, c *pgx.Conn, st string, args []any) {
+// runPoolerStmt sends st: with a "!" prefix it must fail on the server,
+// with "?" the proxy may refuse it with FP003 (then it reports true).
+func runPoolerStmt(t *testing.T, c *pgx.Conn, st string, args []any) (refused bool) {
 	t.Helper()
-	err := send(t, c, strings.TrimPrefix(st, "!"), args...)
+	err := send(t, c, strings.TrimLeft(st, "!?"), args...)
 	switch {
 	case strings.HasPrefix(st, "!") && err == nil:
 		t.Fatalf("%s succeeded, want an error", st)
 	case strings.HasPrefix(st, "!"):
+	case strings.HasPrefix(st, "?") && isProxyRefusal(err):
+		return true
 	case err != nil:
 		t.Fatalf("%s: %v", st, err)
 	}
+	return false
 }
 
 // checkPoolerWrites writes through a as the form's outcome says and checks
@@ -666,4 +690,90 @@ func TestPoolerInFront(t *testing.T) {
 			t.Fatalf("row 96 = %+v, want stamped 44", r)
 		}
 	})
+}
+
+// testPoolerPipeline: a batch of statements in one implicit transaction
+// (pgx sends the simple protocol's as one Query, the extended protocol's
+// as one pipeline with one Sync), on a polluted pool.
+func testPoolerPipeline(t *testing.T, pe *poolerEnv, mode pgx.QueryExecMode) {
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	ctx := ctxT(t)
+	before := poolerReset(t, d)
+	old := pe.session(t, db, mode)
+	mustSend(t, old, "SET fence.token = '41'")
+	mustSend(t, old, "SET fence.lock = 'L'")
+	fresh := pe.session(t, db, mode)
+	mustSend(t, fresh, "SET fence.token = '44'")
+	mustSend(t, fresh, "SET fence.lock = 'L'")
+	pe.pollute(t, db, "43", "")
+
+	batch := func(id int64, payload string) *pgx.Batch {
+		b := &pgx.Batch{}
+		b.Queue("SELECT 1")
+		b.Queue("UPDATE acct SET payload = $1 WHERE id = $2", payload, 3)
+		b.Queue("INSERT INTO acct (id, payload) VALUES ($1, $2)", id, payload)
+		b.Queue("UPDATE acct SET payload = $1 WHERE id = $2", payload, 1)
+		return b
+	}
+	err := old.SendBatch(ctx, batch(100, "stale")).Close()
+	if sqlState(err) != "FP001" {
+		t.Fatalf("the stale holder's pipeline: %v, want FP001", err)
+	}
+	wantUnchanged(t, d, "acct", before)
+
+	if err := fresh.SendBatch(ctx, batch(101, "fresh")).Close(); err != nil {
+		t.Fatalf("the fresh holder's pipeline: %v", err)
+	}
+	got := snapshot(t, d, "acct")
+	for _, id := range []int64{1, 3, 101} {
+		if r := got[id]; r.Payload != "fresh" || r.Fence != 44 {
+			t.Fatalf("row %d = %+v, want fresh stamped 44", id, r)
+		}
+	}
+	if w := lockWatermark(t, d, "L"); w != 44 {
+		t.Fatalf("watermark of L = %d, want 44", w)
+	}
+}
+
+// testPoolerAfterCommit: a Query whose statement on a protected table
+// follows a COMMIT in the same text runs in a transaction of its own,
+// which the pooler may put on another server connection. The proxy may
+// refuse it (FP003); if it runs, it runs with the session's values.
+func testPoolerAfterCommit(t *testing.T, pe *poolerEnv) {
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		name, session, local string
+		want                 poolerWant
+	}{
+		{"stale session, valid local", "41", "44", wantStale},
+		{"valid session, stale local", "44", "41", wantValid},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := poolerReset(t, d)
+			a := pe.session(t, db, pgx.QueryExecModeSimpleProtocol)
+			mustSend(t, a, "SET fence.token = '"+c.session+"'")
+			pe.pollute(t, db, "43", "")
+			_, err := a.PgConn().Exec(ctx, "BEGIN; SET LOCAL fence.token = '"+c.local+"'; SELECT 1 FROM acct WHERE id = 2; COMMIT; UPDATE acct SET payload = 'w' WHERE id = 1").ReadAll()
+			switch {
+			case isProxyRefusal(err):
+				t.Logf("refused: %v", err)
+				wantUnchanged(t, d, "acct", before)
+			case c.want == wantStale:
+				if sqlState(err) != "FP001" {
+					t.Fatalf("the write after COMMIT with the stale session token: %v, want FP001 or FP003", err)
+				}
+				wantUnchanged(t, d, "acct", before)
+			default:
+				if err != nil {
+					t.Fatalf("the write after COMMIT with the valid session token: %v", err)
+				}
+				if r := snapshot(t, d, "acct")[1]; r.Payload != "w" || r.Fence != 44 {
+					t.Fatalf("row 1 = %+v, want w stamped 44", r)
+				}
+			}
+		})
+	}
 }
