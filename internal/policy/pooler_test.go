@@ -47,12 +47,20 @@ type poolerEnv struct {
 // the fence settings reach the server only as the proxy applies them.
 var poolerIgnored = []string{"options", "extra_float_digits", "fence.token", "fence.lock"}
 
+// poolerRole is a second login role, for settings from ALTER ROLE … SET
+// (PgBouncer's pool is per user and database).
+const poolerRole = "fp_pooler_role"
+
 func startPoolerEnv(t *testing.T) *poolerEnv {
 	t.Helper()
+	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END$$`); err != nil {
+		t.Fatal(err)
+	}
 	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
 		PoolMode:                "transaction",
 		PoolSize:                poolerPoolSize,
 		IgnoreStartupParameters: poolerIgnored,
+		Users:                   []string{"postgres", poolerRole},
 	})
 	rs, err := rules.Compile(lockRules)
 	if err != nil {
@@ -75,15 +83,20 @@ func extendedMode(m pgx.QueryExecMode) bool { return m != pgx.QueryExecModeSimpl
 // with edit applied to the configuration.
 func (pe *poolerEnv) session(t *testing.T, db string, mode pgx.QueryExecMode, edit ...func(*pgx.ConnConfig)) *pgx.Conn {
 	t.Helper()
-	return connectDSN(t, pe.proxy.DSN("postgres", "", db), append([]func(*pgx.ConnConfig){func(c *pgx.ConnConfig) {
+	return pe.sessionAs(t, "postgres", db, mode, edit...)
+}
+
+func (pe *poolerEnv) sessionAs(t *testing.T, user, db string, mode pgx.QueryExecMode, edit ...func(*pgx.ConnConfig)) *pgx.Conn {
+	t.Helper()
+	return connectDSN(t, pe.proxy.DSN(user, "", db), append([]func(*pgx.ConnConfig){func(c *pgx.ConnConfig) {
 		c.DefaultQueryExecMode = mode
 	}}, edit...)...)
 }
 
 // bouncerDirect connects to PgBouncer without the proxy, simple protocol.
-func (pe *poolerEnv) bouncerDirect(t *testing.T, db string) *pgx.Conn {
+func (pe *poolerEnv) bouncerDirect(t *testing.T, user, db string) *pgx.Conn {
 	t.Helper()
-	return connectDSN(t, pe.bouncer.DSN("postgres", db), func(c *pgx.ConnConfig) {
+	return connectDSN(t, pe.bouncer.DSN(user, db), func(c *pgx.ConnConfig) {
 		c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	})
 }
@@ -130,12 +143,12 @@ func lockWatermark(t testing.TB, d *pgx.Conn, name string) int64 {
 // serverValues reads, on every server connection of the pool at once
 // (through PgBouncer, bypassing the proxy: each session holds one in an
 // open transaction), what it carries for the fence settings.
-func (pe *poolerEnv) serverValues(t *testing.T, db string) [][2]string {
+func (pe *poolerEnv) serverValues(t *testing.T, user, db string) [][2]string {
 	t.Helper()
 	var out [][2]string
 	var conns []*pgx.Conn
 	for range poolerPoolSize {
-		c := pe.bouncerDirect(t, db)
+		c := pe.bouncerDirect(t, user, db)
 		conns = append(conns, c)
 		mustExec(t, c, "BEGIN")
 		var tok, lk *string
@@ -163,9 +176,15 @@ func deref(s *string) string {
 // proxy that hold both connections at once; it checks the result.
 func (pe *poolerEnv) pollute(t *testing.T, db, tok, lk string) {
 	t.Helper()
+	pe.polluteAs(t, "postgres", db, tok, lk)
+}
+
+// polluteAs is pollute for the pool of user.
+func (pe *poolerEnv) polluteAs(t *testing.T, user, db, tok, lk string) {
+	t.Helper()
 	var cs []*pgx.Conn
 	for range poolerPoolSize {
-		c := pe.session(t, db, pgx.QueryExecModeSimpleProtocol)
+		c := pe.sessionAs(t, user, db, pgx.QueryExecModeSimpleProtocol)
 		cs = append(cs, c)
 		mustSend(t, c, "BEGIN")
 		mustSend(t, c, fmt.Sprintf("SET fence.token = '%s'", tok))
@@ -175,7 +194,7 @@ func (pe *poolerEnv) pollute(t *testing.T, db, tok, lk string) {
 		mustSend(t, c, "COMMIT")
 		c.Close(ctxT(t))
 	}
-	for i, v := range pe.serverValues(t, db) {
+	for i, v := range pe.serverValues(t, user, db) {
 		if v != [2]string{tok, lk} {
 			t.Fatalf("test bug: server connection %d carries token %q lock %q after pollution, want %q %q", i, v[0], v[1], tok, lk)
 		}
@@ -195,6 +214,7 @@ func TestPooler(t *testing.T) {
 			t.Run("no token on a connection that had one", func(t *testing.T) { t.Parallel(); testPoolerNoToken(t, pe, mode) })
 			t.Run("forms", func(t *testing.T) { t.Parallel(); testPoolerForms(t, pe, mode) })
 			t.Run("pipeline", func(t *testing.T) { t.Parallel(); testPoolerPipeline(t, pe, mode) })
+			t.Run("ALTER ROLE SET", func(t *testing.T) { t.Parallel(); testPoolerAlterRole(t, pe, mode) })
 			if !extendedMode(mode) {
 				t.Run("write after COMMIT in one Query", func(t *testing.T) { t.Parallel(); testPoolerAfterCommit(t, pe) })
 			}
@@ -776,4 +796,44 @@ func testPoolerAfterCommit(t *testing.T, pe *poolerEnv) {
 			}
 		})
 	}
+}
+
+// testPoolerAlterRole: the role's settings for the database (ALTER ROLE …
+// IN DATABASE … SET), which the server applies when a session starts, are
+// the session's values until it changes them, whatever the server
+// connection carries later; RESET returns to them.
+func testPoolerAlterRole(t *testing.T, pe *poolerEnv, mode pgx.QueryExecMode) {
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	mustExec(t, d, "ALTER ROLE "+poolerRole+" IN DATABASE "+db+" SET fence.token = '41'")
+	mustExec(t, d, "ALTER ROLE "+poolerRole+" IN DATABASE "+db+" SET fence.lock = 'L'")
+	stale := func(t *testing.T, a *pgx.Conn, before rowSet) {
+		t.Helper()
+		for _, w := range []string{
+			"UPDATE acct SET payload = 'w' WHERE id = 1",
+			"UPDATE acct SET payload = 'w' WHERE id = 3",
+			"INSERT INTO acct (id, payload) VALUES (110, 'w')",
+		} {
+			if err := send(t, a, w); sqlState(err) != "FP001" {
+				t.Fatalf("%s with the role's stale token: %v, want FP001", w, err)
+			}
+		}
+		wantUnchanged(t, d, "acct", before)
+	}
+
+	before := poolerReset(t, d)
+	a := pe.sessionAs(t, poolerRole, db, mode)
+	pe.polluteAs(t, poolerRole, db, "43", "")
+	stale(t, a, before)
+
+	// A valid token set later, then RESET: back to the role's 41.
+	mustSend(t, a, "SET fence.token = '44'")
+	mustSend(t, a, "RESET fence.token")
+	pe.polluteAs(t, poolerRole, db, "43", "")
+	stale(t, a, before)
+	mustSend(t, a, "SET fence.token = '44'")
+	mustSend(t, a, "SET fence.lock = ''")
+	mustSend(t, a, "RESET ALL")
+	pe.polluteAs(t, poolerRole, db, "43", "")
+	stale(t, a, before)
 }
