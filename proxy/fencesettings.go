@@ -70,7 +70,6 @@ type fenceRecord struct {
 	inTx, failed          bool
 	saves                 []fenceSavepoint
 	unresolved            int // operations sent and not yet answered
-	tokenSet, lockSet     bool
 	startupTok, startupLk bool // the startup packet set them
 	// broken: the response bookkeeping lost track; the record is unknown.
 	broken bool
