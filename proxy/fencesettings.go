@@ -69,7 +69,7 @@ type fenceRecord struct {
 	sess, pend, cur       fenceValues
 	inTx, failed          bool
 	saves                 []fenceSavepoint
-	unresolved            int // operations sent and not yet answered
+	unresolved            int  // operations sent and not yet answered
 	startupTok, startupLk bool // the startup packet set them
 	// broken: the response bookkeeping lost track; the record is unknown.
 	broken bool
