@@ -837,3 +837,125 @@ func testPoolerAlterRole(t *testing.T, pe *poolerEnv, mode pgx.QueryExecMode) {
 	pe.polluteAs(t, poolerRole, db, "43", "")
 	stale(t, a, before)
 }
+
+// TestPoolerAutoPrepare: the proxy's own prepared statements for repeated
+// simple Queries (auto_prepare) behind PgBouncer in transaction mode. A
+// statement the proxy prepared on one server connection may be executed
+// on another; whatever the proxy does about it, the stale holder never
+// writes and the fresh holder's writes carry its own token.
+func TestPoolerAutoPrepare(t *testing.T) {
+	t.Parallel()
+	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
+		PoolMode:                "transaction",
+		PoolSize:                poolerPoolSize,
+		IgnoreStartupParameters: poolerIgnored,
+	})
+	rs, err := rules.Compile(lockRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pe := &poolerEnv{bouncer: b, proxy: proxytest.Start(t, b.Addr(), proxy.Options{
+		Policy:      policy.New(rs, false, policy.Options{}),
+		Logger:      zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
+		AutoPrepare: 2,
+	})}
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	poolerReset(t, d)
+	mode := pgx.QueryExecModeSimpleProtocol
+	old := pe.session(t, db, mode, both(param("fence.token", "41"), param("fence.lock", "L")))
+	fresh := pe.session(t, db, mode)
+	mustSend(t, fresh, "SET fence.token = '44'")
+	mustSend(t, fresh, "SET fence.lock = 'L'")
+	const upd = "UPDATE acct SET n = n + 1 WHERE id = 2"
+	var want int32
+	last := int32(0)
+	for i := range 6 {
+		for _, w := range []struct {
+			c     *pgx.Conn
+			stale bool
+		}{{fresh, false}, {old, true}} {
+			// Each write runs on the other server connection than the last
+			// one: the proxy's statements prepared there are not on it.
+			pe.pollute(t, db, "43", "")
+			release, free := pe.holdAllBut(t, db, last)
+			before := snapshot(t, d, "acct")
+			err := send(t, w.c, upd)
+			release()
+			last = free
+			if w.stale {
+				if sqlState(err) != "FP001" {
+					t.Fatalf("stale holder's write %d: %v, want FP001", i+1, err)
+				}
+				wantUnchanged(t, d, "acct", before)
+				continue
+			}
+			if err != nil {
+				t.Fatalf("fresh holder's write %d: %v", i+1, err)
+			}
+			want++
+			if r := snapshot(t, d, "acct")[2]; r.N != want || r.Fence != 44 {
+				t.Fatalf("after the fresh holder's write %d: row 2 = %+v, want n %d stamped 44", i+1, r, want)
+			}
+		}
+	}
+	// What the server connections hold, for the log: the proxy's own
+	// statements, if it prepared any behind the pooler.
+	var conns []*pgx.Conn
+	for i := range poolerPoolSize {
+		c := pe.bouncerDirect(t, "postgres", db)
+		conns = append(conns, c)
+		mustExec(t, c, "BEGIN")
+		var names []string
+		rows, err := c.Query(ctxT(t), "SELECT name FROM pg_prepared_statements ORDER BY name")
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("server connection %d has prepared statements %q", i, names)
+	}
+	for _, c := range conns {
+		mustExec(t, c, "COMMIT")
+	}
+}
+
+// holdAllBut holds, in open transactions of sessions straight to
+// PgBouncer, every server connection of db's pool but one, keeping the
+// one whose backend is pid if it is among them (so the next transaction
+// from anyone runs on another than pid). It returns a function that
+// releases them and the backend left free.
+func (pe *poolerEnv) holdAllBut(t *testing.T, db string, pid int32) (release func(), free int32) {
+	t.Helper()
+	type held struct {
+		c   *pgx.Conn
+		pid int32
+	}
+	var hs []held
+	for range poolerPoolSize {
+		c := pe.bouncerDirect(t, "postgres", db)
+		mustExec(t, c, "BEGIN")
+		var p int32
+		if err := c.QueryRow(ctxT(t), "SELECT pg_backend_pid()").Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, held{c, p})
+	}
+	// Free one: not pid's.
+	freeAt := 0
+	if hs[0].pid == pid {
+		freeAt = 1
+	}
+	mustExec(t, hs[freeAt].c, "COMMIT")
+	hs[freeAt].c.Close(ctxT(t))
+	return func() {
+		for i, h := range hs {
+			if i != freeAt {
+				mustExec(t, h.c, "COMMIT")
+				h.c.Close(ctxT(t))
+			}
+		}
+	}, hs[freeAt].pid
+}
