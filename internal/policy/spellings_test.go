@@ -45,8 +45,9 @@ import (
 const (
 	spellWatermark = 42
 	spellStale     = 41
-	// spellSetting is the lock setting of lockRules.
-	spellSetting = "fence.lock"
+	// spellFresh is the token a session holds before a token spelling
+	// makes it stale.
+	spellFresh = 44
 )
 
 // spelling is one way of giving a session a lock name.
@@ -71,6 +72,10 @@ type spelling struct {
 	simpleOnly, extendedOnly bool
 	// value is the lock name the server then holds ("" for none).
 	value string
+	// token: the spelling sets the token setting, to value, instead of
+	// the lock's; the session has valid token 44 before (unless the
+	// spelling is in the startup packet) and names no lock.
+	token bool
 }
 
 // spellVariant is how a spelling reaches the proxy.
@@ -169,7 +174,12 @@ func (s *spellEnv) rowFence(t testing.TB, id int64) (int64, bool) {
 // own edits, in the protocol of v.
 func spellConfig(sp spelling, extended bool) func(*pgx.ConnConfig) {
 	return func(c *pgx.ConnConfig) {
-		c.RuntimeParams["fence.token"] = strconv.Itoa(spellStale)
+		switch {
+		case !sp.token:
+			c.RuntimeParams["fence.token"] = strconv.Itoa(spellStale)
+		case sp.startup == nil:
+			c.RuntimeParams["fence.token"] = strconv.Itoa(spellFresh)
+		}
 		if extended {
 			c.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
 		} else {
@@ -224,20 +234,37 @@ func runStmts(t testing.TB, c *pgx.Conn, sp spelling, extended bool) error {
 	return nil
 }
 
-// readLock reads the lock setting's value. Its text does not contain the
-// setting's name, so that the read cannot help a proxy that looks for the
-// name in what a session sends.
-const readLock = "SELECT current_setting('fence' || '.lock', true)"
+// readLock and readToken read the settings' values. Their text does not
+// contain the settings' names, so that the read cannot help a proxy that
+// looks for a name in what a session sends.
+const (
+	readLock  = "SELECT current_setting('fence' || '.lock', true)"
+	readToken = "SELECT current_setting('fence' || '.token', true)"
+)
 
 // lockNow reads the server's value of the lock setting through c.
 func lockNow(t testing.TB, c *pgx.Conn) (string, error) {
 	t.Helper()
+	return readSetting(t, c, readLock)
+}
+
+func readSetting(t testing.TB, c *pgx.Conn, read string) (string, error) {
+	t.Helper()
 	var v *string
-	err := c.QueryRow(ctxT(t), readLock).Scan(&v)
+	err := c.QueryRow(ctxT(t), read).Scan(&v)
 	if v == nil {
 		return "", err
 	}
 	return *v, err
+}
+
+// settingNow reads the setting sp spells.
+func settingNow(t testing.TB, c *pgx.Conn, sp spelling) (string, error) {
+	t.Helper()
+	if sp.token {
+		return readSetting(t, c, readToken)
+	}
+	return lockNow(t, c)
 }
 
 // validate runs sp straight against PostgreSQL and fails the test unless
@@ -255,12 +282,12 @@ func (s *spellEnv) validate(t testing.TB, sp spelling, extended bool) {
 	if err := runStmts(t, c, sp, extended); err != nil {
 		t.Fatalf("test bug: PostgreSQL refuses the spelling %q directly: %v", sp.name, err)
 	}
-	got, err := lockNow(t, c)
+	got, err := settingNow(t, c, sp)
 	if err != nil {
-		t.Fatalf("test bug: reading the lock setting directly after %q: %v", sp.name, err)
+		t.Fatalf("test bug: reading the setting directly after %q: %v", sp.name, err)
 	}
 	if got != sp.value {
-		t.Fatalf("test bug: spelling %q gives the server lock name %q directly, the test expects %q", sp.name, got, sp.value)
+		t.Fatalf("test bug: spelling %q gives the server value %q directly, the test expects %q", sp.name, got, sp.value)
 	}
 }
 
@@ -272,9 +299,17 @@ func isProxyRefusal(err error) bool { return sqlState(err) == "FP003" }
 // database.
 func (s *spellEnv) check(t *testing.T, sp spelling, v spellVariant) {
 	t.Helper()
-	s.setWatermark(t, sp.value)
 	id := spellIDs.Add(1)
 	insert := fmt.Sprintf("INSERT INTO acct (id, payload) VALUES (%d, 'stale')", id)
+	if sp.token {
+		// Row 1 at fence 42: token 41 may not write it, 44 may.
+		insert = "UPDATE acct SET n = n + 1 WHERE id = 1"
+		if _, err := s.d.Exec(ctxT(t), "UPDATE acct SET n = 0, last_fence = $1 WHERE id = 1", spellWatermark); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		s.setWatermark(t, sp.value)
+	}
 	ctx := ctxT(t)
 
 	c, err := connectSpelling(t, s.e.proxy.DSN("postgres", "", s.db), spellConfig(sp, v.extended))
@@ -315,19 +350,19 @@ func (s *spellEnv) check(t *testing.T, sp spelling, v spellVariant) {
 			s.refused.Add(1)
 			return
 		}
-		if got, err := lockNow(t, c); err != nil || got != sp.value || got == "" {
+		if got, err := settingNow(t, c, sp); err != nil || got != sp.value || got == "" {
 			s.refused.Add(1)
 			return
 		}
 		// The server holds the lock name all the same: the refusal must
 		// not keep the lock from being registered.
 	}
-	got, err := lockNow(t, c)
+	got, err := settingNow(t, c, sp)
 	if err != nil {
-		t.Fatalf("read the lock setting through the proxy: %v", err)
+		t.Fatalf("read the setting through the proxy: %v", err)
 	}
 	if got != sp.value {
-		t.Fatalf("the server holds lock name %q through the proxy, directly %q", got, sp.value)
+		t.Fatalf("the server holds %q through the proxy, directly %q", got, sp.value)
 	}
 	err = send(insert)
 	s.wantOutcome(t, sp, id, err)
@@ -341,7 +376,19 @@ func (s *spellEnv) check(t *testing.T, sp spelling, v spellVariant) {
 	} else if sp.value == "" {
 		s.wantLanded(t, id)
 	}
-	if sp.value != "" {
+	s.wantAbsent(t, sp, id)
+}
+
+// wantAbsent checks that the stale holder's write left nothing: no row
+// id, or for a token spelling row 1 unwritten.
+func (s *spellEnv) wantAbsent(t *testing.T, sp spelling, id int64) {
+	t.Helper()
+	switch {
+	case sp.token:
+		if r := snapshot(t, s.d, "acct")[1]; r.N != 0 || r.Fence != spellWatermark {
+			t.Fatalf("the stale holder wrote row 1: %+v", r)
+		}
+	case sp.value != "":
 		if f, ok := s.rowFence(t, id); ok {
 			t.Fatalf("the stale holder's row %d is in the table (fence %d)", id, f)
 		}
@@ -357,7 +404,11 @@ func (s *spellEnv) checkOneQuery(t *testing.T, c *pgx.Conn, sp spelling, id int6
 		b.WriteString(strings.TrimPrefix(st, "!"))
 		b.WriteString(";\n")
 	}
-	b.WriteString(readLock + " AS fence_lock_now;\n")
+	read := readLock
+	if sp.token {
+		read = readToken
+	}
+	b.WriteString(read + " AS fence_lock_now;\n")
 	b.WriteString(insert)
 	res, err := c.PgConn().Exec(ctxT(t), b.String()).ReadAll()
 	for _, r := range res {
@@ -370,17 +421,14 @@ func (s *spellEnv) checkOneQuery(t *testing.T, c *pgx.Conn, sp spelling, id int6
 	if isProxyRefusal(err) {
 		t.Logf("refused: %v", err)
 		s.refused.Add(1)
-		if _, ok := s.rowFence(t, id); ok {
-			t.Fatalf("refused, yet row %d is in the table", id)
-		}
+		s.wantAbsent(t, sp, id)
 		return
 	}
 	s.wantOutcome(t, sp, id, err)
 	if sp.value == "" {
 		s.wantLanded(t, id)
-	} else if f, ok := s.rowFence(t, id); ok {
-		t.Fatalf("the stale holder's row %d is in the table (fence %d)", id, f)
 	}
+	s.wantAbsent(t, sp, id)
 }
 
 // wantOutcome checks the INSERT's error: FP001 for the lock when the
@@ -388,6 +436,13 @@ func (s *spellEnv) checkOneQuery(t *testing.T, c *pgx.Conn, sp spelling, id int6
 // has no fence to fail).
 func (s *spellEnv) wantOutcome(t *testing.T, sp spelling, id int64, err error) {
 	t.Helper()
+	if sp.token {
+		if sqlState(err) != "FP001" {
+			t.Fatalf("a session whose token the spelling made %s (row 1 at fence %d): UPDATE: %v, want FP001 (the proxy applied another token)", sp.value, spellWatermark, err)
+		}
+		s.registered.Add(1)
+		return
+	}
 	if sp.value == "" {
 		if err != nil {
 			t.Fatalf("a session naming no lock: INSERT of row %d: %v, want it to land", id, err)
@@ -736,6 +791,75 @@ func TestSpellings(t *testing.T) {
 	}
 }
 
+// tokenSpellings set the token to a stale 41 in a session that held a
+// valid 44: the proxy, which applies the session's own token before each
+// statement on a protected table, must see each of them (or refuse it),
+// or it would write with 44.
+func tokenSpellings() []spelling {
+	sps := []spelling{
+		{name: "SET quoted", stmts: []string{`SET "fence"."token" = '41'`}},
+		{name: "SET upper quoted", stmts: []string{`SET "FENCE"."TOKEN" = '41'`}},
+		{name: "SET comment", stmts: []string{`SET fence /* c */ . token = 41`}},
+		{name: "SET nested comment and newline", stmts: []string{"SET fence/* a /* b */ c */\n.--\ntoken TO '041'"}, value: "041"},
+		{name: "SET Unicode", stmts: []string{`SET U&"fence".U&"\0074oken" = U&'\0034\0031'`}},
+		{name: "SET one quoted identifier", stmts: []string{`SET "fence.token" = E'\x341'`}},
+		{name: "SET dollar", stmts: []string{`SET fence.token = $t$41$t$`}},
+		{name: "SET LOCAL", stmts: []string{`SET LOCAL "FENCE".TOKEN TO $$41$$`}, local: true},
+		{name: "set_config escape string", stmts: []string{`SELECT set_config(E'fence\x2etoken', '41', false)`}},
+		{name: "set_config Unicode", stmts: []string{`SELECT pg_catalog.set_config(U&'fence!002etoken' UESCAPE '!', U&'\0034\0031', false)`}},
+		{name: "set_config local", stmts: []string{`SELECT set_config('FENCE.TOKEN', '41', true)`}, local: true},
+		{name: "set_config parameters", stmts: []string{`SELECT set_config($1, $2, false)`}, args: []any{"Fence.Token", "41"}, extendedOnly: true},
+		{name: "startup options escaped", startup: options(`-c fence\.token=41`)},
+		{name: "startup options --", startup: options(`--FENCE.TOKEN=4\1`)},
+		{name: "startup options later wins", startup: options(`-c fence.token=44 -c fence.token=41`)},
+		{name: "startup param", startup: param("Fence.Token", "41")},
+		{name: "startup then RESET", startup: param("fence.token", "41"), stmts: []string{"SET fence.token = '44'", `RESET "fence"."token"`}},
+		{name: "startup then RESET ALL", startup: options("-c fence.token=41"), stmts: []string{"SET fence.token = '44'", "RESET ALL"}},
+		{name: "startup then DISCARD ALL", startup: options("-c fence.token=41"), stmts: []string{"SET fence.token = '44'", "DISCARD ALL"}, own: true, simpleOnly: true},
+		{name: "rollback", stmts: []string{"SET fence.token = '41'", "BEGIN", "SET fence.token = '44'", "ROLLBACK"}, own: true},
+		{name: "rollback to savepoint", stmts: []string{"SET fence.token = '41'", "BEGIN", "SAVEPOINT s", `SET "fence".token = '44'`, "ROLLBACK TO s", "COMMIT"}, own: true},
+		{name: "SET LOCAL ends", stmts: []string{"SET fence.token = '41'", "BEGIN", "SET LOCAL fence.token = '44'", "COMMIT"}, own: true},
+	}
+	for i := range sps {
+		sps[i].token = true
+		if sps[i].value == "" {
+			sps[i].value = "41"
+		}
+	}
+	return sps
+}
+
+func TestSpellingsToken(t *testing.T) {
+	t.Parallel()
+	e := startLockEnv(t)
+	s := newSpellEnv(t, e)
+	for _, sp := range tokenSpellings() {
+		t.Run(sp.name, func(t *testing.T) { s.runSpelling(t, sp) })
+	}
+	t.Logf("refused by the token %d, refused %d", s.registered.Load(), s.refused.Load())
+}
+
+// TestSpellingTokenRandom is TestSpellingRandom for the token setting:
+// each case makes the session's token a stale 41 (it held 44), and a write
+// of a row at fence 42 must then fail.
+func TestSpellingTokenRandom(t *testing.T) {
+	t.Parallel()
+	n := envInt(t, "FENCEPROXY_SPELLING_CASES", 200) / 2
+	seed := envInt(t, "FENCEPROXY_SPELLING_SEED", 1)
+	e := startLockEnv(t)
+	s := newSpellEnv(t, e)
+	for i := range n {
+		sd := uint64(seed + i)
+		sp, v := genSpellingOf(sd, "token")
+		t.Run(fmt.Sprintf("seed%d", sd), func(t *testing.T) {
+			t.Logf("seed %d: %s (%s)", sd, sp.name, v.name)
+			s.validate(t, sp, v.extended)
+			s.check(t, sp, v)
+		})
+	}
+	t.Logf("refused by the token %d, refused %d", s.registered.Load(), s.refused.Load())
+}
+
 // TestSpellingAlterRole: a lock name from ALTER ROLE … SET and ALTER
 // DATABASE … SET, which the server applies at the session's start.
 func TestSpellingAlterRole(t *testing.T) {
@@ -880,8 +1004,13 @@ func envInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-// spellGen builds random spellings.
-type spellGen struct{ r *rand.Rand }
+// spellGen builds random spellings of the setting fence.<word>.
+type spellGen struct {
+	r    *rand.Rand
+	word string // "lock" or "token"
+}
+
+func (g *spellGen) setting() string { return "fence." + g.word }
 
 func (g *spellGen) one(n int) bool { return g.r.IntN(n) == 0 }
 
@@ -991,9 +1120,9 @@ func (g *spellGen) ident(s string, kind identKind) string {
 func (g *spellGen) settingName() string {
 	if g.one(4) {
 		// One (quoted) identifier holding the dot.
-		return g.ident(spellSetting, identSetting)
+		return g.ident(g.setting(), identSetting)
 	}
-	return g.ident("fence", identSetting) + g.sep() + "." + g.sep() + g.ident("lock", identSetting)
+	return g.ident("fence", identSetting) + g.sep() + "." + g.sep() + g.ident(g.word, identSetting)
 }
 
 // str spells s as a string constant.
@@ -1098,7 +1227,10 @@ func (g *spellGen) lockValue() string {
 // setValue spells v as the value of a SET.
 func (g *spellGen) setValue(v string) string {
 	lower := v != "" && !strings.ContainsFunc(v, func(r rune) bool { return !('a' <= r && r <= 'z' || r == '_') })
+	number := v != "" && v[0] != '0' && !strings.ContainsFunc(v, func(r rune) bool { return !('0' <= r && r <= '9') })
 	switch {
+	case number && g.one(3):
+		return v // NumericOnly: a number without leading zeros keeps its text
 	case lower && v != "lock" && g.one(4):
 		// An unquoted word; keywords the grammar takes here are fine
 		// except the few that mean something else (DEFAULT, LOCAL…),
@@ -1148,11 +1280,21 @@ func (g *spellGen) optEscape(s string) string {
 	return b.String()
 }
 
-// genSpelling builds the spelling and the variant of one seed.
-func genSpelling(seed uint64) (spelling, spellVariant) {
-	g := &spellGen{r: rand.New(rand.NewPCG(seed, 0x5eed))}
-	v := g.lockValue()
-	sp := spelling{value: v}
+// genSpelling builds the lock spelling and the variant of one seed.
+func genSpelling(seed uint64) (spelling, spellVariant) { return genSpellingOf(seed, "lock") }
+
+// genSpellingOf builds a spelling of fence.<word> (lock or token) and the
+// variant of one seed. A token is set to a stale 41, spelled with or
+// without leading zeros.
+func genSpellingOf(seed uint64, word string) (spelling, spellVariant) {
+	g := &spellGen{r: rand.New(rand.NewPCG(seed, 0x5eed)), word: word}
+	var v string
+	if word == "token" {
+		v = g.pick("41", "041", "0041")
+	} else {
+		v = g.lockValue()
+	}
+	sp := spelling{value: v, token: word == "token"}
 	vr := spellVariant{extended: g.one(2), inTx: g.one(2)}
 	switch g.r.IntN(7) {
 	case 0, 1: // SET [SESSION | LOCAL]
@@ -1165,7 +1307,7 @@ func genSpelling(seed uint64) (spelling, spellVariant) {
 	case 2, 3: // set_config with constants
 		local := g.one(3)
 		sp.local = local
-		call := g.funcName() + g.sep() + "(" + g.sep() + g.str(g.randCase(spellSetting)) + g.sep() + "," + g.sep() + g.str(v) + "," + " " + g.boolSpelling(local) + g.sep() + ")"
+		call := g.funcName() + g.sep() + "(" + g.sep() + g.str(g.randCase(g.setting())) + g.sep() + "," + g.sep() + g.str(v) + "," + " " + g.boolSpelling(local) + g.sep() + ")"
 		sp.stmts = []string{g.pick("SELECT ", "select ", "SELECT * FROM ", "VALUES (", "SELECT 1 WHERE ", "SELECT 1, ")}
 		switch {
 		case strings.HasPrefix(sp.stmts[0], "VALUES"):
@@ -1179,7 +1321,7 @@ func genSpelling(seed uint64) (spelling, spellVariant) {
 		local := g.one(3)
 		sp.local = local
 		vr.extended = true
-		name := g.randCase(spellSetting)
+		name := g.randCase(g.setting())
 		switch g.r.IntN(3) {
 		case 0:
 			sp.stmts = []string{"SELECT " + g.funcName() + "($1, $2, " + g.boolSpelling(local) + ")"}
@@ -1192,13 +1334,13 @@ func genSpelling(seed uint64) (spelling, spellVariant) {
 			sp.args = []any{v}
 		}
 	case 5: // startup parameter
-		sp.startup = param(g.randCase(spellSetting), v)
+		sp.startup = param(g.randCase(g.setting()), v)
 	default: // startup options
 		var opts []string
 		if g.one(3) {
-			opts = append(opts, "-c", "fence.lock=decoy")
+			opts = append(opts, "-c", g.setting()+"="+g.pick("decoy", "44"))
 		}
-		name := g.optEscape(g.randCase(spellSetting))
+		name := g.optEscape(g.randCase(g.setting()))
 		val := g.optEscape(v)
 		switch g.r.IntN(3) {
 		case 0:
