@@ -41,6 +41,11 @@ import (
 // Each spelling is first run straight against PostgreSQL, so a spelling
 // the server does not read as V fails as a bug of the test, not of the
 // proxy.
+//
+// The token setting's spellings are checked the same way the other way
+// round: the session held a valid 44, the spelling makes it a stale 41,
+// and the proxy, which applies the session's own token before each
+// statement on a protected table, must not write with 44.
 
 const (
 	spellWatermark = 42
@@ -169,9 +174,10 @@ func (s *spellEnv) rowFence(t testing.TB, id int64) (int64, bool) {
 	return f, true
 }
 
-// spellConfig is the configuration of a session through the proxy (or,
-// with dsn, directly) for sp: token 41 as a startup parameter, then sp's
-// own edits, in the protocol of v.
+// spellConfig is the configuration of a session for sp, through the proxy
+// or directly: token 41 as a startup parameter (44 for a token spelling,
+// none when the spelling is in the startup packet), then sp's own edits,
+// in the simple or the extended protocol.
 func spellConfig(sp spelling, extended bool) func(*pgx.ConnConfig) {
 	return func(c *pgx.ConnConfig) {
 		switch {
@@ -836,7 +842,7 @@ func TestSpellingsToken(t *testing.T) {
 	for _, sp := range tokenSpellings() {
 		t.Run(sp.name, func(t *testing.T) { s.runSpelling(t, sp) })
 	}
-	t.Logf("refused by the token %d, refused %d", s.registered.Load(), s.refused.Load())
+	t.Logf("stale write refused %d, spelling refused %d", s.registered.Load(), s.refused.Load())
 }
 
 // TestSpellingTokenRandom is TestSpellingRandom for the token setting:
@@ -857,7 +863,7 @@ func TestSpellingTokenRandom(t *testing.T) {
 			s.check(t, sp, v)
 		})
 	}
-	t.Logf("refused by the token %d, refused %d", s.registered.Load(), s.refused.Load())
+	t.Logf("stale write refused %d, spelling refused %d", s.registered.Load(), s.refused.Load())
 }
 
 // TestSpellingAlterRole: a lock name from ALTER ROLE … SET and ALTER
