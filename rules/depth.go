@@ -380,14 +380,14 @@ func skipDollar(sql string, i int) int {
 }
 
 // tooDeep is the refusal for a statement whose nesting estimate is over
-// the limit, or that is larger than Config.MaxCheckBytes (tooLarge), or nil
-// when it is neither. A statement that names no
+// the limit, or that is larger than Config.MaxCheckBytes (refuseTooLarge),
+// or nil when it is neither. A statement that names no
 // protected relation (MayTouch fired on a schema name) is forwarded, and so
 // is one that concerns only audit-mode tables, with the refusal recorded,
 // like a statement that does not parse.
 func (r *Rules) tooDeep(sql string) *Decision {
-	if r.maxCheck > 0 && len(sql) > r.maxCheck {
-		return r.tooLarge(sql)
+	if r.tooLarge(sql) {
+		return r.refuseTooLarge(sql)
 	}
 	est := nestingEstimate(sql, maxNestingEstimate)
 	if est <= maxNestingEstimate {
@@ -408,11 +408,18 @@ func (r *Rules) tooDeep(sql string) *Decision {
 	return &d
 }
 
-// tooLarge refuses a statement larger than Config.MaxCheckBytes that may
-// touch a protected table: parsing and rewriting it would take memory in
-// proportion to its size, many times over. The tables it names are found
-// as in a statement that does not parse.
-func (r *Rules) tooLarge(sql string) *Decision {
+// tooLarge reports whether sql is larger than Config.MaxCheckBytes: if it
+// may touch a protected table, it is refused (refuseTooLarge), not parsed.
+func (r *Rules) tooLarge(sql string) bool {
+	return r.maxCheck > 0 && len(sql) > r.maxCheck
+}
+
+// refuseTooLarge refuses a statement larger than Config.MaxCheckBytes that
+// may touch a protected table: parsing and rewriting it would take memory
+// in proportion to its size, many times over. The tables it names are
+// found as in a statement that does not parse, without a copy of the text;
+// the decision refers to none of its bytes (Decide does not copy it).
+func (r *Rules) refuseTooLarge(sql string) *Decision {
 	tables := r.mentioned(sql)
 	if len(tables) == 0 && !r.unicodeEscape(sql) {
 		return &Decision{Action: Forward}

@@ -15,6 +15,9 @@ import (
 // statement of a multi-statement string) and either rewrites them all or
 // refuses the whole string.
 func (r *Rules) decide(sql string) Decision {
+	if r.tooLarge(sql) {
+		return *r.refuseTooLarge(sql) // once, before anything reads the whole text
+	}
 	var toks []scanTok
 	if len(sql) >= valuesFastMinBytes && r.tooDeep(sql) == nil {
 		var d Decision

@@ -449,13 +449,13 @@ func containsFoldASCII(s, n string) bool {
 
 // mentioned lists the protected tables whose relation name appears in s
 // (ignoring ASCII case); used to name the tables in a refusal when s cannot
-// be parsed.
+// be parsed or is too large to be. s is searched in place, folding as it
+// goes: a lowered copy would cost twice its size (issue 27, part 4).
 func (r *Rules) mentioned(s string) []*tableRule {
 	var out []*tableRule
-	ls := asciiLower(s)
 	for _, t := range r.tables {
 		n := asciiLower(t.rel)
-		if strings.Contains(ls, n) || strings.Contains(ls, strings.ReplaceAll(n, `"`, `""`)) {
+		if indexFoldASCII(s, n) >= 0 || strings.Contains(n, `"`) && indexFoldASCII(s, strings.ReplaceAll(n, `"`, `""`)) >= 0 {
 			out = append(out, t)
 		}
 	}
@@ -488,15 +488,22 @@ func hasPrefixFoldASCII(s, n string) bool {
 // of sql and r: no I/O. It is safe for concurrent use.
 //
 // sql may alias memory the caller reuses once Decide returns: nothing
-// returned or cached refers to it (a statement that may touch a protected
-// table is copied before it is decided).
+// returned or cached refers to it. A statement that may touch a protected
+// table is copied before it is decided if it is to be cached or parsed
+// (parts of a parsed text can reach the decision: Lock.Query may be the
+// text itself); one over Config.MaxCheckBytes is decided in place, its
+// decision made of its length and the protected tables' names only, so
+// that deciding it costs no memory in proportion to its size.
 func (r *Rules) Decide(sql string) Decision {
 	if d, ok := r.DecideCached(sql); ok {
 		return d
 	}
-	sql = strings.Clone(sql)
+	cache := r.cache != nil && len(sql) <= maxCachedSQLLen
+	if cache || !r.tooLarge(sql) {
+		sql = strings.Clone(sql)
+	}
 	d := r.decide(sql)
-	if r.cache != nil {
+	if cache {
 		r.cache.put(r.cacheSet, sql, d)
 	}
 	return d
