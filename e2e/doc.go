@@ -21,7 +21,7 @@
 //     write accepted, no lost update, final state equal to the acknowledged
 //     history. TestChecker shows that the checker catches each of these.
 //
-// Lock fencing (README, "Lock fencing"), where a session names its lock in
+// Lock fencing (docs/clients.md, "Lock fencing"), where a session names its lock in
 // fence.lock beside its token in fence.token and nobody stamps:
 //
 //   - TestLockFencedTimeline: A names the lock in its startup parameters

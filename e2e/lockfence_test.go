@@ -20,7 +20,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
-// Lock fencing end to end (README, "Lock fencing"): workers name their lock
+// Lock fencing end to end (docs/clients.md, "Lock fencing"): workers name their lock
 // in fence.lock and their token in fence.token, then read, compute and
 // write with no stamp; the proxy registers the token for the lock before
 // each statement on a lock-fenced table, so that once a newer holder has

@@ -187,7 +187,8 @@ func TestServeRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// TestRewriteCommand runs `fenceproxy rewrite` on the README's examples.
+// TestRewriteCommand runs `fenceproxy rewrite` on the examples of
+// docs/protecting-tables.md, "Rewrite forms".
 func TestRewriteCommand(t *testing.T) {
 	cfg := "../../config.example.yaml"
 	cases := []struct {

@@ -262,7 +262,7 @@ $no_token_b$;
 -- sent (simple protocol); a PL/pgSQL function's expressions are prepared
 -- once per session. Measured with callgrind, a fenced UPDATE costs the
 -- server about 30 % fewer instructions than with the version 2 forms
--- (README, Benchmarks).
+-- (docs/benchmarks.md).
 --
 -- A token is valid when it matches the pattern the inline form uses
 -- (rules.TokenPattern), exactly the decimal strings of 1..2^63-1. They

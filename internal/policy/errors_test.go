@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// testErrors checks what the client is told (README.md, "Errors"): FP001 names the
+// testErrors checks what the client is told (docs/operating.md, "Errors"): FP001 names the
 // table, the token and the stored watermark, with a Detail and a Hint; and
 // only rows that the client's own WHERE selects can cause an error.
 func testErrors(t *testing.T, e *env) {
