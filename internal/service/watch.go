@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,8 +18,12 @@ import (
 // WatchReloads reloads the instance on SIGHUP and whenever the config file
 // changes, until ctx is done. The file's directory is watched rather than
 // the file, so editors and config managers that replace the file by rename
-// (and Kubernetes ConfigMap symlink swaps) are seen too. Bursts of events
-// are coalesced into one reload.
+// are seen too. A Kubernetes ConfigMap volume holds the file as a symlink
+// to ..data/<file>, ..data a symlink to a timestamped directory that an
+// update replaces by renaming a new ..data over it: a change of ..data is
+// a change of the file. When the file is a symlink into another directory
+// (the mounted volume elsewhere), that directory is watched too. Bursts of
+// events are coalesced into one reload.
 func (in *Instance) WatchReloads(ctx context.Context) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -36,10 +41,19 @@ func (in *Instance) WatchReloads(ctx context.Context) {
 				in.log.Warn("config file watch unavailable; SIGHUP still reloads", zap.Error(err))
 			} else {
 				events, errs = w.Events, w.Errors
+				for _, d := range linkDirs(in.path) {
+					if err := w.Add(d); err != nil {
+						in.log.Warn("config file watch: symlink target's directory not watched", zap.String("dir", d), zap.Error(err))
+					}
+				}
 			}
 		}
 	}
 	target, _ := filepath.Abs(in.path)
+	hops := map[string]bool{target: true}
+	for _, h := range linkHops(in.path) {
+		hops[h] = true
+	}
 	var debounce <-chan time.Time
 	for {
 		select {
@@ -50,7 +64,7 @@ func (in *Instance) WatchReloads(ctx context.Context) {
 			_ = in.Reload()
 		case ev := <-events:
 			p, _ := filepath.Abs(ev.Name)
-			if p == target || filepath.Base(ev.Name) == "..data" {
+			if hops[p] || filepath.Base(ev.Name) == "..data" {
 				debounce = time.After(200 * time.Millisecond)
 			}
 		case err := <-errs:
@@ -61,6 +75,51 @@ func (in *Instance) WatchReloads(ctx context.Context) {
 			_ = in.Reload()
 		}
 	}
+}
+
+// maxLinkHops bounds the symlinks followed from the config file's path.
+const maxLinkHops = 8
+
+// linkHops returns the absolute paths the config file's symlinks point
+// to, hop by hop, the last being the file itself (none when path is not a
+// symlink).
+func linkHops(path string) []string {
+	var hops []string
+	p, _ := filepath.Abs(path)
+	for range maxLinkHops {
+		link, err := os.Readlink(p)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(filepath.Dir(p), link)
+		}
+		p = filepath.Clean(link)
+		hops = append(hops, p)
+	}
+	return hops
+}
+
+// linkDirs returns the directories to watch besides the config file's own
+// for the targets of its symlinks: each hop's directory, with the
+// kubelet's ..data and timestamped directories (whose names start with
+// "..") replaced by the volume's directory that holds them, since they
+// are swapped or removed by an update.
+func linkDirs(path string) []string {
+	own, _ := filepath.Abs(filepath.Dir(path))
+	seen := map[string]bool{own: true}
+	var dirs []string
+	for _, h := range linkHops(path) {
+		d := filepath.Dir(h)
+		for strings.HasPrefix(filepath.Base(d), "..") && filepath.Dir(d) != d {
+			d = filepath.Dir(d)
+		}
+		if !seen[d] {
+			seen[d] = true
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
 
 // RunConfig starts an instance from cfg (loaded from cfgPath), reloads it
