@@ -31,6 +31,10 @@ type SettingsPolicy interface {
 	FenceSettings() (token, lock string)
 	// SettingOps returns what sql does to the fence settings.
 	SettingOps(sql string) (rules.SettingText, error)
+	// SettingsEverywhere reports whether every statement that may write
+	// needs the session's values in this session's database (the database
+	// guard reads them on the server for writes the proxy cannot see).
+	SettingsEverywhere(info *SessionInfo) bool
 }
 
 type fenceValues struct{ token, lock string }
@@ -900,6 +904,15 @@ func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, 
 	case typ == 'Q' && fenced && ft.statementAfterEnd():
 		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
 			"Send the statements after the end of the transaction in a Query of their own.")
+	case typ == 'Q' && !fenced && mayWrite(sql) && s.srv.opts.Policy.(SettingsPolicy).SettingsEverywhere(&s.info):
+		_, ok, err := s.fenceReady()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			refusal = errFenceBroken
+		}
+		ft.prelude = true
 	case fenced && typ == 'Q':
 		named, ok, err := s.fenceReady()
 		if err != nil {
@@ -918,4 +931,50 @@ func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, 
 		*ft = fenceText{}
 	}
 	return nil
+}
+
+// mayWrite reports whether a text's first statement may write through
+// code the proxy does not see (a function in a query, a trigger): it
+// starts with SELECT, WITH, INSERT, UPDATE, DELETE, MERGE, VALUES, TABLE,
+// EXECUTE or COPY. CALL and DO are left out: a procedure or DO block may
+// commit, which it cannot inside the transaction the settings open.
+func mayWrite(sql string) bool {
+	i := 0
+	for i < len(sql) {
+		switch c := sql[i]; {
+		case isCSpace(c) || c == '(':
+			i++
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			for i < len(sql) && sql[i] != '\n' {
+				i++
+			}
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			depth := 0
+			for i < len(sql) {
+				if sql[i] == '/' && i+1 < len(sql) && sql[i+1] == '*' {
+					depth++
+					i += 2
+				} else if sql[i] == '*' && i+1 < len(sql) && sql[i+1] == '/' {
+					depth--
+					i += 2
+					if depth == 0 {
+						break
+					}
+				} else {
+					i++
+				}
+			}
+		default:
+			j := i
+			for j < len(sql) && isIdentCont(sql[j]) {
+				j++
+			}
+			switch strings.ToLower(sql[i:j]) {
+			case "select", "with", "insert", "update", "delete", "merge", "values", "table", "execute", "copy":
+				return true
+			}
+			return false
+		}
+	}
+	return false
 }

@@ -215,7 +215,9 @@ func (s *session) relayBind(body []byte) error {
 		if fence, ok = s.resolveBindOps(v.def.fence, body); !ok {
 			return s.sendRefusedInstead(refuseFenceUnknown("a Bind whose parameters for set_config cannot be read"))
 		}
-		if !v.def.plain || len(v.def.ops) > 0 {
+		everywhere := v.def.plain && len(v.def.ops) == 0 && (!v.def.kept || mayWrite(v.def.sql)) &&
+			s.srv.opts.Policy.(SettingsPolicy).SettingsEverywhere(&s.info)
+		if !v.def.plain || len(v.def.ops) > 0 || everywhere {
 			// A statement on a protected table: the session's own values
 			// first, transaction-locally; the registration follows them.
 			named, ok, err := s.fenceReady()
@@ -226,7 +228,7 @@ func (s *session) relayBind(body []byte) error {
 				return s.sendRefusedInstead(errFenceBroken)
 			}
 			s.lockNamed = named
-			if !v.def.forward || len(v.def.ops) > 0 || registers(v.def.lock, named) {
+			if everywhere || !v.def.forward || len(v.def.ops) > 0 || registers(v.def.lock, named) {
 				if err := s.sendPrelude(); err != nil {
 					return err
 				}

@@ -170,14 +170,23 @@ func (r *Rules) stmtSettingOps(i int, n *pg.Node) []SettingOp {
 }
 
 // mayChangeSettings is the conservative test for code the proxy cannot
-// parse as SQL (a DO block's body): it mentions set_config, the word SET,
-// or either setting's name, in any case.
+// parse as SQL (a DO block's body): it mentions set_config, RESET or
+// DISCARD, a Unicode escape, or the first part of either setting's name
+// ("fence" of fence.lock), in any case, quoted or not. Dynamic SQL that
+// builds the name from pieces is not seen (docs/design.md).
 func (r *Rules) mayChangeSettings(code string) bool {
 	lower := strings.ToLower(code)
-	return strings.Contains(lower, "set_config") || strings.Contains(lower, "set ") ||
-		strings.Contains(lower, "set\t") || strings.Contains(lower, "set\n") ||
-		strings.Contains(lower, strings.ToLower(r.tokenSetting)) || strings.Contains(lower, strings.ToLower(r.lockSetting)) ||
-		strings.Contains(lower, "execute")
+	for _, w := range []string{"set_config", "reset", "discard", "u&", firstPart(r.tokenSetting), firstPart(r.lockSetting)} {
+		if strings.Contains(lower, w) {
+			return true
+		}
+	}
+	return false
+}
+
+func firstPart(setting string) string {
+	p, _, _ := strings.Cut(strings.ToLower(setting), ".")
+	return p
 }
 
 func (r *Rules) variableSetOps(i int, v *pg.VariableSetStmt) []SettingOp {

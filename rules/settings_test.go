@@ -60,6 +60,9 @@ func TestSettingOps(t *testing.T) {
 		{`SELECT 1 WHERE set_config('fence.lock', 'L', false) IS NULL`, []want{{rules.SetUnknown, rules.SettingToken | rules.SettingLock, "", false}}},
 		{`DO $$BEGIN PERFORM set_config('fence.lock', 'L', false); END$$`, []want{{rules.SetUnknown, rules.SettingToken | rules.SettingLock, "", false}}},
 		{`DO $$BEGIN RAISE NOTICE 'x'; END$$`, nil},
+		{`DO $$BEGIN EXECUTE format('UPDATE t SET n = %s', 1); END$$`, nil}, // migrations' dynamic SQL
+		{`DO $$BEGIN SET "FENCE"."lock" = 'L'; END$$`, []want{{rules.SetUnknown, rules.SettingToken | rules.SettingLock, "", false}}},
+		{`DO $$BEGIN RESET ALL; END$$`, []want{{rules.SetUnknown, rules.SettingToken | rules.SettingLock, "", false}}},
 		{`PREPARE p AS SELECT set_config('fence.lock', $1, false)`, []want{{rules.SetUnknown, rules.SettingToken | rules.SettingLock, "", false}}},
 		{`SET fence.lockx = 'L'`, nil},
 		{`UPDATE config SET payload = 'x'`, nil},

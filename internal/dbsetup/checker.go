@@ -191,6 +191,11 @@ type Result struct {
 	// current.
 	Watched bool
 	Stamp   int64
+	// Guarded: the database guard protects some table here. Its
+	// triggers read the fence settings on the server, also for writes
+	// the proxy cannot see, so the proxy applies the session's values to
+	// every statement that may write (proxy.SettingsPolicy).
+	Guarded bool
 }
 
 // Result returns what the last check of database found. known is false
@@ -281,7 +286,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, Watched: watched, Stamp: stamp}
+		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, Watched: watched, Stamp: stamp, Guarded: len(rep.Guarded) > 0}
 		d.ran = asked
 		close(d.ended)
 		d.ended = make(chan struct{})

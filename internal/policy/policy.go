@@ -373,24 +373,3 @@ func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {
 		Code: e.Code, Message: e.Message, Detail: e.Detail, Hint: e.Hint,
 	}
 }
-
-var _ proxy.SettingsPolicy = (*Policy)(nil)
-
-// FenceSettings implements proxy.SettingsPolicy: the rules' token and lock
-// settings, when rules are in force.
-func (p *Policy) FenceSettings() (token, lock string) {
-	rs := p.current.Load().rules
-	if rs == nil {
-		return "", ""
-	}
-	return rs.TokenSetting(), rs.LockSetting()
-}
-
-// SettingOps implements proxy.SettingsPolicy.
-func (p *Policy) SettingOps(sql string) (rules.SettingText, error) {
-	rs := p.current.Load().rules
-	if rs == nil {
-		return rules.SettingText{}, nil
-	}
-	return rs.SettingOps(sql)
-}

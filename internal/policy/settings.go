@@ -1,0 +1,39 @@
+package policy
+
+import (
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+var _ proxy.SettingsPolicy = (*Policy)(nil)
+
+// FenceSettings implements proxy.SettingsPolicy: the rules' token and lock
+// settings, when rules are in force.
+func (p *Policy) FenceSettings() (token, lock string) {
+	rs := p.current.Load().rules
+	if rs == nil {
+		return "", ""
+	}
+	return rs.TokenSetting(), rs.LockSetting()
+}
+
+// SettingOps implements proxy.SettingsPolicy.
+func (p *Policy) SettingOps(sql string) (rules.SettingText, error) {
+	rs := p.current.Load().rules
+	if rs == nil {
+		return rules.SettingText{}, nil
+	}
+	return rs.SettingOps(sql)
+}
+
+// SettingsEverywhere implements proxy.SettingsPolicy: in a database where
+// the guard protects a table, its triggers read the settings for writes
+// the proxy cannot see (a function called in a SELECT, a cascade), so
+// every statement that may write gets the session's values.
+func (p *Policy) SettingsEverywhere(info *proxy.SessionInfo) bool {
+	if p.checks == nil {
+		return false
+	}
+	r, ok := p.checks.Result(info.Database)
+	return ok && r.Guarded
+}
