@@ -34,6 +34,25 @@ import (
 // the body. Anything that cannot be compiled, parsed or scanned falls back
 // to a stricter check, never to forwarding unseen.
 //
+// Stored code is also refused, where the session fences any table, when it
+// can run a statement that reaches a table without naming it (DROP OWNED,
+// REASSIGN OWNED, DROP or ALTER EXTENSION, DROP DATABASE, a DROP ...
+// CASCADE: reachesUnnamed in ddl.go), since the function may run later,
+// from any statement, where the proxy sees only its call:
+//
+//   - a statement the body's parse delivers (SQL bodies, every statement
+//     and expression of a PL/pgSQL body) is judged by reachesUnnamed;
+//   - text that may run as dynamic SQL (every string constant, at every
+//     depth, after escape processing) and text that does not parse or
+//     compile is judged on its words, taken together over the whole body
+//     so that 'DROP ' || 'OWNED BY ' || r is seen: the word "owned", or
+//     "drop" or "alter" with "cascade", "extension" or "database";
+//   - bodies in other languages are judged on their words alike.
+//
+// The word rule refuses a few bodies that could not reach an unnamed
+// table (a constant 'owned', a log message 'drop database ...'); it keeps
+// to strings and unparsed text, so plain code is judged on its parse.
+//
 // What static analysis cannot see, and is therefore a documented limit:
 // dynamic SQL whose table name is computed (concatenation such as
 // 'UPDATE con' || 'fig', chr(), reading the name from a table or a
@@ -49,6 +68,64 @@ const maxCodeDepth = 16
 type codeCheck struct {
 	r     *Rules
 	found []*tableRule
+	// reach is the first parsed statement that reaches unnamed tables;
+	// seen gathers the words of dynamic or unparsed text (reachWord).
+	reach *unnamedReach
+	seen  reachWords
+}
+
+// reachWords are the words of the statements reachesUnnamed refuses, as
+// bits.
+type reachWords uint8
+
+const (
+	wordOwned     reachWords = 1 << iota // DROP OWNED, REASSIGN OWNED
+	wordDropAlter                        // DROP ..., ALTER ...
+	wordObject                           // CASCADE, EXTENSION, DATABASE
+)
+
+// reachWord returns the bit of word w (any ASCII case), 0 for others.
+func reachWord(w string) reachWords {
+	switch {
+	case len(w) == 5 && hasPrefixFoldASCII(w, "owned"):
+		return wordOwned
+	case len(w) == 4 && hasPrefixFoldASCII(w, "drop"), len(w) == 5 && hasPrefixFoldASCII(w, "alter"):
+		return wordDropAlter
+	case len(w) == 7 && hasPrefixFoldASCII(w, "cascade"), len(w) == 9 && hasPrefixFoldASCII(w, "extension"),
+		len(w) == 8 && hasPrefixFoldASCII(w, "database"):
+		return wordObject
+	}
+	return 0
+}
+
+// reachWordsIn adds the words of s (maximal runs of identifier bytes).
+func (c *codeCheck) reachWordsIn(s string) {
+	for i := 0; i < len(s); {
+		if !isIdentCont(s[i]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(s) && isIdentCont(s[j]) {
+			j++
+		}
+		c.seen |= reachWord(s[i:j])
+		i = j
+	}
+}
+
+// reaches returns how the code checked can reach a table it does not
+// name, or nil.
+func (c *codeCheck) reaches() *unnamedReach {
+	if c.reach != nil {
+		return c.reach
+	}
+	if c.seen&wordOwned != 0 || c.seen&(wordDropAlter|wordObject) == wordDropAlter|wordObject {
+		return &unnamedReach{"dynamic SQL that may be DROP OWNED, REASSIGN OWNED, DROP or ALTER EXTENSION, DROP DATABASE or a DROP ... CASCADE",
+			"its strings or unparsed text hold the words of those statements (\"owned\", or \"drop\" or \"alter\" with \"cascade\", \"extension\" or \"database\"), which drop or give away objects they do not name, possibly a protected table",
+			"Create the code on a direct connection to PostgreSQL as a DBA."}
+	}
+	return nil
 }
 
 func (c *codeCheck) unknown() { c.found = append(c.found, nil) }
@@ -67,6 +144,16 @@ func (w *walker) storedCode(kind string, stmt protoreflect.ProtoMessage) {
 	}
 	c := &codeCheck{r: w.r}
 	c.stmt(stmt, 0)
+	if u := c.reaches(); u != nil {
+		if u.hint == hintCascade {
+			u.hint = "Drop the dependent objects by name and use RESTRICT (the default), or create the code on a direct connection to PostgreSQL as a DBA."
+		} else if u.hint == hintDirect {
+			u.hint = "Create the code on a direct connection to PostgreSQL as a DBA."
+		}
+		if w.refuseUnnamed(u, kind) {
+			return
+		}
+	}
 	if len(c.found) == 0 {
 		return
 	}
@@ -148,6 +235,7 @@ func (c *codeCheck) stmt(m protoreflect.ProtoMessage, depth int) {
 // substring is the strictest check: every protected table whose name s
 // contains, ignoring ASCII case, and "some table" when s contains U&.
 func (c *codeCheck) substring(s string) {
+	c.reachWordsIn(s)
 	c.found = append(c.found, c.r.mentioned(s)...)
 	if c.r.unicodeEscape(s) {
 		c.unknown()
@@ -158,6 +246,7 @@ func (c *codeCheck) substring(s string) {
 // (a maximal run of identifier characters), ignoring ASCII case; a name
 // with other characters counts as a substring. U& counts as any table.
 func (c *codeCheck) words(s string) {
+	c.reachWordsIn(s)
 	ls := asciiLower(s)
 	for _, t := range c.r.tables {
 		n := asciiLower(t.rel)
@@ -336,6 +425,9 @@ func (c *codeCheck) node(m protoreflect.Message, depth int) bool {
 		c.stmt(n, depth+1)
 		return false
 	}
+	if c.reach == nil && strings.HasSuffix(string(m.Descriptor().Name()), "Stmt") {
+		c.reach = reachesUnnamed(m.Interface())
+	}
 	return true
 }
 
@@ -390,6 +482,7 @@ func (c *codeCheck) text(s string, depth int) {
 		case tk.Token == pg.Token_IDENT:
 			c.name(foldIdent(raw))
 		case tk.KeywordKind != pg.KeywordKind_NO_KEYWORD:
+			c.seen |= reachWord(raw)
 			// Unreserved and column-name keywords are valid table names
 			// (a table may be called "data" or "configuration").
 			c.name(truncIdent(asciiLower(raw)))

@@ -548,23 +548,38 @@ func objectWords(prefix string, t pg.ObjectType) string {
 }
 
 // unnamed refuses m, where the session fences any table, if it can reach
-// a table without naming it (reachesUnnamed). All of the session's tables
-// are named, as any of them may be reached: in audit mode the statement is
-// forwarded and recorded, as other refusals are.
+// a table without naming it (reachesUnnamed).
 func (w *walker) unnamed(m protoreflect.ProtoMessage) bool {
+	if w.err != nil || len(w.r.tables) == 0 {
+		return w.err != nil
+	}
+	u := reachesUnnamed(m)
+	if u == nil {
+		return false
+	}
+	return w.refuseUnnamed(u, "")
+}
+
+// refuseUnnamed refuses, where the session fences any table, a statement
+// that reaches tables it does not name as u says; code, when not empty,
+// is the stored code that would run it ("DO block"). All of the session's
+// tables are named, as any of them may be reached: in audit mode the
+// statement is forwarded and recorded, as other refusals are.
+func (w *walker) refuseUnnamed(u *unnamedReach, code string) bool {
 	if w.err != nil || len(w.r.tables) == 0 {
 		return w.err != nil
 	}
 	if w.audit != nil && allAudit(w.r.tables) {
 		return false // forwarded and recorded already
 	}
-	u := reachesUnnamed(m)
-	if u == nil {
-		return false
+	subject, detail := u.what+" is", ""
+	if code != "" {
+		subject = code + " runs " + u.what + ", which is"
+		detail = "Stored code runs inside the server, later and from any statement, where the proxy sees only the call. "
 	}
-	return w.refuse(w.r.tables, fmt.Sprintf("fenceproxy: %s is not allowed through the proxy: %s, and this session fences %s",
-		u.what, u.effect, describeTables(displays(w.r.tables))),
-		"The proxy decides on the statement alone; which tables it reaches depends on ownership, extension membership and dependencies in the catalog, which the proxy does not read, so it refuses the statement (fail closed).",
+	return w.refuse(w.r.tables, fmt.Sprintf("fenceproxy: %s not allowed through the proxy: %s, and this session fences %s",
+		subject, u.effect, describeTables(displays(w.r.tables))),
+		detail+"The proxy decides on the statement alone; which tables it reaches depends on ownership, extension membership and dependencies in the catalog, which the proxy does not read, so it refuses the statement (fail closed).",
 		u.hint)
 }
 
