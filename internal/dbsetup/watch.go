@@ -13,17 +13,27 @@ import (
 // and sql_drop, that count every change of the catalog that may open a
 // path to a protected table in fenceproxy.catalog, in the changing
 // transaction, and notify CatalogChannel. The checks read the count (the
-// stamp) before they read the paths; the proxy reads it again before it
-// forwards a write, and checks again when it has moved. See
+// stamp) before they read the paths; the proxy has CatalogCheckProc
+// compare it in the write's transaction (or reads it itself before it
+// forwards the write), and checks again when it has moved. See
 // docs/design.md, "Catalog changes while the proxy runs".
 
-// watchSQL is watch.sql: the stamp's table and the triggers' function.
+// watchSQL is watch.sql: the stamp's table, the triggers' function and
+// the check procedure.
 //
 //go:embed watch.sql
 var watchSQL string
 
 // watchBody is the triggers' function's source, as pg_proc.prosrc keeps it.
 var watchBody = dollarBody(watchSQL, "body")
+
+// CatalogCheckProc is the procedure of watch.sql the proxy calls in a
+// write's transaction, just before the write, with the stamp it decided
+// the write under: it raises FP003 when the catalog stamp is another.
+const CatalogCheckProc = "fenceproxy.catalog_is"
+
+// catalogCheckBody is CatalogCheckProc's source.
+var catalogCheckBody = dollarBody(watchSQL, "check")
 
 // CatalogChannel is the channel the catalog watch notifies in the
 // transaction of each change it counts.
@@ -53,9 +63,9 @@ type querier interface {
 }
 
 // readWatch reports whether the catalog watch is in place as watch.sql and
-// watchTriggersSQL install it: the stamp's table with its row, the
-// function with this source and declaration, and both event triggers
-// calling it, enabled always, for every command.
+// watchTriggersSQL install it: the stamp's table with its row and columns,
+// the function with this source and declaration, both event triggers
+// calling it, enabled always, for every command, and the check procedure.
 func readWatch(ctx context.Context, q querier) (bool, error) {
 	var table, ok bool
 	err := q.QueryRow(ctx, `
@@ -63,14 +73,22 @@ func readWatch(ctx context.Context, q querier) (bool, error) {
 			SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 			WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_changed' AND p.pronargs = 0
 				AND p.prorettype = 'pg_catalog.event_trigger'::pg_catalog.regtype
-				AND p.prosrc = $1 AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'])
-		SELECT EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-				WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r'),
+				AND p.prosrc = $1 AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
+		t AS (
+			SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r')
+		SELECT EXISTS (SELECT FROM t WHERE (SELECT count(*) FROM pg_catalog.pg_attribute a
+					WHERE a.attrelid = t.oid AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype
+					AND a.attname IN ('stamp', 'base', 'writer')) = 3),
 			(SELECT count(*) FROM pg_catalog.pg_event_trigger e JOIN f ON e.evtfoid = f.oid
 				WHERE e.evtenabled = 'A' AND e.evttags IS NULL
 				AND ((e.evtname = $2::text AND e.evtevent = 'ddl_command_end')
-					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2`,
-		watchBody, watchDDLTrigger, watchDropTrigger).Scan(&table, &ok)
+					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2
+			AND EXISTS (SELECT FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+				WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_is' AND p.prokind = 'p'
+					AND p.proargtypes = '20'::pg_catalog.oidvector AND p.prosrc = $4 AND NOT p.prosecdef
+					AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'])`,
+		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody).Scan(&table, &ok)
 	if err != nil {
 		return false, fmt.Errorf("read the catalog watch: %w", err)
 	}

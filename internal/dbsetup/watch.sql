@@ -17,6 +17,11 @@ CREATE TABLE IF NOT EXISTS fenceproxy.catalog (
 REVOKE ALL ON fenceproxy.catalog FROM PUBLIC;
 GRANT SELECT ON fenceproxy.catalog TO PUBLIC;
 INSERT INTO fenceproxy.catalog (one, stamp) VALUES (true, 0) ON CONFLICT (one) DO NOTHING;
+-- writer is the transaction (txid_current) that last moved the stamp, and
+-- base the stamp before that transaction's first change: while it runs,
+-- its own statements compare base (catalog_is), as the proxy's checks,
+-- which cannot see its changes before it commits, do.
+ALTER TABLE fenceproxy.catalog ADD COLUMN IF NOT EXISTS base bigint, ADD COLUMN IF NOT EXISTS writer bigint;
 
 -- catalog_changed() is the function of both event triggers. It counts
 -- every command except those that cannot open a path (indexes, comments,
@@ -24,8 +29,8 @@ INSERT INTO fenceproxy.catalog (one, stamp) VALUES (true, 0) ON CONFLICT (one) D
 -- session's temporary objects (other sessions cannot write through them),
 -- and notifies fenceproxy_catalog so that proxies check again at once.
 -- ddl_command_end reports no objects for DROP: sql_drop counts those (a
--- dropped rule or INSTEAD OF trigger can make a view updatable). The
--- upsert recreates a deleted row; the proxy compares stamps for equality.
+-- dropped rule or INSTEAD OF trigger can make a view updatable). A
+-- deleted row is recreated; the proxy compares stamps for equality.
 -- Concurrent transactions that change the catalog wait for each other at
 -- the row, until the first one ends.
 CREATE OR REPLACE FUNCTION fenceproxy.catalog_changed() RETURNS event_trigger
@@ -45,9 +50,70 @@ BEGIN
 		OR NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands() WHERE schema_name IS DISTINCT FROM 'pg_temp') THEN
 		RETURN;
 	END IF;
-	INSERT INTO fenceproxy.catalog AS c (one, stamp) VALUES (true, 1)
-		ON CONFLICT (one) DO UPDATE SET stamp = c.stamp + 1, changed = pg_catalog.now();
+	-- A plain UPDATE, not an upsert: ON CONFLICT DO UPDATE locks the row
+	-- first, and the lock stays in the new version's xmax, which
+	-- catalog_is would read as a later change.
+	UPDATE fenceproxy.catalog c SET stamp = c.stamp + 1, changed = pg_catalog.now(),
+		base = CASE WHEN c.writer = pg_catalog.txid_current() THEN c.base ELSE c.stamp END,
+		writer = pg_catalog.txid_current();
+	IF NOT FOUND THEN
+		INSERT INTO fenceproxy.catalog (one, stamp, writer) VALUES (true, 1, pg_catalog.txid_current())
+			ON CONFLICT (one) DO NOTHING;
+	END IF;
 	PERFORM pg_catalog.pg_notify('fenceproxy_catalog', '');
 END
 $body$;
 REVOKE ALL ON FUNCTION fenceproxy.catalog_changed() FROM PUBLIC;
+
+-- catalog_is(stamp) is the check the proxy runs in a write's transaction
+-- just before the write, with the stamp its paths were read under: it
+-- raises FP003 when the catalog the write will be planned with may differ
+-- from that one. The stamp is read in the CALL's snapshot, so under READ
+-- COMMITTED it counts every change committed before the CALL. Under
+-- REPEATABLE READ and SERIALIZABLE the snapshot is the transaction's,
+-- older than the catalog (which is always read as of now): a stamp row
+-- whose visible version was replaced by a committed transaction (its xmax
+-- committed) moved after the snapshot. The transaction's own changes are
+-- compared as committed: base, the stamp before them.
+CREATE OR REPLACE PROCEDURE fenceproxy.catalog_is(want bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $check$
+DECLARE
+	s bigint;
+	b bigint;
+	w bigint;
+	x xid;
+	ref bigint;
+	wide bigint;
+	moved boolean := false;
+BEGIN
+	SELECT c.stamp, c.base, c.writer, c.xmax INTO s, b, w, x FROM fenceproxy.catalog c;
+	IF w = txid_current_if_assigned() THEN
+		s := b;
+	ELSIF x <> '0'::xid AND current_setting('transaction_isolation') <> 'read committed' THEN
+		BEGIN
+			-- xmax is 32 bits: its epoch is the snapshot's, or the one
+			-- next to it.
+			ref := txid_snapshot_xmax(txid_current_snapshot());
+			wide := (ref >> 32 << 32) + x::text::bigint;
+			IF wide > ref + 2147483648 THEN
+				wide := wide - 4294967296;
+			ELSIF wide < ref - 2147483648 THEN
+				wide := wide + 4294967296;
+			END IF;
+			moved := txid_status(wide) IS NOT DISTINCT FROM 'committed';
+		EXCEPTION WHEN OTHERS THEN
+			moved := true;
+		END;
+	END IF;
+	IF s IS DISTINCT FROM want OR moved THEN
+		RAISE EXCEPTION 'fenceproxy: the catalog of database % changed since the proxy checked it; the statement did not run', current_database()
+			USING ERRCODE = 'FP003',
+				DETAIL = format('The proxy decided it with the paths to protected tables of catalog stamp %s; the stamp is now %s.',
+					want, coalesce(CASE WHEN moved THEN 'newer than this transaction''s snapshot' ELSE s::text END, 'unknown')),
+				HINT = 'Retry it: the proxy checks the database again before it decides the retry.';
+	END IF;
+END
+$check$;
+GRANT EXECUTE ON PROCEDURE fenceproxy.catalog_is(bigint) TO PUBLIC;
