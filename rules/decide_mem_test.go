@@ -70,6 +70,24 @@ func TestDecideTooLargeAllocates(t *testing.T) {
 	}
 }
 
+// TestIndirectCheckTooLargeAllocates: checking a 16 MiB text for writes
+// through relations that reach a protected table (refused: too large)
+// copies none of it either.
+func TestIndirectCheckTooLargeAllocates(t *testing.T) {
+	const size = 16 << 20
+	s := rules.NewIndirectSet([]rules.Indirect{{Schema: "public", Name: "config_view", Ops: []string{"UPDATE"}, Target: "public.config", Via: "a view"}})
+	sql := largeText("UPDATE Config_View SET a = '", "'", size)
+	var e *rules.Error
+	n := allocatedBy(func() { e = s.Check(sql) })
+	if e == nil || !strings.Contains(e.Message, "too large") {
+		t.Fatalf("%+v, want a refusal for a statement too large", e)
+	}
+	t.Logf("checking %d bytes allocated %d B", size, n)
+	if n >= size/2 {
+		t.Errorf("checking a %d-byte text allocated %d B (%.2fx), want less than half its size", size, n, float64(n)/size)
+	}
+}
+
 // TestDecideDoesNotKeepText: a text too large to cache is decided without
 // a copy, so nothing in its decision may refer to its bytes: overwriting
 // them after Decide leaves the decision as it was (a relay decides texts

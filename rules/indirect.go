@@ -69,7 +69,11 @@ func (s *IndirectSet) Check(sql string) *Error {
 		return e
 	}
 	e := s.check(sql)
-	s.verdicts.put(0, strings.Clone(sql), Decision{Err: e})
+	if len(sql) <= maxCachedSQLLen {
+		// Copied only when kept: a large text is decided in place
+		// (Rules.Decide), and its verdict refers to none of its bytes.
+		s.verdicts.put(0, strings.Clone(sql), Decision{Err: e})
+	}
 	return e
 }
 
