@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -618,4 +619,174 @@ func mayReachUnnamed(sql string) bool {
 		i = j
 	}
 	return false
+}
+
+// DDL on a relation whose inheritance or partition hierarchy holds a
+// protected table reaches the table without naming it: DROP TABLE of a
+// partitioned parent drops its partitions (RESTRICT or not), ALTER TABLE
+// of a parent recurses to its children (DROP COLUMN, ALTER COLUMN ...
+// TYPE, a volatile default, constraints, triggers, ...), and a row trigger
+// created on a partitioned table is cloned onto its partitions. Which
+// relations those are comes from the catalog (the policy's database
+// checks), so HierarchySet is built from their paths of kind partition or
+// inheritance, as NewIndirectSet is from all of them. See
+// https://www.postgresql.org/docs/current/ddl-inherit.html and
+// https://www.postgresql.org/docs/current/ddl-partitioning.html.
+
+// HierarchySet finds DDL on relations that are an inheritance or
+// partitioned ancestor, or a descendant, of a protected table. It is safe
+// for concurrent use.
+type HierarchySet struct {
+	byRel   map[string][]Indirect
+	needles []string // relation names, ASCII-lowered
+}
+
+// NewHierarchySet returns the set of the relations of paths (each a first
+// step through inheritance or partitioning), nil when paths is empty.
+func NewHierarchySet(paths []Indirect) *HierarchySet {
+	if len(paths) == 0 {
+		return nil
+	}
+	s := &HierarchySet{byRel: make(map[string][]Indirect)}
+	for _, p := range paths {
+		if len(s.byRel[p.Name]) == 0 {
+			n := asciiLower(p.Name)
+			s.needles = append(s.needles, n)
+			if strings.Contains(n, `"`) {
+				s.needles = append(s.needles, strings.ReplaceAll(n, `"`, `""`))
+			}
+		}
+		s.byRel[p.Name] = append(s.byRel[p.Name], p)
+	}
+	return s
+}
+
+// MayApply reports whether Check could refuse sql: it names one of the
+// set's relations (or may, through U&), and has the word ALTER, DROP or
+// TRIGGER. It does not parse.
+func (s *HierarchySet) MayApply(sql string) bool {
+	if s == nil || !MayBeDDL(sql) {
+		return false
+	}
+	return slices.ContainsFunc(s.needles, func(n string) bool { return containsFoldASCII(sql, n) }) ||
+		(&Rules{}).unicodeEscape(sql)
+}
+
+// MayBeDDL reports whether sql has one of the words without which it
+// cannot be DDL HierarchySet refuses (ALTER, DROP, TRIGGER, ASCII case
+// ignored). It does not allocate.
+func MayBeDDL(sql string) bool {
+	return containsWordFoldASCII(sql, "alter") || containsWordFoldASCII(sql, "drop") || containsWordFoldASCII(sql, "trigger")
+}
+
+// Check returns the refusal (FP003) of sql if it drops or alters one of
+// the set's relations, renames a column of one, or creates a row trigger
+// on one, nil otherwise. ALTER
+// TABLE ONLY is forwarded (it does not recurse), and so are the
+// subcommands the allow-list has for protected tables, and those that
+// change the hierarchy without removing a row (ATTACH and DETACH
+// PARTITION, NO INHERIT: a protected table named there is refused by the
+// rules). A statement that may apply and cannot be parsed is refused.
+func (s *HierarchySet) Check(sql string) *Error {
+	if !s.MayApply(sql) {
+		return nil
+	}
+	if len(sql) > DefaultMaxCheckBytes {
+		return &Error{Code: CodeRefused, Message: "fenceproxy: statement too large to check for DDL on a parent or child of a protected table"}
+	}
+	if (&Rules{}).tooDeep(sql) != nil {
+		return &Error{Code: CodeRefused, Message: "fenceproxy: statement too deeply nested to check for DDL on a parent or child of a protected table"}
+	}
+	tree, err := pg.Parse(sql)
+	if err != nil {
+		return &Error{Code: CodeRefused, Message: "fenceproxy: cannot parse a statement that may be DDL on a parent or child of a protected table", Detail: err.Error()}
+	}
+	var out *Error
+	for _, raw := range tree.Stmts {
+		walkMessages(raw.ProtoReflect(), func(m protoreflect.Message) bool {
+			if out != nil {
+				return false
+			}
+			switch n := m.Interface().(type) {
+			case *pg.DropStmt:
+				switch n.RemoveType {
+				case pg.ObjectType_OBJECT_TABLE, pg.ObjectType_OBJECT_FOREIGN_TABLE:
+					for _, o := range n.Objects {
+						items := o.GetList().GetItems()
+						if out == nil && len(items) > 0 {
+							schema := ""
+							if len(items) > 1 {
+								schema = items[len(items)-2].GetString_().GetSval()
+							}
+							out = s.hit(schema, items[len(items)-1].GetString_().GetSval(), objectWords("DROP ", n.RemoveType))
+						}
+					}
+				}
+			case *pg.AlterTableStmt:
+				if rv := n.Relation; rv != nil && rv.Inh {
+					if what := recursingCmd(n); what != "" {
+						out = s.hit(rv.Schemaname, rv.Relname, what)
+					}
+				}
+			case *pg.RenameStmt:
+				// A column renamed on a parent is renamed in its children:
+				// the fence column among them.
+				if rv := n.Relation; rv != nil && rv.Inh && n.RenameType == pg.ObjectType_OBJECT_COLUMN {
+					out = s.hit(rv.Schemaname, rv.Relname, "ALTER TABLE ... RENAME COLUMN")
+				}
+			case *pg.CreateTrigStmt:
+				if rv := n.Relation; rv != nil && n.Row {
+					out = s.hit(rv.Schemaname, rv.Relname, "CREATE TRIGGER ... FOR EACH ROW")
+				}
+			}
+			return out == nil
+		})
+		if out != nil {
+			break
+		}
+	}
+	return out
+}
+
+// recursingCmd names the first subcommand of n that is not on the
+// allow-list and may change the rows or columns of the relation's
+// descendants; it returns "" when there is none.
+func recursingCmd(n *pg.AlterTableStmt) string {
+	for _, c := range n.Cmds {
+		cmd := c.GetAlterTableCmd()
+		if cmd == nil {
+			return "ALTER TABLE"
+		}
+		switch cmd.Subtype {
+		case pg.AlterTableType_AT_AttachPartition, pg.AlterTableType_AT_DetachPartition,
+			pg.AlterTableType_AT_DetachPartitionFinalize, pg.AlterTableType_AT_DropInherit,
+			pg.AlterTableType_AT_AddInherit, pg.AlterTableType_AT_ChangeOwner, pg.AlterTableType_AT_GenericOptions:
+			continue
+		case pg.AlterTableType_AT_AddColumn:
+			if constantColumn(cmd.Def.GetColumnDef()) {
+				continue
+			}
+		}
+		return "ALTER TABLE ... " + alterTableWhat(cmd)
+	}
+	return ""
+}
+
+// hit returns the refusal of what on the relation [schema.]rel, if it may
+// be one of the set's (an unqualified name matches any schema).
+func (s *HierarchySet) hit(schema, rel, what string) *Error {
+	for _, p := range s.byRel[rel] {
+		if schema != "" && schema != p.Schema {
+			continue
+		}
+		name := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
+		return &Error{
+			Code:    CodeRefused,
+			Message: fmt.Sprintf("fenceproxy: %s on %s is not allowed through the proxy: it would reach protected table %s without naming it", what, name, p.Target),
+			Detail:  p.Via + ". DROP TABLE of a partitioned table drops its partitions, ALTER TABLE of a parent changes its children, and a row trigger on a partitioned table is created on its partitions.",
+			Hint:    "Run the DDL on a direct connection to PostgreSQL, or ALTER TABLE ONLY where it suffices.",
+			Table:   p.Target,
+		}
+	}
+	return nil
 }
