@@ -1,3 +1,5 @@
+//go:build linux
+
 package proxy
 
 import (
@@ -33,6 +35,10 @@ import (
 // its sockets (the other direction's progress, a lock, a timer, a cancel
 // request to the upstream) by parking with park, sleep or await, never by
 // blocking the thread, which would stall every session on the loop.
+
+// haveEventLoops reports whether the server relays sessions on event loops
+// (loop_other.go: not without epoll).
+const haveEventLoops = true
 
 // loop is one event loop.
 type loop struct {

@@ -124,8 +124,11 @@ func (s *Server) OffLoopTasks() (running, waiting int) {
 func maxOffLoop() int { return max(64, 8*runtime.GOMAXPROCS(0)) }
 
 // pickLoop returns the event loop for a new session, or nil if the loops
-// cannot run here.
+// cannot run here (failed to start, or not built for this system).
 func (s *Server) pickLoop() *loop {
+	if !haveEventLoops {
+		return nil
+	}
 	s.loopMu.Lock()
 	defer s.loopMu.Unlock()
 	if s.loops == nil && s.loopErr == nil {
