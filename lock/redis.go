@@ -22,29 +22,79 @@ import (
 const (
 	redisTokenPrefix   = "redisson_lock_token"
 	redisChannelPrefix = "redisson_lock__channel"
+	// The line of waiters and their deadlines: this backend's own keys
+	// (Redisson's RFencedLock has no line; see Acquire).
+	redisQueuePrefix    = "fenceproxy_lock_queue"
+	redisDeadlinePrefix = "fenceproxy_lock_queue_deadline"
 	// redisUnlockMessage is what a release publishes (Redisson's
 	// LockPubSub.UNLOCK_MESSAGE).
 	redisUnlockMessage = "0"
 )
 
-// redisAcquire takes the lock and draws its token in one step. KEYS[1] is
-// the lock hash, KEYS[2] the token counter; ARGV[1] the TTL in
-// milliseconds, ARGV[2] this grant's holder field. The INCR comes first:
-// if the counter is not an integer the script fails before it writes
-// anything. It returns {-1, token} when taken, otherwise {pttl, holder
-// field, current counter} (false for either when absent).
+// redisAcquire takes the lock and draws its token in one step, first come
+// first served among this backend's waiters. KEYS[1] is the lock hash,
+// KEYS[2] the token counter, KEYS[3] the waiters (a sorted set of holder
+// fields by arrival) and KEYS[4] their deadlines (a hash, server time in
+// milliseconds); all four share the hash tag, so one slot. ARGV[1] is the
+// TTL in milliseconds, ARGV[2] this grant's holder field, ARGV[3] "wait"
+// to join the line (or keep its place) when the lock cannot be taken now,
+// ARGV[4] how long a waiter keeps its place without trying again.
+//
+// Waiters whose deadline has passed (a process that died or stopped) are
+// dropped from the head of the line first. The lock is taken only if it
+// is free and no live waiter is ahead: the line is empty or this grant is
+// at its head; so TryAcquire does not overtake a waiter either. The INCR
+// comes before the lock is written: if the counter is not an integer the
+// script fails before it takes anything. It returns {-1, token} when
+// taken, otherwise {pttl, holder field, current counter} (false for
+// either when absent).
 var redisAcquire = redis.NewScript(`
-if redis.call('exists', KEYS[1]) == 0 then
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local head
+while true do
+	head = redis.call('zrange', KEYS[3], 0, 0)[1]
+	if not head then break end
+	if tonumber(redis.call('hget', KEYS[4], head) or '0') >= now then break end
+	redis.call('zrem', KEYS[3], head)
+	redis.call('hdel', KEYS[4], head)
+end
+if redis.call('exists', KEYS[1]) == 0 and (not head or head == ARGV[2]) then
 	local token = redis.call('incr', KEYS[2])
 	redis.call('hset', KEYS[1], ARGV[2], 1)
 	redis.call('pexpire', KEYS[1], ARGV[1])
+	if head then
+		redis.call('zrem', KEYS[3], ARGV[2])
+		redis.call('hdel', KEYS[4], ARGV[2])
+	end
 	return {-1, token}
+end
+if ARGV[3] == 'wait' then
+	-- The score is the arrival in microseconds, written as a string: Lua
+	-- would print the number with 14 digits.
+	redis.call('zadd', KEYS[3], 'NX', t[1] .. string.format('%06d', tonumber(t[2])), ARGV[2])
+	redis.call('hset', KEYS[4], ARGV[2], now + tonumber(ARGV[4]))
+	redis.call('pexpire', KEYS[3], ARGV[4])
+	redis.call('pexpire', KEYS[4], ARGV[4])
 end
 local holder = false
 if redis.call('type', KEYS[1]).ok == 'hash' then
 	holder = redis.call('hkeys', KEYS[1])[1] or false
 end
 return {redis.call('pttl', KEYS[1]), holder, redis.call('get', KEYS[2])}
+`)
+
+// redisLeaveQueue takes a waiter that gives up out of the line and, if
+// the lock is free, announces it, so that the next waiter need not wait
+// for its poll.
+var redisLeaveQueue = redis.NewScript(`
+redis.call('zrem', KEYS[1], ARGV[1])
+redis.call('hdel', KEYS[2], ARGV[1])
+if redis.call('exists', KEYS[3]) == 0 then
+	redis.call('publish', KEYS[4], ARGV[2])
+end
+return 1
 `)
 
 // redisRenew extends the expiry only while the lock hash holds this
@@ -119,6 +169,11 @@ func NewRedis(cli redis.UniversalClient, opts RedisOptions) *Redis {
 // key NAME) are in one hash slot.
 func RedisTokenKey(name string) string { return redisPrefixName(redisTokenPrefix, name) }
 
+// RedisQueueKey returns the key of the line of waiters for the lock name,
+// a sorted set in the lock's hash slot; the waiters' deadlines are a hash
+// at the same key with "_deadline" appended to its prefix.
+func RedisQueueKey(name string) string { return redisPrefixName(redisQueuePrefix, name) }
+
 // RedisChannel returns the channel on which releases of the lock name are
 // announced.
 func RedisChannel(name string) string { return redisPrefixName(redisChannelPrefix, name) }
@@ -151,9 +206,16 @@ func checkRedisName(name string) error {
 }
 
 // Acquire takes the lock name, waiting while another holder has it until
-// ctx is done. Waiters are woken by the release announcement, or retry
-// after the holder's remaining TTL or RedisOptions.Poll, whichever is
-// sooner; they are not served in order. The Grant is a *RedisLease.
+// ctx is done. Waiters are served first come, first served: each joins a
+// line (RedisQueueKey) and takes the lock only from its head. A waiter
+// keeps its place while it tries again at least every
+// 3×RedisOptions.Poll; one that stops trying (a dead or stopped process)
+// is dropped from the line, so it cannot block it. Waiters are woken by
+// the release announcement, or try again after the holder's remaining TTL
+// or RedisOptions.Poll, whichever is sooner. Redisson's RFencedLock does
+// not know the line: a Redisson client takes a free lock ahead of our
+// waiters (exclusion and the token sequence are not affected). The Grant
+// is a *RedisLease.
 func (r *Redis) Acquire(ctx context.Context, name string, opts Options) (Grant, error) {
 	l, err := r.acquire(ctx, name, opts, true)
 	if err != nil {
@@ -162,8 +224,9 @@ func (r *Redis) Acquire(ctx context.Context, name string, opts Options) (Grant, 
 	return l, nil
 }
 
-// TryAcquire takes the lock name if it is free, or returns a *LockedError
-// at once. The Grant is a *RedisLease.
+// TryAcquire takes the lock name if it is free and no waiter of Acquire is
+// in line for it, or returns a *LockedError at once. The Grant is a
+// *RedisLease.
 func (r *Redis) TryAcquire(ctx context.Context, name string, opts Options) (Grant, error) {
 	l, err := r.acquire(ctx, name, opts, false)
 	if err != nil {
@@ -172,7 +235,7 @@ func (r *Redis) TryAcquire(ctx context.Context, name string, opts Options) (Gran
 	return l, nil
 }
 
-func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait bool) (*RedisLease, error) {
+func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait bool) (_ *RedisLease, err error) {
 	if r == nil || r.cli == nil {
 		return nil, errors.New("lock: nil Redis client")
 	}
@@ -193,8 +256,8 @@ func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait boo
 	if err != nil {
 		return nil, err
 	}
-	keys := []string{name, RedisTokenKey(name)}
-
+	keys := []string{name, RedisTokenKey(name), RedisQueueKey(name), redisPrefixName(redisDeadlinePrefix, name)}
+	mode, place := "try", 3*r.poll
 	var sub *redis.PubSub
 	if wait {
 		// Subscribe before the first try, so that a release between a
@@ -204,12 +267,20 @@ func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait boo
 		if _, err := sub.Receive(ctx); err != nil {
 			return nil, fmt.Errorf("lock: acquire %q: subscribe: %w", name, err)
 		}
+		mode = "wait"
+		// However it ends without the lock, leave the line, so that the
+		// next waiter need not wait for this one's place to lapse.
+		defer func() {
+			if err != nil {
+				r.leaveQueue(name, keys, field)
+			}
+		}()
 	}
 	for {
 		// The expiry is measured from before the request: Redis starts
 		// its clock later, so the local deadline never falls after it.
 		start := time.Now()
-		res, err := redisAcquire.Run(ctx, r.cli, keys, ttl.Milliseconds(), field).Slice()
+		res, err := redisAcquire.Run(ctx, r.cli, keys, ttl.Milliseconds(), field, mode, place.Milliseconds()).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
 		}
@@ -246,6 +317,15 @@ func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait boo
 			return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
 		}
 	}
+}
+
+// leaveQueue takes field out of the line for name, with a context of its
+// own: the caller's may be done. A failure is left to the place's
+// deadline.
+func (r *Redis) leaveQueue(name string, keys []string, field string) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.poll)
+	defer cancel()
+	_ = redisLeaveQueue.Run(ctx, r.cli, []string{keys[2], keys[3], name, RedisChannel(name)}, field, redisUnlockMessage).Err()
 }
 
 // waitRelease waits up to d for a message on sub. Any message, a timeout
