@@ -1,6 +1,7 @@
 // Package demo plays the stale-lock-holder timeline of docs/design.md against a
-// throwaway PostgreSQL, an embedded etcd and a real fenceproxy, narrating
-// each step, and then keeps the stack up for the user to try by hand.
+// throwaway PostgreSQL, an embedded etcd (or Redis, with Options.Redis)
+// and a real fenceproxy, narrating each step, and then keeps the stack up
+// for the user to try by hand.
 package demo
 
 import (
@@ -14,13 +15,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
 	"github.com/fenceproxy/fenceproxy/internal/service"
 	"github.com/fenceproxy/fenceproxy/lock"
 	"github.com/fenceproxy/fenceproxy/rules"
@@ -40,7 +42,15 @@ type Options struct {
 	Exit bool
 	// Logger receives the proxy's logs. Default: none.
 	Logger *zap.Logger
+	// Redis takes the locks from Redis instead of an embedded etcd:
+	// RedisStart starts a throwaway redis-server (it must be installed,
+	// see internal/rediscluster), a redis:// or rediss:// URL uses that
+	// server. Default "": etcd.
+	Redis string
 }
+
+// RedisStart is the Options.Redis that starts a throwaway redis-server.
+const RedisStart = "start"
 
 // Result reports what the narration observed; tests check it.
 type Result struct {
@@ -53,8 +63,9 @@ type Result struct {
 	// Payload and Fence are the row's final state.
 	Payload string
 	Fence   int64
-	// ProxyAddr and EtcdEndpoint are where the stack listened.
-	ProxyAddr, EtcdEndpoint string
+	// ProxyAddr and EtcdEndpoint (or RedisURL) are where the stack
+	// listened.
+	ProxyAddr, EtcdEndpoint, RedisURL string
 }
 
 const lockKey = "demo/config/1"
@@ -99,18 +110,17 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	n.detail("ran fenceproxy setup: the fenceproxy schema with one watermark per lock name")
 
-	n.step("Starting an embedded etcd (the lock service)")
-	etcd, err := etcdcluster.Start(ctx, etcdcluster.Options{Members: 1})
+	res := &Result{}
+	var ls lockService
+	if opts.Redis == "" {
+		ls, err = startEtcd(ctx, n, res)
+	} else {
+		ls, err = startRedis(ctx, n, opts.Redis, res)
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer etcd.Close()
-	cli, err := etcd.Client()
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
-	n.detail("etcd at %s", etcd.Endpoints()[0])
+	defer ls.close()
 
 	n.step("Starting fenceproxy in front of PostgreSQL, protecting public.config")
 	cfg := config.Defaults()
@@ -128,9 +138,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	defer func() { _ = inst.Shutdown() }()
 	n.detail("fenceproxy on %s, metrics on http://%s/metrics", inst.Addr(), inst.AdminAddr())
 
-	res := &Result{ProxyAddr: inst.Addr(), EtcdEndpoint: etcd.Endpoints()[0]}
+	res.ProxyAddr = inst.Addr()
 	dsn := "postgres://postgres@" + inst.Addr() + "/postgres?sslmode=disable"
-	if err := play(ctx, n, cli, dsn, opts.LeaseTTL, res); err != nil {
+	if err := play(ctx, n, ls, dsn, opts.LeaseTTL, res); err != nil {
 		return res, err
 	}
 
@@ -146,22 +156,22 @@ Try it yourself. In one terminal:
   =# SELECT * FROM config;                                   -- B's token: accepted
   =# UPDATE config SET payload = 'mine' WHERE id = 1;        -- accepted
 
-Or take the real lock from etcd: fenceproxy lock sets fence.lock and
+Or take the real lock from %s: fenceproxy lock sets fence.lock and
 fence.token for every libpq connection the command opens (PGOPTIONS):
 
-  fenceproxy lock --etcd %s --ttl 10s %s -- \
+  fenceproxy lock %s --ttl 10s %s -- \
     psql "host=%s port=%s user=postgres dbname=postgres" -v ON_ERROR_STOP=1 \
        -c "SELECT payload FROM config WHERE id = 1" \
        -c "UPDATE config SET payload = 'locked' WHERE id = 1"
 
 
-`, host, port, lockKey, res.TokenA, res.TokenA, res.TokenB, res.TokenB, res.EtcdEndpoint, lockKey, host, port)
+`, host, port, lockKey, res.TokenA, res.TokenA, res.TokenB, res.TokenB, ls.name, ls.flag, lockKey, host, port)
 	if opts.Exit {
 		return res, nil
 	}
 	fmt.Fprintln(opts.Out, "The stack keeps running; press Ctrl-C to stop it and clean up.")
 	<-ctx.Done()
-	fmt.Fprintln(opts.Out, "\nStopping fenceproxy, etcd and PostgreSQL.")
+	fmt.Fprintf(opts.Out, "\nStopping fenceproxy, %s and PostgreSQL.\n", ls.name)
 	return res, nil
 }
 
@@ -169,7 +179,7 @@ fence.token for every libpq connection the command opens (PGOPTIONS):
 // reads, pauses past its lease; B locks, names it, reads (which registers
 // B's token for the lock) and writes; A wakes and writes its stale copy,
 // then tries to insert a row B never touched. No stamp step anywhere.
-func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, ttl time.Duration, res *Result) error {
+func play(ctx context.Context, n *narrator, ls lockService, dsn string, ttl time.Duration, res *Result) error {
 	connA, err := pgx.Connect(ctx, dsn+"&application_name=service-A")
 	if err != nil {
 		return fmt.Errorf("demo: connect A: %w", err)
@@ -182,12 +192,12 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 	defer connB.Close(context.Background())
 
 	n.step("A takes the lock %q (lease %v, no renewal)", lockKey, ttl)
-	leaseA, err := lock.Acquire(ctx, cli, lockKey, lock.Options{TTL: ttl, Holder: "service-A"})
+	leaseA, err := ls.locker.Acquire(ctx, lockKey, lock.Options{TTL: ttl, Holder: "service-A"})
 	if err != nil {
 		return err
 	}
 	res.TokenA = leaseA.Token()
-	n.detail("A's fencing token is %d (the etcd revision of its grant)", res.TokenA)
+	n.detail("A's fencing token is %d (%s)", res.TokenA, ls.token)
 	if err := nameLock(ctx, connA, res.TokenA); err != nil {
 		return err
 	}
@@ -206,10 +216,10 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 	case <-time.After(ttl + 10*time.Second):
 		return errors.New("demo: A's lease did not expire")
 	}
-	n.detail("etcd deleted A's lock key; A does not know, it is still paused")
+	n.detail("%s deleted A's lock key; A does not know, it is still paused", ls.name)
 
 	n.step("B takes the lock, reads and writes")
-	leaseB, err := lock.Acquire(ctx, cli, lockKey, lock.Options{TTL: 30 * time.Second, KeepAlive: true, Holder: "service-B"})
+	leaseB, err := ls.locker.Acquire(ctx, lockKey, lock.Options{TTL: 30 * time.Second, KeepAlive: true, Holder: "service-B"})
 	if err != nil {
 		return err
 	}
@@ -259,6 +269,90 @@ func play(ctx context.Context, n *narrator, cli *clientv3.Client, dsn string, tt
 		return fmt.Errorf("demo: unexpected final state (%q, %d, %d rows, watermark %d)", res.Payload, res.Fence, rows, res.Watermark)
 	}
 	return nil
+}
+
+// lockService is the lock service the demo takes its locks from, with
+// what the narration says about it.
+type lockService struct {
+	locker lock.Locker
+	name   string // "etcd" or "Redis"
+	token  string // what the token is
+	flag   string // fenceproxy lock's flag that reaches it
+	close  func()
+}
+
+// startEtcd starts an embedded single-member etcd.
+func startEtcd(ctx context.Context, n *narrator, res *Result) (lockService, error) {
+	n.step("Starting an embedded etcd (the lock service)")
+	etcd, err := etcdcluster.Start(ctx, etcdcluster.Options{Members: 1})
+	if err != nil {
+		return lockService{}, err
+	}
+	cli, err := etcd.Client()
+	if err != nil {
+		etcd.Close()
+		return lockService{}, err
+	}
+	res.EtcdEndpoint = etcd.Endpoints()[0]
+	n.detail("etcd at %s", res.EtcdEndpoint)
+	return lockService{
+		locker: lock.Etcd(cli),
+		name:   "etcd",
+		token:  "the etcd revision of its grant",
+		flag:   "--etcd " + res.EtcdEndpoint,
+		close: func() {
+			cli.Close()
+			etcd.Close()
+		},
+	}, nil
+}
+
+// startRedis starts a throwaway redis-server (how is RedisStart) or
+// connects to the one at the URL how.
+func startRedis(ctx context.Context, n *narrator, how string, res *Result) (lockService, error) {
+	var stop func()
+	url := how
+	if how == RedisStart {
+		n.step("Starting a throwaway redis-server (the lock service), append-only file with appendfsync always")
+		srv, err := rediscluster.Start(ctx, rediscluster.Options{AppendFsync: "always", Args: []string{"maxmemory-policy", "noeviction"}})
+		if err != nil {
+			return lockService{}, fmt.Errorf("demo: --redis: %w", err)
+		}
+		stop = func() { _ = srv.Stop() }
+		url = srv.URL()
+	} else {
+		n.step("Using the Redis at the given URL (the lock service)")
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		if stop != nil {
+			stop()
+		}
+		return lockService{}, fmt.Errorf("demo: --redis: %w", err)
+	}
+	cli := redis.NewClient(opt)
+	if err := cli.Ping(ctx).Err(); err != nil {
+		cli.Close()
+		if stop != nil {
+			stop()
+		}
+		return lockService{}, fmt.Errorf("demo: redis at %s: %w", opt.Addr, err)
+	}
+	res.RedisURL = "redis://" + opt.Addr + "/" + strconv.Itoa(opt.DB)
+	n.detail("Redis at %s", opt.Addr)
+	return lockService{
+		locker: lock.NewRedis(cli, lock.RedisOptions{}),
+		name:   "Redis",
+		token:  "drawn from the lock's counter in the script that took the lock",
+		// The URL without a password: set FENCEPROXY_REDIS_PASSWORD.
+		flag: "--redis " + res.RedisURL,
+		close: func() {
+			cli.Close()
+			if stop != nil {
+				stop()
+			}
+		},
+	}, nil
 }
 
 // nameLock sets the session's lock name and token (as lock.ConfigurePgx

@@ -43,3 +43,34 @@ func TestDemoRunsToTheEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoRedis plays the narration with the locks from a throwaway
+// redis-server (fenceproxy-demo --redis): the same outcome, tokens from
+// the Redis lock's counter.
+func TestDemoRedis(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := demo.Run(ctx, demo.Options{Out: &out, Listen: "127.0.0.1:0", Exit: true, Redis: demo.RedisStart})
+	t.Log(out.String())
+	if err != nil {
+		t.Fatalf("demo --redis: %v", err)
+	}
+	if res.TokenA != 1 || res.TokenB != 2 {
+		t.Errorf("tokens A=%d B=%d, want 1 and 2 from a fresh Redis counter", res.TokenA, res.TokenB)
+	}
+	if res.StaleErr == nil || res.StaleErr.Code != rules.CodeStaleToken || res.InsertErr == nil || res.InsertErr.Code != rules.CodeStaleToken {
+		t.Fatalf("A's stale write and insert got %v and %v, want SQLSTATE %s", res.StaleErr, res.InsertErr, rules.CodeStaleToken)
+	}
+	if res.Watermark != res.TokenB || res.Payload != "written by B" || res.Fence != res.TokenB {
+		t.Errorf("final (%q, %d), watermark %d, want (\"written by B\", %d), %d", res.Payload, res.Fence, res.Watermark, res.TokenB, res.TokenB)
+	}
+	for _, want := range []string{"redis-server", "Redis deleted A's lock key", "fenceproxy lock --redis redis://127.0.0.1:", "B's data is intact"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("narration lacks %q", want)
+		}
+	}
+	if strings.Contains(out.String(), "etcd") {
+		t.Errorf("the Redis narration mentions etcd")
+	}
+}
