@@ -173,7 +173,7 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 		return false, nil
 	}
 	var call string
-	if needs(pd.Lock) {
+	if needs(pd.Lock) && !(s.fence.on && s.spare()) {
 		call = pd.Lock.Call
 	}
 
@@ -223,7 +223,7 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 		}
 	}
 	if call != "" {
-		if err := s.register(call); err != nil {
+		if err := s.register(call, pd.Lock); err != nil {
 			return true, err
 		}
 	}

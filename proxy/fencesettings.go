@@ -77,7 +77,48 @@ type fenceRecord struct {
 	startupTok, startupLk bool // the startup packet set them
 	// broken: the response bookkeeping lost track; the record is unknown.
 	broken bool
+	// registered: a lock registration of regLock and regToken succeeded
+	// in the open transaction (spareRegistration).
+	registered        bool
+	regLock, regToken string
 }
+
+// spareRegistration reports whether a statement of the open transaction
+// needs no lock registration: one for the same lock and token succeeded
+// in it, and everything sent since is answered, so that the transaction
+// is known to be the same one (an explicit transaction, not failed, no
+// rollback to a savepoint since). The registration holds its advisory
+// lock until the transaction ends, so no newer holder can register
+// meanwhile, and the record says that neither value changed. Callers
+// hold session.mu.
+func (s *session) spareRegistration() bool {
+	f := &s.fence
+	return f.on && f.registered && f.regLock == f.cur.lock && f.regToken == f.cur.token &&
+		f.unresolved == 0 && !f.failed && !f.broken && s.state.txStatus == 'T' && s.state.inFlight == 0 && !s.state.unsynced
+}
+
+// spare is spareRegistration, taking s.mu.
+func (s *session) spare() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spareRegistration()
+}
+
+// registered returns the callback for a registration's response (nil
+// when it proves nothing: audit mode). Callers hold session.mu.
+func (s *session) registeredDone(l *LockRegistration) func(outcome) {
+	if !s.fence.on || l == nil || l.Audit {
+		return nil
+	}
+	lk, tok := s.fence.cur.lock, s.fence.cur.token
+	return func(o outcome) {
+		if o == outcomeOK && s.fence.inTx && !s.fence.failed {
+			s.fence.registered, s.fence.regLock, s.fence.regToken = true, lk, tok
+		}
+	}
+}
+
+func (f *fenceRecord) forgetRegistration() { f.registered = false }
 
 func (f *fenceRecord) revert() {
 	f.pend, f.cur = f.sess, f.sess
@@ -119,6 +160,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		f.pend.copyFrom(f.cur, which)
 	case rules.TxBegin:
 	case rules.TxCommit, rules.TxPrepare:
+		f.forgetRegistration()
 		if f.failed {
 			f.revert() // COMMIT of a failed transaction rolls it back
 		} else {
@@ -126,6 +168,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		}
 		f.inTx = op.Chain
 	case rules.TxRollback:
+		f.forgetRegistration()
 		f.revert()
 		f.inTx = op.Chain
 	case rules.TxSavepoint:
@@ -135,6 +178,8 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 			f.saves = f.saves[:i]
 		}
 	case rules.TxRollbackTo:
+		// What the savepoint undid may include a registration.
+		f.forgetRegistration()
 		if i := f.savepoint(op.Savepoint); i >= 0 {
 			f.pend, f.cur = f.saves[i].pend, f.saves[i].cur
 			f.saves = f.saves[:i+1]
@@ -155,6 +200,9 @@ func (f *fenceRecord) savepoint(name string) int {
 // ready records a ReadyForQuery: 'I' ends the transaction (committed
 // unless it failed or was rolled back).
 func (f *fenceRecord) ready(status byte) {
+	if status != 'T' {
+		f.forgetRegistration()
+	}
 	switch status {
 	case 'I':
 		if f.inTx {

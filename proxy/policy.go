@@ -84,6 +84,9 @@ type LockRegistration struct {
 	Calls []int
 	// Required: the registration runs in every session.
 	Required bool
+	// Audit: a registration in audit mode, which may return without
+	// registering (so it does not spare a later one, fencesettings.go).
+	Audit bool
 }
 
 // LockPolicy is an optional Policy extension for lock fencing: a session

@@ -239,8 +239,8 @@ func (s *session) relayBind(body []byte) error {
 	if lock.refuse != nil {
 		return s.sendRefusedInstead(lock.refuse)
 	}
-	if lock.call != "" {
-		if err := s.register(lock.call); err != nil {
+	if lock.call != "" && !(s.fence.on && s.spare()) {
+		if err := s.register(lock.call, lock.reg); err != nil {
 			return err
 		}
 	}
@@ -549,14 +549,28 @@ func (s *session) lexingNoWait(text string) (Lexing, error) {
 // be sent: as statements of a Query (query), or as the effects of the
 // Execute about to be sent. defs are from sqlOpDefs. Callers hold s.mu.
 func (s *session) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
-	s.registerSQLOpsWithCalls(ops, defs, query, nil, nil)
+	s.registerSQLOpsWithCalls(ops, defs, query, nil, nil, regCallbacks{})
+}
+
+// regCallbacks: the inserted statements from index skip of the calls are
+// lock registrations whose responses done records.
+type regCallbacks struct {
+	skip int
+	done func(outcome)
 }
 
 // registerSQLOpsWithCalls is registerSQLOps for a Query into which the
 // proxy inserted statements, at calls (indexes in the text sent): the
 // client's statements move behind them, and their CommandCompletes are
 // swallowed. Callers hold s.mu.
-func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int, fence []rules.SettingOp) {
+func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int, fence []rules.SettingOp, reg regCallbacks) {
+	swallow := func(k int) {
+		if k >= reg.skip && reg.done != nil {
+			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: calls[k], query: true, swallow: 'C', done: reg.done})
+			return
+		}
+		s.ps.swallowQuery(calls[k])
+	}
 	// sent maps a client statement index to its index in the text sent.
 	sent := func(k int) int {
 		for _, c := range calls {
@@ -572,7 +586,7 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 		for ; nextFence < len(fence) && sent(fence[nextFence].Stmt) <= idx; nextFence++ {
 			f := fence[nextFence]
 			for next < len(calls) && calls[next] < sent(f.Stmt) {
-				s.ps.swallowQuery(calls[next])
+				swallow(next)
 				next++
 			}
 			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: sent(f.Stmt), query: true, done: s.fenceDone(knownOp(f))})
@@ -584,7 +598,7 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 			idx = sent(op.Stmt)
 			fenceUpTo(idx)
 			for next < len(calls) && calls[next] < idx {
-				s.ps.swallowQuery(calls[next])
+				swallow(next)
 				next++
 			}
 		}
@@ -607,7 +621,7 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 		fenceUpTo(1 << 30)
 	}
 	for ; next < len(calls); next++ {
-		s.ps.swallowQuery(calls[next])
+		swallow(next)
 	}
 }
 
@@ -764,7 +778,10 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 	}
 	var calls []int
-	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {
+	spare := s.fence.on && s.spare()
+	var regLock *LockRegistration // the registration sent, if any
+	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) && !spare {
+		regLock = d.Lock
 		// Send the text with the lock registrations in place.
 		calls = d.Lock.Calls
 		*d = Decision{Action: Rewrite, SQL: d.Lock.Query, Tables: d.Tables, Lock: d.Lock}
@@ -780,7 +797,9 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		case lock != nil && (calls != nil || ops[0].Stmts != 1):
 			*d = Decision{Action: Refuse, Refusal: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
 				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
+		case lock != nil && spare:
 		case lock != nil:
+			regLock = lock
 			out := sql
 			if d.Action == Rewrite {
 				out = d.SQL
@@ -828,7 +847,15 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		if d.Action == Refuse {
 			calls = nil
 		}
-		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops)
+		var regDone func(outcome)
+		if regLock != nil {
+			regDone = s.registeredDone(regLock)
+		}
+		pre := 0
+		if ft.prelude && d.Action != Refuse {
+			pre = 2
+		}
+		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops, regCallbacks{skip: pre, done: regDone})
 	case d.Action == Refuse:
 		if p.Name == "" {
 			// The refused Parse still drops the unnamed statement.
@@ -917,6 +944,7 @@ func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) 
 // bindVerdict is the lock registration a Bind needs.
 type bindVerdict struct {
 	call   string
+	reg    *LockRegistration // the registration call is from
 	refuse *pgproto3.ErrorResponse
 }
 
@@ -927,7 +955,7 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 		return bindVerdict{}
 	}
 	if l := def.lock; l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) {
-		return bindVerdict{call: l.Call}
+		return bindVerdict{call: l.Call, reg: l}
 	}
 	if len(def.ops) == 0 {
 		return bindVerdict{}
@@ -939,7 +967,7 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 	case e != nil:
 		return bindVerdict{refuse: e}
 	case l != nil:
-		return bindVerdict{call: l.Call}
+		return bindVerdict{call: l.Call, reg: l}
 	}
 	return bindVerdict{}
 }
@@ -951,7 +979,7 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 // the same transaction as the client's statement: nothing in between ends
 // it. If it fails, its error is the first the client sees, and the server
 // skips the client's messages up to the Sync.
-func (s *session) register(call string) error {
+func (s *session) register(call string, l *LockRegistration) error {
 	ps := s.ps
 	s.mu.Lock()
 	if s.state.finishing {
@@ -998,7 +1026,7 @@ func (s *session) register(call string) error {
 	})
 	ps.countSent('B')
 	msgs = append(msgs, out{'B', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}})
-	ps.expect('C', nil)
+	ps.expect('C', s.registeredDone(l))
 	ps.countSent('E')
 	msgs = append(msgs, out{'E', &pgproto3.Execute{Portal: name}})
 	if !prepared {

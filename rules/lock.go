@@ -45,6 +45,10 @@ type LockCall struct {
 	// prepares) has lock: required, so the registration must run even in
 	// a session that never named a lock (it then fails with FP002).
 	Required bool
+	// Audit: some registration is in audit mode (its tables are all in
+	// mode audit): it may return without registering, so its success does
+	// not prove the session registered.
+	Audit bool
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int
@@ -227,6 +231,7 @@ func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCal
 	for _, u := range uses {
 		if u != nil {
 			lc.Required = lc.Required || u.required || (len(u.enforce) == 0 && u.auditReq)
+			lc.Audit = lc.Audit || len(u.enforce) == 0
 		}
 	}
 	if len(uses) == 1 {
