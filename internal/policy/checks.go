@@ -36,6 +36,9 @@ type dbChecks struct {
 	problems map[string][]dbsetup.Problem
 	paths    []dbsetup.IndirectPath
 	indirect *rules.IndirectSet
+	// hierarchy: the relations of paths through inheritance or
+	// partitioning, on which DDL is refused (hierarchyRefusal).
+	hierarchy *rules.HierarchySet
 	// raisers: the database has the error raisers, so rewrites call them
 	// (rules.Rules.ServerFunctions).
 	raisers bool
@@ -125,8 +128,10 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	time.AfterFunc(dbRefresh, func() { next.expired.Store(true) })
 	if st != nil && samePaths(st.paths, paths) {
 		next.indirect = st.indirect
+		next.hierarchy = st.hierarchy
 	} else {
 		next.indirect = rules.NewIndirectSet(indirectRules(paths))
+		next.hierarchy = hierarchyDDL(paths)
 		if st != nil && !equalPaths(st.paths, paths) {
 			// Statements prepared before may write through a new path.
 			p.bumpGeneration()
@@ -191,6 +196,9 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 			}
 		}
 	}
+	if e, ok := p.hierarchyRefusal(st, info, sql, quick); !ok || e != nil {
+		return e, ok
+	}
 	if st.watched && mayWrite(sql) {
 		if quick {
 			return nil, false
@@ -205,6 +213,48 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		return st.indirect.CheckCached(sql)
 	}
 	return st.indirect.Check(sql), true
+}
+
+// hierarchyDDL returns the set that refuses DDL on the relations whose
+// first step towards a protected table is through inheritance or
+// partitioning: its ancestors and descendants (rules.HierarchySet).
+func hierarchyDDL(paths []dbsetup.IndirectPath) *rules.HierarchySet {
+	var hier []rules.Indirect
+	for _, p := range paths {
+		if p.Kind == dbsetup.PathPartition || p.Kind == dbsetup.PathInheritance {
+			hier = append(hier, rules.Indirect{Schema: p.Schema, Name: p.Name, Target: p.Target, Via: p.Via})
+		}
+	}
+	return rules.NewHierarchySet(hier)
+}
+
+// hierarchyRefusal returns the refusal of DDL on a parent or child of a
+// protected table (DROP TABLE of a partitioned parent drops the table,
+// ALTER TABLE of a parent changes it). Where the catalog watch runs, DDL
+// is checked against the catalog as it is now (freshState), as writes are:
+// a partition attached on another connection is seen at once. Quick, it
+// reports false instead of parsing or reading the stamp.
+func (p *Policy) hierarchyRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, quick bool) (*rules.Error, bool) {
+	if !rules.MayBeDDL(sql) {
+		return nil, true
+	}
+	if st.watched {
+		if quick {
+			return nil, false
+		}
+		fresh, e := p.freshState(info, st, sql)
+		if e != nil {
+			return e, true
+		}
+		st = fresh
+	}
+	if !st.hierarchy.MayApply(sql) {
+		return nil, true
+	}
+	if quick {
+		return nil, false
+	}
+	return st.hierarchy.Check(sql), true
 }
 
 // checkedRaisers reports whether the last check of database found the
