@@ -85,7 +85,7 @@ type LockRegistration struct {
 	// Required: the registration runs in every session.
 	Required bool
 	// Audit: a registration in audit mode, which may return without
-	// registering (so it does not spare a later one, fencesettings.go).
+	// registering (so it does not spare a later one, settings.go).
 	Audit bool
 }
 

@@ -66,7 +66,7 @@ type Options struct {
 	AutoPrepare int
 	// DisableSettingsCarry turns off the record of each session's fence
 	// settings and their transaction-local application before statements
-	// on protected tables (fencesettings.go). Only for tests that show what
+	// on protected tables (settings.go). Only for tests that show what
 	// the record prevents; never in a deployment.
 	DisableSettingsCarry bool
 	// Policy decides what happens to each statement and translates the

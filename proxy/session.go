@@ -76,7 +76,7 @@ type session struct {
 	// starts and then by the client-to-upstream goroutine only.
 	lockNamed bool
 	// fence is the record of the session's fence settings
-	// (fencesettings.go); guarded by mu.
+	// (settings.go); guarded by mu.
 	fence fenceRecord
 	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
 	// by mu.
