@@ -8,6 +8,8 @@
 //   - bind: one Bind whose parameter is -size bytes,
 //   - concurrent: -sessions sessions at once, each one simple Query of
 //     -size bytes that the proxy forwards,
+//   - concurrent-refused: the same with the refused Query, which the
+//     proxy also charges its budget for deciding (proxy.decisionCost),
 //
 // and for each it prints the proxy's RSS before, at the peak and a few
 // seconds after (no garbage collection forced: what the proxy gives back
@@ -139,6 +141,7 @@ func run(size, sessions int, settle time.Duration) error {
 		{"refused", "refused simple Query"},
 		{"bind", "Bind with one large parameter"},
 		{"concurrent", fmt.Sprintf("%d sessions, one forwarded Query each", sessions)},
+		{"concurrent-refused", fmt.Sprintf("%d sessions, one refused Query each", sessions)},
 	} {
 		time.Sleep(settle)
 		before := status("VmRSS")
@@ -180,7 +183,9 @@ func clients(addr string, size, sessions int) error {
 		case "bind":
 			note, err = bind(ctx, connect, size)
 		case "concurrent":
-			note, err = concurrent(ctx, connect, size, sessions)
+			note, err = concurrent(ctx, connect, literal("SELECT length('", "')", size), sessions)
+		case "concurrent-refused":
+			note, err = concurrent(ctx, connect, refusedSQL(size), sessions)
 		case "quit":
 			return nil
 		default:
@@ -201,13 +206,19 @@ func literal(prefix, suffix string, size int) string {
 	return prefix + strings.Repeat("x", size-len(prefix)-len(suffix)) + suffix
 }
 
+// refusedSQL is a write of size bytes to the protected table, over
+// max_check_bytes.
+func refusedSQL(size int) string {
+	return literal("INSERT INTO config VALUES ('", "')", size)
+}
+
 func refused(ctx context.Context, connect func() (*pgconn.PgConn, error), size int) (string, error) {
 	c, err := connect()
 	if err != nil {
 		return "", err
 	}
 	defer c.Close(ctx)
-	_, err = c.Exec(ctx, literal("INSERT INTO config VALUES ('", "')", size)).ReadAll()
+	_, err = c.Exec(ctx, refusedSQL(size)).ReadAll()
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return "", fmt.Errorf("want a refusal, got %v", err)
@@ -231,7 +242,9 @@ func bind(ctx context.Context, connect func() (*pgconn.PgConn, error), size int)
 	return "", nil
 }
 
-func concurrent(ctx context.Context, connect func() (*pgconn.PgConn, error), size, sessions int) (string, error) {
+// concurrent sends sql on sessions sessions at once: a SELECT length of
+// a literal, answered, or a write the proxy refuses (FP003).
+func concurrent(ctx context.Context, connect func() (*pgconn.PgConn, error), sql string, sessions int) (string, error) {
 	conns := make([]*pgconn.PgConn, sessions)
 	for i := range conns {
 		c, err := connect()
@@ -241,12 +254,12 @@ func concurrent(ctx context.Context, connect func() (*pgconn.PgConn, error), siz
 		defer c.Close(ctx)
 		conns[i] = c
 	}
-	sql := literal("SELECT length('", "')", size)
-	want := strconv.Itoa(size - len("SELECT length('')"))
+	want := strconv.Itoa(len(sql) - len("SELECT length('')"))
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		refused int
+		refused int // for want of budget
+		fenced  int // FP003
 		first   error
 	)
 	for _, c := range conns {
@@ -260,6 +273,8 @@ func concurrent(ctx context.Context, connect func() (*pgconn.PgConn, error), siz
 			switch {
 			case errors.As(err, &pgErr) && pgErr.Code == "53200":
 				refused++
+			case errors.As(err, &pgErr) && pgErr.Code == rules.CodeRefused:
+				fenced++
 			case err != nil:
 				first = cmp(first, err)
 			case len(res) != 1 || len(res[0].Rows) != 1 || string(res[0].Rows[0][0]) != want:
@@ -270,6 +285,9 @@ func concurrent(ctx context.Context, connect func() (*pgconn.PgConn, error), siz
 	wg.Wait()
 	if first != nil {
 		return "", first
+	}
+	if fenced > 0 {
+		return fmt.Sprintf("(%d FP003, %d refused for want of budget)", fenced, refused), nil
 	}
 	return fmt.Sprintf("(%d answered, %d refused for want of budget)", sessions-refused, refused), nil
 }
