@@ -11,6 +11,7 @@ package metrics
 
 import (
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,12 @@ type Metrics struct {
 	LockRejections        *prometheus.CounterVec // lock, reason (stale|missing_lock|missing_token)
 	ConfigReloads         *prometheus.CounterVec // result (ok|failed)
 	CheckProblems         *prometheus.GaugeVec   // database
+	// TableStatements counts the rewritten and refused statements by the
+	// protected table they concern (a statement on two counts for both).
+	TableStatements *prometheus.CounterVec // table, action (rewritten|refused)
+	// tableCounters caches TableStatements' children by action and table:
+	// Statement runs for every Query and Parse.
+	tableCounters sync.Map // tableKey -> prometheus.Counter
 
 	logDropped atomic.Pointer[func() uint64]                 // CountDroppedLogLines
 	offLoop    atomic.Pointer[func() (running, waiting int)] // CountOffLoopTasks
@@ -109,6 +116,10 @@ func New() *Metrics {
 			Name: "fenceproxy_check_problems",
 			Help: "Problems the last check of a database found (as fenceproxy check reports them: fence columns, fenceproxy objects, privileges); -1 when the last check could not run.",
 		}, []string{"database"}),
+		TableStatements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenceproxy_table_statements_total",
+			Help: "Query and Parse messages on protected tables that were rewritten (fenced) or refused, by table (as the configuration names it); a statement on several tables counts for each.",
+		}, []string{"table", "action"}),
 		LockRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceproxy_lock_rejections_total",
 			Help: "Statements on lock-fenced tables refused by the lock registration: a token older than the lock's watermark (stale), or no lock name or token where one is required. The lock label holds the first 100 lock names seen, then \"other\".",
@@ -147,6 +158,7 @@ func New() *Metrics {
 		m.StaleRejections, m.MissingTokens, m.AuditWouldReject, m.ConfigReloads,
 		m.CheckProblems,
 		m.LockRejections,
+		m.TableStatements,
 	)
 	m.BuildInfo.WithLabelValues(buildInfo()).Set(1)
 	for _, a := range []string{"forwarded", "rewritten", "refused"} {
@@ -204,10 +216,28 @@ func (h hooks) Statement(_ *proxy.SessionInfo, d proxy.Decision, took time.Durat
 	switch d.Action {
 	case proxy.Rewrite:
 		h.rewritten.Inc()
+		h.m.countTables("rewritten", d.Tables)
 	case proxy.Refuse:
 		h.refused.Inc()
+		h.m.countTables("refused", d.Tables)
 	default:
 		h.forwarded.Inc()
+	}
+}
+
+type tableKey struct{ action, table string }
+
+// countTables counts a statement of action for each of tables. The
+// tables are protected tables in display form, from the configuration,
+// so the label values are bounded by it.
+func (m *Metrics) countTables(action string, tables []string) {
+	for _, t := range tables {
+		k := tableKey{action, t}
+		c, ok := m.tableCounters.Load(k)
+		if !ok {
+			c, _ = m.tableCounters.LoadOrStore(k, m.TableStatements.WithLabelValues(t, action))
+		}
+		c.(prometheus.Counter).Inc()
 	}
 }
 

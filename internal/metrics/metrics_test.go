@@ -21,18 +21,26 @@ func TestHooksMoveMetrics(t *testing.T) {
 	for _, a := range []proxy.Action{proxy.Forward, proxy.Forward, proxy.Rewrite, proxy.Refuse} {
 		h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: a}, time.Microsecond)
 	}
+	h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: proxy.Rewrite, Tables: []string{"public.a", "public.b"}}, 0)
+	h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: proxy.Refuse, Tables: []string{"public.a"}}, 0)
+	h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: proxy.Refuse, Tables: []string{"public.a"}}, 0)
+	for k, want := range map[[2]string]float64{{"public.a", "rewritten"}: 1, {"public.b", "rewritten"}: 1, {"public.a", "refused"}: 2, {"public.b", "refused"}: 0} {
+		if got := value(t, m.TableStatements.WithLabelValues(k[0], k[1])); got != want {
+			t.Errorf("fenceproxy_table_statements_total{table=%q,action=%q} = %v, want %v", k[0], k[1], got, want)
+		}
+	}
 	th := h.(proxy.TimingHooks)
 	th.UpstreamConnected(3 * time.Millisecond)
 	th.SessionEnded(2 * time.Second)
 	h.(proxy.AcceptHooks).AcceptFailed(nil)
 
-	for action, want := range map[string]float64{"forwarded": 2, "rewritten": 1, "refused": 1} {
+	for action, want := range map[string]float64{"forwarded": 2, "rewritten": 2, "refused": 3} {
 		if got := value(t, m.Statements.WithLabelValues(action)); got != want {
 			t.Errorf("fenceproxy_statements_total{action=%q} = %v, want %v", action, got, want)
 		}
 	}
 	for name, want := range map[string]int{
-		"fenceproxy_statement_decision_duration_seconds": 4,
+		"fenceproxy_statement_decision_duration_seconds": 7,
 		"fenceproxy_upstream_connect_duration_seconds":   1,
 		"fenceproxy_session_duration_seconds":            1,
 	} {
