@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/demo"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // TestDemoRunsToTheEnd plays the whole narration non-interactively and
 // checks what it observed: A fenced with FP001, B's data intact.
 func TestDemoRunsToTheEnd(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL, etcd")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
@@ -48,6 +50,7 @@ func TestDemoRunsToTheEnd(t *testing.T) {
 // redis-server (fenceproxy-demo --redis): the same outcome, tokens from
 // the Redis lock's counter.
 func TestDemoRedis(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL, redis-server")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -15,6 +16,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestSingleMember(t *testing.T) {
+	testutil.SkipSystem(t, "etcd")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := etcdcluster.Start(ctx, etcdcluster.Options{})

@@ -7,7 +7,8 @@
 // directory, starts the pgbouncer binary on a free 127.0.0.1 port (no Unix
 // socket) and returns once the port accepts connections. Start and
 // StartOptions do the same for a test and stop it when the test ends; a
-// missing binary fails the test, it never skips. PgBouncer refuses to run
+// missing binary fails the test, it never skips (but under -short, the
+// fast lane, they skip the test without starting anything). PgBouncer refuses to run
 // as root, so when the process is root it runs as the "postgres" OS user.
 // The binary is found as $FENCEPROXY_PGBOUNCER, then on PATH, then in
 // /usr/sbin.
@@ -30,6 +31,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // BinaryEnv names the environment variable that overrides where the
@@ -118,6 +121,7 @@ func Start(t testing.TB, upstream, poolMode string, poolSize int) *Server {
 // t.Logf.
 func StartOptions(t testing.TB, upstream string, opts Options) *Server {
 	t.Helper()
+	testutil.SkipSystem(t, "PgBouncer")
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgbouncer"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 func connect(t *testing.T, ctx context.Context, dsn string) *pgx.Conn {
@@ -130,6 +131,7 @@ func TestBadOptions(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
+	testutil.SkipSystem(t, "PgBouncer")
 	v, err := pgbouncer.Version(t.Context())
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/testcerts"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // A password that needs quoting in SQL and escaping in a URL.
@@ -27,6 +28,7 @@ const password = `s3cr'et \ p@ss:w/rd?#%`
 // TestPasswordAuth runs one cluster per password method. The scram-sha-256
 // cluster also serves TLS, to spare a cluster start.
 func TestPasswordAuth(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	certs, err := testcerts.Generate(t.TempDir())
 	if err != nil {
@@ -110,6 +112,7 @@ func TestPasswordAuth(t *testing.T) {
 // TestLifecycle covers trust auth, settings, restart with the data kept and
 // Stop leaving nothing behind.
 func TestLifecycle(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	ctx := t.Context()
 	c, err := pgcluster.Start(ctx, pgcluster.Options{

@@ -1,6 +1,7 @@
 package proxytest_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -9,14 +10,19 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		testutil.ReportSkips()
+		os.Exit(code)
+	}))
 }
 
 func TestStart(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	c := pgtest.Start(t, pgcluster.Options{})
 	p := proxytest.Start(t, c.Addr(), proxy.Options{})
 	if p.Options.UpstreamAddr != c.Addr() {

@@ -1,19 +1,69 @@
 // Package testutil holds the small helpers the test suites of several
-// packages share: a per-step context, SQLSTATE checks, a query of texts, a
-// bounded receive and a buffer safe for concurrent use.
+// packages share: the -short lane's skip of system tests, a per-step
+// context, SQLSTATE checks, a query of texts, a bounded receive and a
+// buffer safe for concurrent use.
 package testutil
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// A system test needs what the test run starts or runs itself: PostgreSQL,
+// etcd, Redis, PgBouncer, psql or valgrind. Under -short (the fast lane,
+// docs/lanes.md) each skips through SkipSystem, and the package's TestMain
+// reports how many did (ReportSkips). Without -short nothing skips: a
+// missing server fails the test, so a run without one cannot pass by
+// accident.
+
+var systemSkips atomic.Int64
+
+// Short reports whether the tests run with -short. Unlike testing.Short it
+// may be called from TestMain before m.Run: it parses the flags first.
+func Short() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	return testing.Short()
+}
+
+// SkipSystem skips t under -short, counting it: t needs needs (say,
+// "PostgreSQL"). Call it before starting or using the server.
+func SkipSystem(t testing.TB, needs string) {
+	t.Helper()
+	if testing.Short() {
+		systemSkips.Add(1)
+		t.Skipf("system test (needs %s): skipped under -short", needs)
+	}
+}
+
+// ReportSkips prints, under -short, how many system tests SkipSystem has
+// skipped in this test binary. Call it from TestMain after m.Run.
+func ReportSkips() {
+	if Short() {
+		fmt.Fprintf(os.Stdout, "skipped %d system tests (-short)\n", systemSkips.Load())
+	}
+}
+
+// Run runs the tests with m.Run, then ReportSkips, and returns m.Run's
+// code: TestMain's body in a package that needs nothing else,
+// os.Exit(testutil.Run(m)).
+func Run(m *testing.M) int {
+	code := m.Run()
+	ReportSkips()
+	return code
+}
 
 // StepTimeout bounds one step of a test (a query, a connect).
 const StepTimeout = 30 * time.Second

@@ -1,5 +1,6 @@
 // Package etcdtest starts an embedded etcd cluster for a test and stops it
-// when the test ends.
+// when the test ends. Under -short (the fast lane) Start skips the test
+// instead.
 package etcdtest
 
 import (
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // startTimeout bounds cluster start-up; a healthy cluster is ready in about a
@@ -23,6 +25,7 @@ const startTimeout = 30 * time.Second
 // not come up.
 func Start(t testing.TB, members int) *etcdcluster.Cluster {
 	t.Helper()
+	testutil.SkipSystem(t, "etcd")
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	c, err := etcdcluster.Start(ctx, etcdcluster.Options{Members: members, Dir: t.TempDir()})
@@ -40,9 +43,11 @@ const leakGrace = 10 * time.Second
 
 // VerifyTestMain runs the tests and then fails the binary if goroutines are
 // left behind, like goleak.VerifyTestMain, but gives goroutines of stopped
-// etcd members time to finish. Use it as the body of TestMain.
+// etcd members time to finish. Use it as the body of TestMain. Under
+// -short it reports the system tests skipped (testutil.ReportSkips).
 func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
+	testutil.ReportSkips()
 	if code == 0 {
 		if err := findLeaks(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)

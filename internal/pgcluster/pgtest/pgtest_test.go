@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // shared is started by TestMain through StartMain.
@@ -20,6 +21,10 @@ func TestMain(m *testing.M) {
 	shared = c
 	code := m.Run()
 	stop()
+	testutil.ReportSkips()
+	if c == nil { // -short
+		os.Exit(code)
+	}
 	if _, err := os.Stat(c.DataDir()); !errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(os.Stderr, "StartMain's stop left %s: %v\n", c.DataDir(), err)
 		code = 1
@@ -28,12 +33,14 @@ func TestMain(m *testing.M) {
 }
 
 func TestStartMain(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	if err := shared.Exec(t.Context(), "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestStartStopsOnCleanup(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	var root string
 	t.Run("cluster", func(t *testing.T) {
 		c := pgtest.Start(t, pgcluster.Options{})
