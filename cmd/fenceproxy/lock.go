@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -21,6 +22,7 @@ import (
 )
 
 const lockUsage = `usage: fenceproxy lock [flags] KEY [--] COMMAND [ARGS...]
+       fenceproxy lock --redis URL --seed-from DSN [flags] KEY [[--] COMMAND [ARGS...]]
 
 Takes the lock KEY in etcd (or in Redis with --redis), runs COMMAND while
 holding it and releases it when COMMAND exits, like flock(1). COMMAND gets the fencing token in FENCE_TOKEN
@@ -43,6 +45,14 @@ the lock: the layout of Redisson's RFencedLock, so Java services using it
 and this command exclude each other and share one token sequence. Redis
 must keep the counter (appendonly yes, appendfsync always, noeviction);
 see docs/tokens.md.
+
+After Redis lost the counter (a restart without persistence, a failover,
+an eviction), --seed-from DSN raises it, before the lock is taken, to the
+lock's watermark in that database (fenceproxy.locks) plus --seed-margin,
+so that the next token is larger than every token the database accepted
+and than those granted but not yet used; it never lowers the counter.
+Without COMMAND it only seeds and prints the counter. Give the DSN's
+password in $PGPASSWORD or ~/.pgpass, not in the DSN on the command line.
 
 SIGINT and SIGTERM are forwarded to COMMAND. If the lease is lost, COMMAND
 gets SIGTERM, then SIGKILL after 5s, and fenceproxy exits with status 75.
@@ -102,13 +112,15 @@ func (w *waitFlag) Set(s string) error {
 }
 
 type lockArgs struct {
-	endpoints []string
-	redisURL  string // empty: etcd
-	ttl       time.Duration
-	wait      waitFlag
-	settings  lock.Settings
-	key       string
-	command   []string
+	endpoints  []string
+	redisURL   string // empty: etcd
+	seedFrom   string // a DSN; empty: no seeding
+	seedMargin int64
+	ttl        time.Duration
+	wait       waitFlag
+	settings   lock.Settings
+	key        string
+	command    []string
 }
 
 // parseLockArgs parses the command line. On failure it returns nil and the
@@ -123,6 +135,8 @@ func parseLockArgs(args []string, stdout, stderr io.Writer) (*lockArgs, int) {
 	}
 	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints")
 	fs.StringVar(&a.redisURL, "redis", "", "take the lock in Redis at this URL (redis://[[user]:password@]host:port[/db], rediss:// for TLS) instead of etcd")
+	fs.StringVar(&a.seedFrom, "seed-from", "", "with --redis: first raise KEY's token counter above its watermark in the PostgreSQL database at this DSN")
+	fs.Int64Var(&a.seedMargin, "seed-margin", defaultSeedMargin, "with --seed-from: what is added to the watermark")
 	fs.DurationVar(&a.ttl, "ttl", lock.DefaultTTL, "lease TTL, whole seconds, at least 1s")
 	fs.Var(&a.wait, "wait", "how long to wait for the lock; 0 fails at once if it is held")
 	fs.StringVar(&a.settings.Token, "token-setting", lock.DefaultTokenSetting, "PostgreSQL setting that carries the token in PGOPTIONS")
@@ -146,7 +160,13 @@ func parseLockArgs(args []string, stdout, stderr io.Writer) (*lockArgs, int) {
 		return nil, exitUsage
 	}
 	a.command = fs.Args()
-	if len(a.command) == 0 {
+	if a.seedFrom != "" && a.redisURL == "" {
+		return usageErr("--seed-from needs --redis: etcd's tokens are its revisions, which cannot be seeded")
+	}
+	if a.seedMargin < 0 {
+		return usageErr("--seed-margin must not be negative")
+	}
+	if len(a.command) == 0 && a.seedFrom == "" {
 		return usageErr("missing COMMAND")
 	}
 	if a.ttl < time.Second {
@@ -196,7 +216,13 @@ func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if err != nil {
 			return fail("redis at %s: %v", addr, err)
 		}
-		locker = lock.NewRedis(rcli, lock.RedisOptions{})
+		rl := lock.NewRedis(rcli, lock.RedisOptions{})
+		if a.seedFrom != "" {
+			if code := seedRedis(ctx, rl, a, stdout, stderr); code != 0 || len(a.command) == 0 {
+				return code
+			}
+		}
+		locker = rl
 	} else {
 		cli, err := clientv3.New(clientv3.Config{
 			Endpoints:   a.endpoints,
@@ -401,6 +427,46 @@ func commandEnv(environ []string, l lock.Grant, settings lock.Settings) []string
 		"FENCE_LOCK_KEY="+l.Key(),
 		"PGOPTIONS="+lock.AppendPGOptions(pgoptions, l.Fence(settings).PGOptions()),
 	)
+}
+
+// defaultSeedMargin is --seed-margin's default: more grants than a lock
+// sees between two registrations of a token in the database.
+const defaultSeedMargin = 1_000_000
+
+// seedRedis raises the token counter of a.key to its watermark in the
+// database at a.seedFrom plus a.seedMargin and prints the counter.
+func seedRedis(ctx context.Context, rl *lock.Redis, a *lockArgs, stdout, stderr io.Writer) int {
+	fail := func(format string, v ...any) int {
+		fmt.Fprintf(stderr, "fenceproxy lock: --seed-from: "+format+"\n", v...)
+		return exitFailed
+	}
+	cfg, err := pgx.ParseConfig(a.seedFrom)
+	if err != nil {
+		// ParseConfig's errors may quote the DSN, password and all.
+		return fail("not a PostgreSQL connection string")
+	}
+	cctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return fail("connect to %s: %v", cfg.Host, err)
+	}
+	defer conn.Close(context.Background())
+	var w int64
+	err = conn.QueryRow(cctx, "SELECT token FROM fenceproxy.locks WHERE name = $1", a.key).Scan(&w)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// No watermark: nothing the database accepted to stay above.
+	case err != nil:
+		return fail("read the watermark of %q: %v", a.key, err)
+	}
+	v, err := rl.SeedToken(cctx, a.key, w+a.seedMargin)
+	if err != nil {
+		return fail("%v", err)
+	}
+	fmt.Fprintf(stdout, "%d\n", v)
+	fmt.Fprintf(stderr, "fenceproxy lock: token counter of %q is %d (watermark %d, margin %d)\n", a.key, v, w, a.seedMargin)
+	return 0
 }
 
 // redisClient connects to the Redis URL u; a password missing from u is

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
@@ -564,5 +566,55 @@ func TestLockRedisLeaseLost(t *testing.T) {
 	r := wait(t, res, 20*time.Second)
 	if r.code != exitLeaseLost || !strings.Contains(r.stderr.String(), "lease lost") {
 		t.Errorf("exit %d, stderr %q; want %d and lease lost", r.code, r.stderr, exitLeaseLost)
+	}
+}
+
+// TestLockRedisSeed: after a Redis restart without persistence the
+// counter starts again at 1; --seed-from raises it above the lock's
+// watermark in the database plus --seed-margin, without COMMAND only
+// seeding, and never lowers it.
+func TestLockRedisSeed(t *testing.T) {
+	rs := redistest.Start(t, rediscluster.Options{})
+	pg := pgtest.Start(t, pgcluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.SuperuserDSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := dbsetup.Setup(ctx, conn, nil, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const key = "locks/seeded"
+	if _, err := conn.Exec(ctx, "INSERT INTO fenceproxy.locks (name, token) VALUES ($1, 41)", key); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (int, string, string) {
+		stdout, stderr := new(testutil.SyncBuffer), new(testutil.SyncBuffer)
+		code := lockMain(ctx, append([]string{"--redis", rs.URL()}, args...), stdout, stderr)
+		return code, stdout.String(), stderr.String()
+	}
+	if code, out, errOut := run("--seed-from", pg.SuperuserDSN("postgres"), "--seed-margin", "10", key); code != 0 || out != "51\n" {
+		t.Fatalf("seed: exit %d, stdout %q, stderr %q; want 51", code, out, errOut)
+	}
+	if code, out, errOut := run(key, "--", "sh", "-c", `echo "$FENCE_TOKEN"`); code != 0 || out != "52\n" {
+		t.Fatalf("after seeding: exit %d, stdout %q, stderr %q; want token 52", code, out, errOut)
+	}
+	// Seeding again with a smaller result leaves the counter alone, and
+	// then runs COMMAND.
+	if code, out, errOut := run("--seed-from", pg.SuperuserDSN("postgres"), "--seed-margin", "0", key, "--", "sh", "-c", `echo "$FENCE_TOKEN"`); code != 0 || out != "52\n53\n" {
+		t.Fatalf("seed lower, then run: exit %d, stdout %q, stderr %q; want 52 then token 53", code, out, errOut)
+	}
+	// A lock with no watermark is seeded to the margin.
+	if code, out, _ := run("--seed-from", pg.SuperuserDSN("postgres"), "locks/never-used"); code != 0 || out != strconv.Itoa(defaultSeedMargin)+"\n" {
+		t.Errorf("seed a lock without watermark: exit %d, stdout %q", code, out)
+	}
+	if code, _, errOut := run("--seed-from", "postgres://u:pw-secret@[bad", key); code != exitFailed || strings.Contains(errOut, "pw-secret") {
+		t.Errorf("bad DSN: exit %d, stderr %q", code, errOut)
+	}
+	stderr := new(testutil.SyncBuffer)
+	if code := lockMain(ctx, []string{"--seed-from", pg.SuperuserDSN("postgres"), key}, new(bytes.Buffer), stderr); code != exitUsage {
+		t.Errorf("--seed-from without --redis: exit %d, stderr %q", code, stderr)
 	}
 }
