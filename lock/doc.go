@@ -6,8 +6,10 @@
 // service by configuration. The etcd backend is described first below;
 // the Redis backend (RedisLease) takes the lock and draws the token from
 // a counter in one server-side script, in the key layout of Redisson's
-// RFencedLock, and is safe only on a Redis that keeps that counter:
-// docs/tokens.md in the repository says which settings that takes, and
+// RFencedLock, serves its waiters first come, first served through a line
+// in the lock's hash slot (Redis.Acquire), and is safe only on a Redis
+// that keeps that counter: docs/tokens.md in the repository says which
+// settings that takes, how to seed a lost counter (Redis.SeedToken), and
 // which numbers of other lock services are safe tokens.
 //
 // It is built on etcd's client/v3/concurrency, so a lock taken here and
