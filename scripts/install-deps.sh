@@ -2,8 +2,8 @@
 # Installs the Debian packages fenceproxy's tests and benchmarks need, if they
 # are missing: PostgreSQL server binaries (initdb, postgres, pgbench), psql,
 # a C compiler for pg_query_go (cgo), docker-compose (to validate the compose
-# file), redis-server and PgBouncer (the lock and pooler tests), and with
-# --bench also valgrind.
+# file), redis-server and PgBouncer (the lock and pooler tests), chromium
+# (the status page test), and with --bench also valgrind.
 set -euo pipefail
 
 need=()
@@ -20,6 +20,7 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
 if [ "${1:-}" = "--bench" ]; then
 	command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 fi

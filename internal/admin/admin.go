@@ -1,8 +1,8 @@
 // Package admin serves fenceproxy's admin HTTP endpoints: Prometheus
 // /metrics, /healthz (the process is up), /readyz (the upstream answers
 // and the proxy is not draining), /sessions (the client sessions), /rules
-// (the rules in force) and, when enabled, Go's profiler under
-// /debug/pprof/.
+// (the rules in force), a status page for people at / (docs/observability.md)
+// and, when enabled, Go's profiler under /debug/pprof/.
 package admin
 
 import (
@@ -38,6 +38,8 @@ type Options struct {
 	Sessions func() []proxy.SessionSnapshot
 	// Rules answers /rules. nil: 404.
 	Rules func() Rules
+	// Status makes the status page at /. nil: 404.
+	Status StatusFunc
 	// Pprof serves net/http/pprof under /debug/pprof/.
 	Pprof bool
 }
@@ -94,6 +96,9 @@ func Handler(opts Options) http.Handler {
 		mux.HandleFunc("GET /rules", func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, opts.Rules())
 		})
+	}
+	if opts.Status != nil {
+		mux.HandleFunc("GET /{$}", statusHandler(opts.Status))
 	}
 	if opts.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)

@@ -101,8 +101,8 @@ func (o *observed) connect(t *testing.T, token, lock string) *pgx.Conn {
 	return c
 }
 
-// exec runs sql in c and checks its SQLSTATE ("" for success).
-func exec(t *testing.T, c *pgx.Conn, sql, want string) {
+// execState runs sql in c and checks its SQLSTATE ("" for success).
+func execState(t *testing.T, c *pgx.Conn, sql, want string) {
 	t.Helper()
 	_, err := c.Exec(context.Background(), sql)
 	if got := sqlstate(err); got != want || (want == "" && err != nil) {
@@ -114,8 +114,8 @@ func exec(t *testing.T, c *pgx.Conn, sql, want string) {
 // holder of 42 try: refused with FP001.
 func (o *observed) staleRowWrite(t *testing.T, id int) {
 	t.Helper()
-	exec(t, o.connect(t, "44", ""), fmt.Sprintf("UPDATE obs_row SET v = 'new' WHERE id = %d", id), "")
-	exec(t, o.connect(t, "42", ""), fmt.Sprintf("UPDATE obs_row SET v = 'old' WHERE id = %d", id), rules.CodeStaleToken)
+	execState(t, o.connect(t, "44", ""), fmt.Sprintf("UPDATE obs_row SET v = 'new' WHERE id = %d", id), "")
+	execState(t, o.connect(t, "42", ""), fmt.Sprintf("UPDATE obs_row SET v = 'old' WHERE id = %d", id), rules.CodeStaleToken)
 }
 
 // traffic makes every kind of event the metrics count: fenced writes, a
@@ -124,12 +124,12 @@ func (o *observed) staleRowWrite(t *testing.T, id int) {
 func (o *observed) traffic(t *testing.T) {
 	t.Helper()
 	o.staleRowWrite(t, 1)
-	exec(t, o.connect(t, "", ""), "UPDATE obs_row SET v = 'x' WHERE id = 2", rules.CodeMissingToken)
-	exec(t, o.connect(t, "44", ""), "UPDATE obs_audit SET v = 'new' WHERE id = 1", "")
-	exec(t, o.connect(t, "42", ""), "UPDATE obs_audit SET v = 'old' WHERE id = 1", "")
-	exec(t, o.connect(t, "7", "job/7"), "UPDATE obs_lock SET v = 'new' WHERE id = 1", "")
-	exec(t, o.connect(t, "6", "job/7"), "UPDATE obs_lock SET v = 'old' WHERE id = 2", rules.CodeStaleToken)
-	exec(t, o.connect(t, "44", ""), "TRUNCATE obs_row", rules.CodeRefused)
+	execState(t, o.connect(t, "", ""), "UPDATE obs_row SET v = 'x' WHERE id = 2", rules.CodeMissingToken)
+	execState(t, o.connect(t, "44", ""), "UPDATE obs_audit SET v = 'new' WHERE id = 1", "")
+	execState(t, o.connect(t, "42", ""), "UPDATE obs_audit SET v = 'old' WHERE id = 1", "")
+	execState(t, o.connect(t, "7", "job/7"), "UPDATE obs_lock SET v = 'new' WHERE id = 1", "")
+	execState(t, o.connect(t, "6", "job/7"), "UPDATE obs_lock SET v = 'old' WHERE id = 2", rules.CodeStaleToken)
+	execState(t, o.connect(t, "44", ""), "TRUNCATE obs_row", rules.CodeRefused)
 	waitFor(t, func() bool {
 		return metric(t, o.in, `fenceproxy_audit_would_reject_total{reason="stale",table="public.obs_audit"}`) == 1
 	})
