@@ -19,6 +19,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/service"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -34,6 +35,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stopStack()
+	testutil.ReportSkips()
 	if code == 0 {
 		if err := findLeaks(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
@@ -81,6 +83,7 @@ var shared struct {
 // PostgreSQL installation fails the test with pgcluster's explanation.
 func getStack(t testing.TB) *stack {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL, etcd")
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"testing"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -11,6 +12,7 @@ import (
 // (PostgreSQL 17's sslnegotiation=direct) and asks for the "postgresql"
 // ALPN protocol gets it; libpq refuses a direct TLS connection without it.
 func TestDirectTLSNegotiatesALPN(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	p := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig()})
 	cfg := certs.ClientTLSConfig("localhost")
 	cfg.NextProtos = []string{"postgresql"}

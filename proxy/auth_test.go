@@ -20,6 +20,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/testcerts"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -84,6 +85,7 @@ func firstAuthRequest(t testing.TB, c io.ReadWriter, user string) pgproto3.Backe
 // password, the right one gets in, a wrong one is refused with 28P01, and
 // neither the password nor a DSN with it reaches the proxy's logs.
 func TestAuthentication(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	methods := []struct {
 		name       string
@@ -166,6 +168,7 @@ func saslMechanisms(t testing.TB, c io.ReadWriter, user string) []string {
 // TLS-enabled server takes for a downgrade attack (RFC 5802, section 6);
 // that must either work or end with a clear fenceproxy error.
 func TestSCRAMOverTLS(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	c := scramTLSCluster(t)
 	user := newUser(t, c, "scram-sha-256")
@@ -301,6 +304,7 @@ func TestSCRAMOverTLS(t *testing.T) {
 // verification, and checks that a certificate it must not trust makes the
 // client's connection fail with 08006.
 func TestUpstreamTLS(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	c := scramTLSCluster(t)
 	user := newUser(t, c, "scram-sha-256")

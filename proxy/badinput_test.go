@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -29,6 +30,7 @@ func startupPacket(code uint32, payload []byte) []byte {
 // a word where it does not (TestStartupLikePostgres compares each case with
 // the server), and a healthy session on the same proxy is unaffected.
 func TestGarbageStartup(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	cases := []struct {
 		name string
@@ -123,6 +125,7 @@ func checkFatal(t testing.TB, got []byte, code string) {
 // gets 08P01 and its connection closes, other sessions carry on, and a
 // message just under the limit passes.
 func TestOversizedMessage(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	const limit = 64 << 10
 	p := startProxy(t, proxy.Options{MaxMessageBytes: limit})
@@ -192,6 +195,7 @@ func errorsString(errs []*pgproto3.ErrorResponse) string {
 // frees the session and its upstream connection. Query and Parse bodies are
 // read whole by the proxy; others (Bind, CopyData) are streamed upstream.
 func TestClientDisconnectMidMessage(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	healthy := connect(t, superDSN(p))
@@ -227,6 +231,7 @@ func upstreamSessions(t testing.TB, app string) int {
 // TestMaxConnections refuses the connection beyond MaxConnections with
 // 53300, and accepts one again when a session ends.
 func TestMaxConnections(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{MaxConnections: 2})
 	ctx := ctxT(t)
@@ -253,6 +258,7 @@ func TestMaxConnections(t *testing.T) {
 // TestStartupTimeout closes a client that connects and never completes its
 // startup.
 func TestStartupTimeout(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{StartupTimeout: 300 * time.Millisecond})
 	silent := dialRaw(t, p.Addr())
@@ -273,6 +279,7 @@ func TestStartupTimeout(t *testing.T) {
 // TestMaxConnectionsClients checks the refusal as real clients see it with
 // their default sslmode=prefer, which opens with an SSLRequest.
 func TestMaxConnectionsClients(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{MaxConnections: 1, ClientTLS: certs.ServerTLSConfig()})
 	first := connect(t, superDSN(p))
@@ -295,6 +302,7 @@ func TestMaxConnectionsClients(t *testing.T) {
 // or a client can no longer cancel its own query exactly when the proxy
 // is busiest.
 func TestCancelAtMaxConnections(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{MaxConnections: 1})
 	conn := connectConfig(t, cancellingConfig(t, superDSN(p)))

@@ -18,6 +18,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -46,6 +47,7 @@ func pqCode(err error) string {
 // uses the unnamed statement of the extended protocol), errors, and
 // transactions that commit and roll back.
 func TestLibPQ(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	db := openPQ(t, superDSN(p))
@@ -187,6 +189,7 @@ func runClient(t testing.TB, p *proxytest.Proxy, env []string, dir, bin string, 
 // TestPsql runs a psql script through the proxy: DDL, DML, queries, and
 // \copy in both directions (COPY FROM STDIN / TO STDOUT).
 func TestPsql(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	psql := clientBinary(t, "psql")
 	p := startProxy(t, proxy.Options{})
@@ -255,6 +258,7 @@ var (
 // TestPgbench initialises a pgbench database through the proxy (which
 // loads it with COPY) and runs the TPC-B-like script in each query mode.
 func TestPgbench(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	pgbench := clientBinary(t, "pgbench")
 	p := startProxy(t, proxy.Options{})

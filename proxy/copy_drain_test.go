@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -17,6 +18,7 @@ import (
 // ReadyForQuery for it: afterwards the session is idle, and a drain closes
 // it without waiting for the drain timeout.
 func TestExtendedCopyInLeavesSessionIdle(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	table := newTable(t, "id int")
 	p := startProxy(t, proxy.Options{})
 	_, fe := rawSession(t, p.Addr(), nil)

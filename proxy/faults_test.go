@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -30,6 +31,7 @@ func (h *faultHooks) AcceptFailed(error) { h.acceptFailed.Add(1) }
 //
 // Not parallel: it lowers the descriptor limit of the whole test process.
 func TestAcceptOutOfFileDescriptors(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	hooks := &faultHooks{}
 	p := startProxy(t, proxy.Options{Hooks: hooks})
 	conn := connect(t, superDSN(p))
@@ -102,6 +104,7 @@ func TestAcceptOutOfFileDescriptors(t *testing.T) {
 // statement runs: the proxy must cancel the statement upstream instead of
 // leaving the backend to run it to its end.
 func TestVanishedClientStatementCancelled(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	app := "vanish_" + strconv.FormatInt(time.Now().UnixNano(), 36)

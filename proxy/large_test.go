@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -51,6 +52,7 @@ func waitBudgetFree(t *testing.T, b *proxy.MessageBudget) {
 // whole and charged to the budget), and a large Query that writes to a
 // protected table, which is refused as too large to check.
 func TestLargeMessagesWithBudget(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	table := newTable(t, "v text")
 	budget := proxy.NewMessageBudget(64<<20, 10*time.Second)
@@ -84,6 +86,7 @@ func TestLargeMessagesWithBudget(t *testing.T) {
 // Query, Parse and Bind wait and are then refused with 53200, their
 // sessions going on; the stalled Query runs once it is complete.
 func TestLargeMessageBudgetBound(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	const limit = 4 << 20
 	budget := proxy.NewMessageBudget(limit, 300*time.Millisecond)

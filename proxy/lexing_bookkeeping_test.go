@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -53,6 +54,7 @@ func isRFQ(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.ReadyForQuery
 
 // Settings from the startup packet (and role defaults) reach the policy.
 func TestLexingFromStartupSettings(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	rec := &lexRec{}
 	p := startProxy(t, proxy.Options{Policy: rec})
 	_, fe := rawSession(t, p.Addr(), map[string]string{"client_encoding": "SJIS", "options": "-c standard_conforming_strings=off"})
@@ -71,6 +73,7 @@ func TestLexingFromStartupSettings(t *testing.T) {
 // answered: the wait before deciding on a sensitive statement is bounded,
 // and the statement is then decided as Uncertain.
 func TestLexingWaitAfterDiscardedQueryIsBounded(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	rec := &lexRec{}
 	p := startProxy(t, proxy.Options{Policy: rec})
 	c, fe := rawSession(t, p.Addr(), nil)
@@ -95,6 +98,7 @@ func TestLexingWaitAfterDiscardedQueryIsBounded(t *testing.T) {
 // a later backslash statement is decided as Uncertain (fail closed), never
 // with a stale standard_conforming_strings.
 func TestLexingPipelinedCopyFailsClosed(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	table := newTable(t, "id int")
 	rec := &lexRec{}
 	p := startProxy(t, proxy.Options{Policy: rec})
@@ -141,6 +145,7 @@ func isLastRFQ(m pgproto3.BackendMessage) bool {
 // the client's Sync (without CopyDone, as the protocol allows) is answered,
 // and the session is idle and certain again afterwards.
 func TestCopyErrorLeavesSessionIdle(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	table := newTable(t, "id int")
 	rec := &lexRec{}
 	p := startProxy(t, proxy.Options{Policy: rec})
@@ -186,6 +191,7 @@ func TestCopyErrorLeavesSessionIdle(t *testing.T) {
 // PostgreSQL reports client_encoding by its canonical name whatever alias
 // the client used, which is what the policy compares with "UTF8".
 func TestLexingEncodingNames(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	p := startProxy(t, proxy.Options{})
 	_, fe := rawSession(t, p.Addr(), nil)
 	for _, e := range []string{"latin1", "utf-8", "latin1", "unicode", "sql_ascii", "Utf8"} {

@@ -24,6 +24,7 @@ import (
 // without a socket, and that sessions spread over several loops work side
 // by side.
 func TestSessionsOnEventLoops(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{RelayLoops: 2})
 	a := connect(t, superDSN(p))
@@ -149,6 +150,7 @@ func (p quickPolicy) DecideQuick(_ *proxy.SessionInfo, _ proxy.Lexing, sql strin
 // few milliseconds (so that the runtime's monitor does not preempt it; see
 // yieldEvery in loop.go).
 func TestLoopYields(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{RelayLoops: 1})
 	conn := connect(t, superDSN(p))
@@ -170,6 +172,7 @@ func TestLoopYields(t *testing.T) {
 // not started while two are blocked) and starts when one frees, while a
 // statement the quick path decides is served meanwhile.
 func TestOffLoopCap(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	sp := &slowPolicy{entered: make(chan struct{})}
 	p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: quickPolicy{sp}})
@@ -239,6 +242,7 @@ func TestOffLoopCap(t *testing.T) {
 // its own session only: the other sessions of its event loop go on.
 // Policy panics refuse the statement on either path.
 func TestSlowDecisionOffLoop(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	for _, quick := range []bool{false, true} {
 		t.Run(fmt.Sprintf("quick=%v", quick), func(t *testing.T) {
@@ -331,6 +335,7 @@ func TestSlowDecisionOffLoop(t *testing.T) {
 // SSLRequest or directly, are relayed by the event loops too (crypto/tls
 // over the loop's connection), and work there, large results included.
 func TestTLSSessionsOnEventLoops(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig(), RelayLoops: 1})
 	var conns []*pgx.Conn
@@ -384,6 +389,7 @@ func TestTLSSessionsOnEventLoops(t *testing.T) {
 // TestPreparedOpsOffLoop checks that listing a text's SQL-level prepared
 // statements, a parse in the real policy, holds up its own session only.
 func TestPreparedOpsOffLoop(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	sp := &slowPolicy{entered: make(chan struct{})}
 	p := startProxy(t, proxy.Options{RelayLoops: 1, Policy: preparedSlowPolicy{sp}})

@@ -62,6 +62,7 @@ func runMain(m *testing.M) int {
 	code := m.Run()
 	stopSharedClusters()
 	stop()
+	testutil.ReportSkips()
 	if code == 0 {
 		// pgx, lib/pq and the proxy start no background goroutines that
 		// outlive a closed connection or a shut-down server, so no
@@ -85,6 +86,7 @@ func generateCerts(dir string) (*testcerts.Files, error) {
 // first use. It lives until the end of the run.
 func sharedCluster(t testing.TB, name string, opts pgcluster.Options) *pgcluster.Cluster {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	shared.mu.Lock()
 	e, ok := shared.clusters[name]
 	if !ok {
@@ -147,6 +149,7 @@ func scramTLSCluster(t testing.TB) *pgcluster.Cluster {
 // startProxy starts a proxy in front of the shared trust cluster.
 func startProxy(t testing.TB, opts proxy.Options) *proxytest.Proxy {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	return proxytest.Start(t, cluster.Addr(), opts)
 }
 
@@ -197,6 +200,7 @@ var tableSeq atomic.Int64
 // cluster's postgres database and returns its unique name.
 func newTable(t testing.TB, columns string) string {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	name := fmt.Sprintf("t_%s_%d", sanitize(t.Name()), tableSeq.Add(1))
 	if err := cluster.Exec(ctxT(t), "CREATE TABLE "+name+" ("+columns+")"); err != nil {
 		t.Fatal(err)

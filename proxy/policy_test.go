@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -72,6 +73,7 @@ func (h *countingHooks) Statement(info *proxy.SessionInfo, d proxy.Decision, _ t
 // one) and the session goes on; a rewrite runs the new SQL; an upstream
 // error the policy recognises is translated.
 func TestPolicyHooks(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	hooks := &countingHooks{}
 	t.Cleanup(func() {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -24,6 +25,7 @@ import (
 // (cached) prepared statements, unnamed statements with and without a
 // Describe round trip.
 func TestExecModes(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	table := newTable(t, "id int PRIMARY KEY, name text, at timestamptz")
@@ -86,6 +88,7 @@ func TestExecModes(t *testing.T) {
 // TestMultiStatementSimpleQuery sends several statements in one Query
 // message; each has its own result and the last ReadyForQuery ends them.
 func TestMultiStatementSimpleQuery(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
@@ -137,6 +140,7 @@ func TestMultiStatementSimpleQuery(t *testing.T) {
 // TestPreparedStatements uses named prepared statements (Parse with a name,
 // Describe, Close) and unnamed ones at the pgconn level.
 func TestPreparedStatements(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
@@ -198,6 +202,7 @@ func TestPreparedStatements(t *testing.T) {
 // TestBatch sends a pgx.Batch: many Parse/Bind/Describe/Execute messages
 // and one Sync, all written before any result is read.
 func TestBatch(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	table := newTable(t, "id int PRIMARY KEY, v text")
@@ -242,6 +247,7 @@ func TestBatch(t *testing.T) {
 // Flush requests and Syncs are sent before results are read, and an error
 // skips the rest of its pipeline segment until the next Sync.
 func TestPipeline(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
@@ -348,6 +354,7 @@ func wantPipelineResult[T any](t *testing.T, pl *pgconn.Pipeline, value any) {
 // TestCopy runs COPY FROM STDIN (pgx.CopyFrom, 50k rows) and COPY TO
 // STDOUT through the proxy.
 func TestCopy(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
@@ -399,6 +406,7 @@ func TestCopy(t *testing.T) {
 // TestListenNotify delivers a notification from one proxied session to
 // another.
 func TestListenNotify(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	listener := connect(t, superDSN(p))
@@ -437,6 +445,7 @@ func TestListenNotify(t *testing.T) {
 // TestNoticeAndParameterStatus checks that NoticeResponse and
 // ParameterStatus messages reach the client.
 func TestNoticeAndParameterStatus(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	cfg, err := pgx.ParseConfig(superDSN(p))
@@ -508,6 +517,7 @@ func cancellingConfig(t *testing.T, dsn string) *pgx.ConnConfig {
 // sends a CancelRequest through the proxy with the BackendKeyData it was
 // given, the server cancels the query and the session stays usable.
 func TestCancelRequest(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connectConfig(t, cancellingConfig(t, superDSN(p)))
@@ -567,6 +577,7 @@ func pgxQueryDirect(t testing.TB, sql string) (int, error) {
 // stays far below the result's size. Not parallel, so that other tests do
 // not disturb the heap measurement.
 func TestLargeResult(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
 	ctx := ctxT(t)
@@ -611,6 +622,7 @@ func TestLargeResult(t *testing.T) {
 // SQLSTATE and details, and that the session stays usable, in both
 // protocols.
 func TestServerErrors(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	table := newTable(t, "id int PRIMARY KEY")
@@ -656,6 +668,7 @@ func TestServerErrors(t *testing.T) {
 // TestTransactions commits and rolls back through the proxy, including a
 // transaction aborted by an error.
 func TestTransactions(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
@@ -738,6 +751,7 @@ func TestTransactions(t *testing.T) {
 // buffers in both directions: a 10 MB value in one DataRow, a 5 MB Query,
 // a 5 MB Bind parameter, and a 2 MB ErrorResponse.
 func TestLargeMessages(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, superDSN(p))
@@ -771,6 +785,7 @@ func TestLargeMessages(t *testing.T) {
 // GSSENCRequest (answered 'N'), NegotiateProtocolVersion from the server
 // (relayed), and a client asking for a newer minor protocol version.
 func TestStartupNegotiation(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 

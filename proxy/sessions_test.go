@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -15,6 +16,7 @@ import (
 // the statements the policy rewrote and refused; a session that ends
 // leaves the list.
 func TestSessionsSnapshot(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{Policy: stubPolicy{}})
 	find := func(pred func(proxy.SessionSnapshot) bool) (proxy.SessionSnapshot, bool) {

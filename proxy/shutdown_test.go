@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -72,6 +73,7 @@ func wantClosedByShutdown(t *testing.T, conn *pgx.Conn) {
 // closed at the following ReadyForQuery, and no new session is accepted
 // meanwhile.
 func TestShutdownLetsTransactionFinish(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	table := newTable(t, "id int")
@@ -110,6 +112,7 @@ func TestShutdownLetsTransactionFinish(t *testing.T) {
 // TestShutdownClosesIdleSessions: idle sessions are closed as soon as the
 // shutdown starts, without waiting for the drain deadline.
 func TestShutdownClosesIdleSessions(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	idle := []*pgx.Conn{connect(t, superDSN(p)), connect(t, superDSN(p))}
@@ -138,6 +141,7 @@ func TestShutdownClosesIdleSessions(t *testing.T) {
 // closed with 57P01 when the drain deadline passes, and its transaction is
 // rolled back by the server.
 func TestShutdownDrainTimeout(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	table := newTable(t, "id int")
@@ -175,6 +179,7 @@ func TestShutdownDrainTimeout(t *testing.T) {
 // session was terminated. Closing the upstream socket is not enough, a
 // backend notices a closed client only when it next reads or writes.
 func TestShutdownDrainTimeoutRunningStatement(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	table := newTable(t, "id int")
@@ -218,6 +223,7 @@ func backendAlive(t testing.TB, pid uint32) int {
 // TestShutdownDuringStartup: a client that is in the middle of its startup
 // when the shutdown begins does not get a usable session.
 func TestShutdownDuringStartup(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	c := dialRaw(t, p.Addr())
@@ -243,6 +249,7 @@ func TestShutdownDuringStartup(t *testing.T) {
 // able to cancel its running query (PostgreSQL handles cancel requests in
 // every shutdown mode), after which its session can end.
 func TestCancelDuringShutdown(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connectConfig(t, cancellingConfig(t, superDSN(p)))
@@ -277,6 +284,7 @@ func checkCancelInTx(t *testing.T, conn *pgx.Conn) {
 // middle of a large result (e.g. a paused process) cannot hold the drain
 // deadline up.
 func TestShutdownDrainTimeoutSlowClient(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	c, fe := rawSession(t, p.Addr(), map[string]string{"application_name": "slow-client"})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -121,6 +122,7 @@ func oversizedAuthAnswer(t testing.TB, addr, user string, size int) ([]*pgproto3
 // not allocate the announced size. Not parallel, so that the allocation
 // count is the proxy's.
 func TestOversizedAuthAnswer(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	const size = 60 << 20
 	const startupTimeout = 20 * time.Second
 	const clients = 3
@@ -193,6 +195,7 @@ func saslAnswerWithFlag(t testing.TB, c io.ReadWriter, user string) pgproto3.Bac
 // the client's leg and names both ways out; with a plaintext upstream leg
 // it passes, as it would directly.
 func TestChannelBindingRefusalWording(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	c := scramTLSCluster(t)
 	user := newUser(t, c, "scram-sha-256")

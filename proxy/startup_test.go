@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -142,6 +143,7 @@ var startupCases = []struct {
 // the cases without an SSLRequest): the answers must be the same, and a
 // healthy session on the proxy is unaffected.
 func TestStartupLikePostgres(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	plain := startProxy(t, proxy.Options{})
 	withTLS := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig()})
@@ -171,6 +173,7 @@ func TestStartupLikePostgres(t *testing.T) {
 // TestTerminateBeforeStartupNoError: the quick-disconnect case with a real
 // socket that does not half-close: nothing comes back, not an error.
 func TestTerminateBeforeStartupNoError(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	for _, addr := range []string{cluster.Addr(), p.Addr()} {
@@ -189,6 +192,7 @@ func TestTerminateBeforeStartupNoError(t *testing.T) {
 // TestSecondSSLRequestOverTLS: after TLS, another SSLRequest is refused as
 // PostgreSQL refuses it (0A000, an unsupported protocol version).
 func TestSecondSSLRequestOverTLS(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	c := scramTLSCluster(t)
 	p := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig()})
@@ -212,6 +216,7 @@ func TestSecondSSLRequestOverTLS(t *testing.T) {
 // PostgreSQL is built with GSSAPI and answers 'G', so this is not compared
 // with it.
 func TestGSSENCRequestOnce(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	for _, tc := range []struct {

@@ -7,12 +7,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
 // TestClientTLS serves TLS to clients with the test certificate, which is
 // valid for 127.0.0.1, in front of the plaintext trust cluster.
 func TestClientTLS(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig()})
 	cases := []struct {
@@ -81,6 +83,7 @@ func TestClientTLS(t *testing.T) {
 // TestRequireClientTLS refuses clients that do not negotiate TLS with
 // 28000 and serves those that do.
 func TestRequireClientTLS(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{ClientTLS: certs.ServerTLSConfig(), RequireClientTLS: true})
 	ctx := ctxT(t)
@@ -104,6 +107,7 @@ func TestRequireClientTLS(t *testing.T) {
 // TestNoClientTLS: a proxy without ClientTLS answers SSLRequest with 'N',
 // so sslmode=prefer falls back to plaintext and sslmode=require fails.
 func TestNoClientTLS(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	conn := connect(t, withQuery(p.URL("postgres", "", "postgres"), "sslmode", "prefer"))

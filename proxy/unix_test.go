@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -25,6 +26,7 @@ import (
 // none: SSLRequest is answered 'N', as PostgreSQL answers it there, and a
 // plaintext client is served.
 func TestUnixSockets(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	upstream := filepath.Join(cluster.DataDir(), ".s.PGSQL."+strconv.Itoa(cluster.Port()))
 	if _, err := os.Stat(upstream); err != nil {

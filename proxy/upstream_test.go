@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
@@ -38,6 +39,7 @@ func TestUpstreamUnavailable(t *testing.T) {
 // pg_terminate_backend), the client receives the server's FATAL error and
 // the proxy frees the session; other sessions are unaffected.
 func TestUpstreamTerminated(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p := startProxy(t, proxy.Options{})
 	healthy := connect(t, superDSN(p))

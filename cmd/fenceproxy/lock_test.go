@@ -396,6 +396,7 @@ func TestLockEtcdUnreachable(t *testing.T) {
 // PGOPTIONS of the caller's kept. It sets PGOPTIONS for the process, so it
 // does not run in parallel.
 func TestLockPGOptionsPsql(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL, psql")
 	psql, err := exec.LookPath("psql")
 	if err != nil {
 		t.Fatalf("psql not found: %v", err)
@@ -479,6 +480,7 @@ func TestLockPGOptionsEnv(t *testing.T) {
 // first and gets a larger token, the password comes from the environment
 // and stays out of every message, and the lock is free afterwards.
 func TestLockRedis(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL, psql")
 	psql, err := exec.LookPath("psql")
 	if err != nil {
 		t.Fatalf("psql not found: %v", err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestMain lets the test binary act as the fenceproxy command, so tests can
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("FENCEPROXY_TEST_AS_MAIN") == "1" {
 		os.Exit(runMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	os.Exit(testutil.Run(m))
 }
 
 // startServe runs `fenceproxy serve -c cfg` as a child process, killed

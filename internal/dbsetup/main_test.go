@@ -15,11 +15,13 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // cluster is the server every test uses; each test works in a database of
-// its own (newDatabase).
+// its own (newDatabase). Under -short there is none, and newDatabase and
+// connect skip the test.
 var cluster *pgcluster.Cluster
 
 func TestMain(m *testing.M) {
@@ -27,6 +29,7 @@ func TestMain(m *testing.M) {
 	cluster = c
 	code := m.Run()
 	stop()
+	testutil.ReportSkips()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines left running:", err)
@@ -41,6 +44,7 @@ var dbSeq atomic.Int64
 // newDatabase creates an empty database named after the test.
 func newDatabase(t *testing.T) string {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	name := strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_"))
 	if len(name) > 50 {
 		name = name[:50]
@@ -55,6 +59,7 @@ func newDatabase(t *testing.T) string {
 // connect connects to db as the superuser, or as user when given.
 func connect(t *testing.T, db string, user ...string) *pgx.Conn {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	dsn := cluster.SuperuserDSN(db)
 	if len(user) > 0 {
 		dsn = cluster.DSN(user[0], "", db)

@@ -392,6 +392,7 @@ func TestAutoPrepareReload(t *testing.T) {
 
 // TestAutoPrepareOff: by default the proxy prepares nothing of its own.
 func TestAutoPrepareOff(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startEnv(t)
 	db := e.newDB(t)
@@ -414,6 +415,7 @@ func TestAutoPrepareOff(t *testing.T) {
 // a form decided under older rules (reload) nor one without its lock
 // registration runs.
 func TestAutoPrepareHijack(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	t.Run("reload", func(t *testing.T) {
 		t.Parallel()
@@ -473,6 +475,7 @@ func autoName(t *testing.T, c *pgx.Conn) string {
 // statement — 'now' and its kin, a literal timestamp read under the
 // session's TimeZone — is what the Query would have had at every sending.
 func TestAutoPrepareAnalysisTime(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startAutoEnv(t)
 	db := e.newDB(t)
@@ -534,6 +537,7 @@ func TestAutoPrepareAnalysisTime(t *testing.T) {
 // registration runs at each Bind) and with simple Queries the proxy
 // prepares for itself.
 func TestRegisterNameTaken(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startLockEnvWith(t, policy.Options{}, autoPrepare)
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {

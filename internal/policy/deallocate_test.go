@@ -5,12 +5,15 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestDeallocatedStatement: after a protocol-level Close of a client's own
 // named statement (pgx's Deallocate), a Bind of the name gets PostgreSQL's
 // own answer, 26000, on which drivers prepare again; then it works again.
 func TestDeallocatedStatement(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startEnv(t)
 	db := e.newDB(t)

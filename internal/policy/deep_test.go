@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestDeepStatement sends the statement that used to kill the proxy with
@@ -19,6 +21,7 @@ import (
 // proxy cannot parse it to tell); on an unrelated table it is forwarded and
 // PostgreSQL answers. The proxy and the other session carry on.
 func TestDeepStatement(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	db := e.newDB(t)
 	chain := " WHERE id = 1" + strings.Repeat(" + 1", 30000)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -18,6 +19,7 @@ import (
 // keeps its rows, owner, schema, columns and membership; where no
 // protected table applies, the same statements run and do what they do.
 func TestDropOwned(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startEnv(t)
 	db := e.newDB(t)

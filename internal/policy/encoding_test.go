@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -32,6 +33,7 @@ import (
 //
 // Each encoding works in a database of its own, as a parallel subtest.
 func TestEncodings(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	rs, err := rules.Compile(testRules)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestRegistrationHijack: stored code that deallocates the proxy's
@@ -12,6 +14,7 @@ import (
 // registration: the proxy parses it again at every use. The stale
 // holder's write is refused and the data is unchanged.
 func TestRegistrationHijack(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startLockEnv(t)
 	db := newLockDB(t, true)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestOperatorSearchPath: everything the rewrite adds is schema-qualified,
@@ -12,6 +14,7 @@ import (
 // a stale write fails (or, with on_stale: skip, touches nothing), an
 // invalid token is still FP002, and no watermark moves.
 func TestOperatorSearchPath(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	db := e.newDB(t)
 	d := direct(t, db)
@@ -97,6 +100,7 @@ CREATE OPERATOR public.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = public.fa
 // (set_config anywhere in it) is refused with FP003 before anything runs;
 // setting the token in an earlier statement of the same string works.
 func TestTokenReadOnce(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	db := e.newDB(t)
 	d := direct(t, db)
@@ -190,6 +194,7 @@ func TestTokenReadOnce(t *testing.T) {
 // checked. Either the write is refused and nothing changes, or the row
 // carries the token the function set.
 func TestTokenReadOnceThroughFunction(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	db := e.newDB(t)
 	d := direct(t, db)

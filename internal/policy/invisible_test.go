@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestSettingChangedByFunction: what stays invisible. A function that
@@ -11,6 +13,7 @@ import (
 // tables go on running with the value the session last set in a way the
 // proxy saw (here 44), not the function's 41.
 func TestSettingChangedByFunction(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startLockEnv(t)
 	db := newLockDB(t, true)

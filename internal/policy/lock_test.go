@@ -16,6 +16,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -123,6 +124,7 @@ func TestLockFencing(t *testing.T) {
 // in databases with fenceproxy's objects the rewrites call the error
 // raisers while the registration runs before them.
 func TestLockFencingRaisers(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	checker, _ := startChecker(t, lockRules)
 	e := startLockEnvWith(t, policy.Options{Checks: checker}, autoPrepare)

@@ -47,6 +47,7 @@ func runMain(m *testing.M) int {
 	cluster = c
 	code := m.Run()
 	stop()
+	testutil.ReportSkips()
 	if code == 0 {
 		// pgx, lib/pq and the proxy leave no goroutine behind once every
 		// connection is closed and the proxy is shut down.
@@ -148,6 +149,7 @@ func autoPrepare(o *proxy.Options) { o.AutoPrepare = 2 }
 // returns it with cfg's table specs.
 func startChecker(t *testing.T, cfg rules.Config) (*dbsetup.Checker, []rules.TableSpec) {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	specs, err := rules.Specs(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -170,6 +172,7 @@ func startEnv(t *testing.T) *env {
 // specs are installed in each database newDB makes.
 func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec, edit ...func(*proxy.Options)) *env {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	rs, err := rules.Compile(testRules)
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +185,7 @@ func startPolicyEnv(t *testing.T, opts policy.Options, specs []rules.TableSpec, 
 // edited by edit (autoPrepare, say), stopped when the test ends.
 func startProxy(t *testing.T, pol proxy.Policy, edit ...func(*proxy.Options)) *proxytest.Proxy {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	po := proxy.Options{
 		Policy: pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
@@ -320,6 +324,7 @@ func (e *env) connect(t testing.TB, db string, edit ...func(*pgx.ConnConfig)) *p
 // up and inspect data.
 func direct(t testing.TB, db string) *pgx.Conn {
 	t.Helper()
+	testutil.SkipSystem(t, "PostgreSQL")
 	return connectDSN(t, cluster.SuperuserDSN(db))
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // ORMs map every column of a row, the fence column included, and send the
@@ -86,6 +88,7 @@ const (
 // TestORMColumns runs the ORM statements through every driver and query
 // mode with a fresh token, then with a stale one, and checks what is stored.
 func TestORMColumns(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	for _, cl := range ormClients {
 		t.Run(cl.name, func(t *testing.T) {
@@ -238,6 +241,7 @@ var ormShapes = []string{
 // the proxy and directly, and compares the parameter types and the result
 // columns PostgreSQL describes.
 func TestORMParamTypes(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	e := startEnv(t)
 	db := e.newDB(t)
 	ctx := ctxT(t)

@@ -11,6 +11,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgbouncer"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -21,6 +22,7 @@ import (
 // carries from another client: in a guarded database the proxy applies
 // the session's values before every statement that may write.
 func TestPoolerGuard(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	checker, specs := startChecker(t, lockRules)
 	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{

@@ -13,6 +13,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgbouncer"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
@@ -202,6 +203,7 @@ func (pe *poolerEnv) polluteAs(t *testing.T, user, db, tok, lk string) {
 }
 
 func TestPooler(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	pe := startPoolerEnv(t)
 	// The subtests share one PgBouncer: its pool is per database, and each
@@ -571,6 +573,7 @@ func checkPoolerWrites(t *testing.T, a, d *pgx.Conn, f poolerForm, before rowSet
 // are PgBouncer's server connections, each shared by every client; what
 // one client leaves at session level on them must not help another.
 func TestPoolerInFront(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	rs, err := rules.Compile(lockRules)
 	if err != nil {
@@ -844,6 +847,7 @@ func testPoolerAlterRole(t *testing.T, pe *poolerEnv, mode pgx.QueryExecMode) {
 // on another; whatever the proxy does about it, the stale holder never
 // writes and the fresh holder's writes carry its own token.
 func TestPoolerAutoPrepare(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
 		PoolMode:                "transaction",

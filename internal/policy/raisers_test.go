@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -29,6 +30,7 @@ func pid2query(t *testing.T, d *pgx.Conn, pid int) string {
 // statement fails closed with an error naming the cause, and once the
 // database is checked again the proxy fences with the inline form.
 func TestRaisersUsed(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	inline, fn := startEnv(t), startRaisersEnv(t)
 	dbI, dbF := inline.newDB(t), fn.newDB(t)
@@ -191,6 +193,7 @@ func TestRaisersUsed(t *testing.T) {
 // constant arguments) — in both forms; and a prepared write that matches
 // no row still fails without a token.
 func TestRaisersPreparedTokens(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	for _, form := range []struct {
 		name  string
@@ -281,6 +284,7 @@ func TestRaisersPreparedTokens(t *testing.T) {
 // named prepared statement as the server has it — decided again in the
 // prepared form, it is what was sent, so it is not prepared again.
 func TestRaisersPreparedKeptOverReload(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startRaisersEnv(t)
 	db := e.newDB(t)

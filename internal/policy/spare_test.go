@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestRegistrationOncePerTransaction: in an explicit transaction, the lock
@@ -13,6 +15,7 @@ import (
 // A ROLLBACK TO SAVEPOINT (which may undo it) or a change of the token
 // makes the next statement register again. Counted with track_functions.
 func TestRegistrationOncePerTransaction(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startLockEnv(t)
 	db := newLockDB(t, true)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -869,6 +870,7 @@ func TestSpellingTokenRandom(t *testing.T) {
 // TestSpellingAlterRole: a lock name from ALTER ROLE … SET and ALTER
 // DATABASE … SET, which the server applies at the session's start.
 func TestSpellingAlterRole(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startLockEnv(t)
 	s := newSpellEnv(t, e)
@@ -954,6 +956,7 @@ func TestSpellingRandom(t *testing.T) {
 }
 
 func FuzzSpellings(f *testing.F) {
+	testutil.SkipSystem(f, "PostgreSQL")
 	for _, s := range []uint64{1, 2, 3, 42, 1 << 40} {
 		f.Add(s)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/admin"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/proxy"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
@@ -23,6 +24,7 @@ import (
 // TestSessionsEndpoint: /sessions lists a session with its startup
 // parameters, state and counts of fenced and refused statements.
 func TestSessionsEndpoint(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.sessions_a")
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeConfig(t, path, cluster.Addr(), "public.sessions_a")
@@ -74,6 +76,7 @@ func TestSessionsEndpoint(t *testing.T) {
 // TestRulesEndpointAfterReload: /rules shows the rules in force with the
 // hash of the file they came from, and follows a reload.
 func TestRulesEndpointAfterReload(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeConfig(t, path, cluster.Addr(), "public.rules_a")
 	in, _ := startInstance(t, path)
@@ -125,6 +128,7 @@ func TestRulesEndpointAfterReload(t *testing.T) {
 // time is set at start, moves with a reload and stays put after a failed
 // one.
 func TestReloadTimestampAndBuildInfo(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeConfig(t, path, cluster.Addr())
 	in, _ := startInstance(t, path)
@@ -163,6 +167,7 @@ func TestReloadTimestampAndBuildInfo(t *testing.T) {
 // TestAuditListenerUpMetric: the audit listener's gauge is 1 once it
 // listens and 0 when its server goes away.
 func TestAuditListenerUpMetric(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	pg := pgtest.Start(t, pgcluster.Options{}) // stopped below
 	if err := pg.Exec(context.Background(), `
 		CREATE TABLE audit_up (id int PRIMARY KEY, v text NOT NULL DEFAULT '', last_fence bigint NOT NULL DEFAULT 0);
@@ -189,6 +194,7 @@ func TestAuditListenerUpMetric(t *testing.T) {
 
 // TestPprofSwitch: /debug/pprof/ is served only with admin.pprof: true.
 func TestPprofSwitch(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	dir := t.TempDir()
 	off := filepath.Join(dir, "off.yaml")
 	writeConfig(t, off, cluster.Addr())

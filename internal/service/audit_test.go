@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -17,6 +18,7 @@ import (
 // line with table and client, metric); after switching the table to
 // enforce, the same write is rejected.
 func TestAuditThenEnforce(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.audit_a")
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
@@ -93,6 +95,7 @@ func TestAuditThenEnforce(t *testing.T) {
 // TestScopeByApplicationName: one service is switched to enforce while the
 // others stay in audit.
 func TestScopeByApplicationName(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.scoped_a")
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
@@ -143,6 +146,7 @@ func connectApp(t *testing.T, addr, token, app string) *pgx.Conn {
 // TestMissingTokenAllowedIsCounted: with missing_token: allow an untokened
 // write goes through unfenced and is counted.
 func TestMissingTokenAllowedIsCounted(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.allow_a")
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
@@ -169,6 +173,7 @@ func TestMissingTokenAllowedIsCounted(t *testing.T) {
 // TestAuditRecordsRefusals: a statement enforce would refuse (TRUNCATE) is
 // forwarded in audit mode and recorded.
 func TestAuditRecordsRefusals(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.audit_r")
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -22,6 +23,7 @@ import (
 // foreign key's ON DELETE CASCADE, TRUNCATE ... CASCADE); the data is
 // checked afterwards.
 func TestDatabaseCheck(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	ctx := context.Background()
 	if err := cluster.CreateDatabase(ctx, "checkdb"); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 const (
@@ -140,6 +142,7 @@ var targetLabels = map[string]bool{"job": true, "instance": true, "le": true, "_
 // labels they match on and group by; the rules load in Prometheus's rule
 // parser, and every expression parses as PromQL.
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	o := startObserved(t)
 	o.traffic(t)
 	body := get(t, "http://"+o.in.AdminAddr()+"/metrics", http.StatusOK)

@@ -37,6 +37,7 @@ func TestMain(m *testing.M) {
 	cluster = c
 	code := m.Run()
 	stop()
+	testutil.ReportSkips()
 	os.Exit(code)
 }
 
@@ -146,6 +147,7 @@ func get(t *testing.T, url string, want int) string {
 }
 
 func TestMetricsMove(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.metrics_a")
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeConfig(t, path, cluster.Addr(), "public.metrics_a")
@@ -211,6 +213,7 @@ func TestMetricsMove(t *testing.T) {
 }
 
 func TestReadyzFollowsUpstream(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	// A cluster of its own: this test stops it.
 	pg := pgtest.Start(t, pgcluster.Options{})
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
@@ -240,6 +243,7 @@ func TestReadyzFollowsUpstream(t *testing.T) {
 // sessions stay connected, statements after a reload follow the new rules,
 // and a broken file leaves the running rules in force.
 func TestReloadUnderTraffic(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.reload_a")
 	dir := t.TempDir()
 	path := filepath.Join(dir, "fenceproxy.yaml")
@@ -352,6 +356,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // the running upstream (and the other start-only sections), says so in the
 // log, and /readyz keeps probing the upstream the relay uses.
 func TestReloadKeepsRestartOnlyKeys(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.restart_a")
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeConfig(t, path, cluster.Addr())
@@ -380,6 +385,7 @@ func TestReloadKeepsRestartOnlyKeys(t *testing.T) {
 // timeout rather than a bare close after the startup timeout, and the
 // failure must be counted.
 func TestFrozenUpstream(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	pg := pgtest.Start(t, pgcluster.Options{})
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeFile(t, path, "listen: 127.0.0.1:0\nupstream:\n  address: "+pg.Addr()+"\n  connect_timeout: 1s\nadmin:\n  listen: 127.0.0.1:0\n")
@@ -431,6 +437,7 @@ func TestFrozenUpstream(t *testing.T) {
 // /readyz answers 503 while new clients are still served; after it, new
 // clients are refused.
 func TestShutdownDelay(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	path := filepath.Join(t.TempDir(), "fenceproxy.yaml")
 	writeConfig(t, path, cluster.Addr())
 	cfg, err := config.Load(path)

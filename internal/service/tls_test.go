@@ -11,11 +11,13 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
 	"github.com/fenceproxy/fenceproxy/internal/testcerts"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestUpstreamVerifyModes: verify-ca and verify-full accept the upstream's
 // certificate with the right CA and refuse it with another.
 func TestUpstreamVerifyModes(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	certs, err := testcerts.Generate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

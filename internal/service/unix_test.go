@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/service"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -24,6 +25,7 @@ import (
 // behind by a killed proxy is replaced, a live one or another file is
 // not, and the file is removed on shutdown.
 func TestUnixSocketListen(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.unix_listen_a")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, ".s.PGSQL.7432")
@@ -105,6 +107,7 @@ func TestUnixSocketListen(t *testing.T) {
 // TestUnixSocketUpstream: with upstream.address naming PostgreSQL's socket
 // directory, the relay, /readyz and the audit listener all reach it there.
 func TestUnixSocketUpstream(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	if _, err := os.Stat(filepath.Join(cluster.DataDir(), ".s.PGSQL."+strconv.Itoa(cluster.Port()))); err != nil {
 		t.Fatalf("the cluster has no Unix socket (TMPDIR too long?): %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/rules"
 )
 
@@ -67,6 +68,7 @@ func (d *configMapDir) write(text string) {
 // Kubernetes mounts a ConfigMap is reloaded when the kubelet swaps ..data,
 // and the new rules fence writes (issue 31).
 func TestConfigMapSymlinkSwapReloads(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	createTable(t, "public.watch_a")
 	createTable(t, "public.watch_b")
 	t.Run("mounted directory", func(t *testing.T) { testSymlinkSwap(t, false) })
