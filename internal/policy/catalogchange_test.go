@@ -1,10 +1,12 @@
 package policy_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 )
@@ -14,8 +16,10 @@ import (
 // session's very next statement writes through it: refused (FP003) with no
 // reload, the protected table unchanged. The databases have the catalog
 // watch (fenceproxy setup as the superuser); no notification reaches this
-// proxy (it has no audit listener), so what refuses is the stamp read
-// before the write. Half the writes go as simple Queries, half as Parse.
+// proxy (it has no audit listener), so what refuses is the check of the
+// stamp in the write's transaction (fenceproxy.catalog_is), and the retry,
+// decided after the database was checked again, is refused for the path.
+// Half the writes go as simple Queries, half as Parse.
 func TestCatalogChange(t *testing.T) {
 	t.Parallel()
 	checker, specs := startChecker(t, testRules)
@@ -77,12 +81,14 @@ func TestCatalogChange(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			execDirect(t, d, k.ddl)
 			before := tableText(t, d, k.table)
-			var err error
-			if i%2 == 0 {
-				_, err = c.PgConn().Exec(ctx, k.write).ReadAll()
-			} else {
-				_, err = c.Exec(ctx, k.write, pgx.QueryExecModeDescribeExec)
-			}
+			err := retryCatalogCheck(t, func() error {
+				if i%2 == 0 {
+					_, err := c.PgConn().Exec(ctx, k.write).ReadAll()
+					return err
+				}
+				_, err := c.Exec(ctx, k.write, pgx.QueryExecModeDescribeExec)
+				return err
+			})
 			wantCode(t, err, "FP003")
 			// Refused for the path found by the check the change called
 			// for, not only while it ran.
@@ -95,11 +101,34 @@ func TestCatalogChange(t *testing.T) {
 			execDirect(t, d, k.undo)
 			// With the path gone (another change of the catalog), the
 			// session writes the relation again where it still exists.
-			if _, err := c.Exec(ctx, "UPDATE src SET v = v WHERE id = 1"); err != nil {
+			if err := retryCatalogCheck(t, func() error {
+				_, err := c.Exec(ctx, "UPDATE src SET v = v WHERE id = 1")
+				return err
+			}); err != nil {
 				t.Fatalf("after %s: %v", k.undo, err)
 			}
 		})
 	}
+}
+
+// retryCatalogCheck runs write, and once more if the catalog check in
+// its transaction refused it (the catalog changed after the proxy's last
+// check, and no notification told the proxy), as a client retries a
+// statement refused with FP003. It returns the last error.
+func retryCatalogCheck(t *testing.T, write func() error) error {
+	t.Helper()
+	err := write()
+	if isCatalogCheck(err) {
+		err = write()
+	}
+	return err
+}
+
+// isCatalogCheck reports whether err is the refusal of the catalog check
+// in a write's transaction (fenceproxy.catalog_is).
+func isCatalogCheck(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "FP003" && strings.Contains(pe.Message, "changed since the proxy checked it; the statement did not run")
 }
 
 // execDirect runs sql (one or more statements) on d, a direct connection,

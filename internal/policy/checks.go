@@ -47,6 +47,11 @@ type dbChecks struct {
 	// the results describe, with the stamp now (stamp.go).
 	watched bool
 	stamp   int64
+	// moved: the catalog is known to have changed since stamp (a
+	// notification, a failed in-band check), so writes wait for a stamp
+	// read instead of checking in their own transaction, until results
+	// of another stamp are read.
+	moved atomic.Bool
 }
 
 type checkCache struct {
@@ -125,6 +130,14 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		next.watched, next.stamp, paths = true, st.stamp, st.paths
 		next.paths = paths
 	}
+	if st != nil && st.moved.Load() && next.stamp == st.stamp {
+		next.moved.Store(true)
+	}
+	if st != nil && next.watched && next.stamp != st.stamp {
+		// Statements prepared before check the old stamp when they run
+		// (their CatalogCheckProc call): decided again, they check this one.
+		p.bumpGeneration()
+	}
 	time.AfterFunc(dbRefresh, func() { next.expired.Store(true) })
 	if st != nil && samePaths(st.paths, paths) {
 		next.indirect = st.indirect
@@ -172,12 +185,16 @@ func indirectRules(paths []dbsetup.IndirectPath) []rules.Indirect {
 // check failed in this database, or that writes through a relation that
 // reaches a protected table. nil when the database is not checked. Where
 // the catalog watch runs, a statement that may write is checked against
-// the catalog as it is now (freshState).
+// the catalog as it is when it runs: by the in-band check it returns, or,
+// where that cannot go before it (inBandWrite, or the statement has a
+// lock registration of its own), for a named prepared statement
+// (prepared), or where the catalog is known to have moved, by a stamp
+// read before it is forwarded (freshState).
 //
 // Quick, it reports false instead of parsing sql or reading the stamp.
-func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, quick bool) (*rules.Error, bool) {
+func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, prepared, quick bool) (*rules.Error, stampCheck, bool) {
 	if st == nil || (!st.known && !st.watched) {
-		return nil, true
+		return nil, stampCheck{}, true
 	}
 	if d.Action == rules.Rewrite {
 		for _, t := range d.Tables {
@@ -192,27 +209,57 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 					Detail:  strings.Join(fixes, "\n"),
 					Hint:    "Fix: " + probs[0].FixFor(p.configFile),
 					Table:   t,
-				}, true
+				}, stampCheck{}, true
 			}
 		}
 	}
 	if e, ok := p.hierarchyRefusal(st, info, sql, quick); !ok || e != nil {
-		return e, ok
+		return e, stampCheck{}, ok
 	}
+	var check stampCheck
+	read := false // the stamp was read for this statement
 	if st.watched && mayWrite(sql) {
-		if quick {
-			return nil, false
+		// A named prepared statement would run the check at every Bind
+		// (parsed again each time: about as much as the write itself in
+		// pgbench -M prepared); it is decided once, with a stamp read,
+		// and again when the stamp moves.
+		inBand := d.Lock == nil && !prepared && inBandWrite(sql)
+		if !inBand || st.moved.Load() {
+			if quick {
+				return nil, stampCheck{}, false
+			}
+			fresh, e := p.freshState(info, st, sql)
+			if e != nil {
+				return e, stampCheck{}, true
+			}
+			st, read = fresh, true
 		}
-		fresh, e := p.freshState(info, st, sql)
-		if e != nil {
-			return e, true
-		}
-		st = fresh
+		// After a stamp read too: a change may commit before the
+		// statement runs.
+		check = stampCheck{on: inBand, stamp: st.stamp}
 	}
+	var e *rules.Error
 	if quick {
-		return st.indirect.CheckCached(sql)
+		var ok bool
+		if e, ok = st.indirect.CheckCached(sql); !ok || (e != nil && check.on && !read) {
+			return nil, stampCheck{}, false
+		}
+		return e, check, true
 	}
-	return st.indirect.Check(sql), true
+	e = st.indirect.Check(sql)
+	if e != nil && check.on && !read {
+		// Refused with paths the catalog may have dropped since: a
+		// refusal is rare, so it waits for a stamp read, as a write the
+		// check cannot go before does.
+		fresh, fe := p.freshState(info, st, sql)
+		if fe != nil {
+			return fe, stampCheck{}, true
+		}
+		if fresh != st {
+			e, check.stamp = fresh.indirect.Check(sql), fresh.stamp
+		}
+	}
+	return e, check, true
 }
 
 // hierarchyDDL returns the set that refuses DDL on the relations whose

@@ -213,14 +213,16 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	} else {
 		d = rs.Decide(sql)
 	}
+	var check stampCheck
 	if d.Action != rules.Refuse && st != nil {
-		e, ok := p.checkRefusal(st, info, sql, &d, quick)
+		e, c, ok := p.checkRefusal(st, info, sql, &d, lex.Prepared, quick)
 		if !ok {
 			return proxy.Decision{}, false
 		}
 		if e != nil {
 			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}, true
 		}
+		check = c
 	}
 	// A rewrite, and a lock registration, may report to the audit
 	// listener: it must be in place first.
@@ -239,11 +241,17 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		// refuse is forwarded as sent, and only the proxy can record it.
 		p.recordAuditRefusal(set, info, d.AuditRefusal)
 	}
-	switch d.Action {
-	case rules.Rewrite:
-		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock), Preparable: d.Preparable}, true
-	case rules.Refuse:
+	switch {
+	case d.Action == rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}, true
+	case check.on && d.Action == rules.Rewrite:
+		// The catalog check goes before the statement, in its
+		// transaction (d has no lock registration: checkRefusal).
+		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable}, true
+	case check.on:
+		return proxy.Decision{Tables: d.Tables, Lock: catalogCheck(check, sql)}, true
+	case d.Action == rules.Rewrite:
+		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock), Preparable: d.Preparable}, true
 	default:
 		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
 	}
@@ -302,7 +310,7 @@ func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
 
 // TranslateError implements proxy.Policy.
 func (p *Policy) TranslateError(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
-	if p.lockError(info, e) || p.missingObjectsError(info, e) {
+	if p.catalogCheckFailed(info, e) || p.lockError(info, e) || p.missingObjectsError(info, e) {
 		return true
 	}
 	fe, ok := rules.TranslateError(e.Code, e.Message)

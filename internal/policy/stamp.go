@@ -3,7 +3,10 @@ package policy
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
@@ -14,9 +17,15 @@ import (
 // A view, rule, parent or foreign key created on another connection after
 // a database's check opens a path the check's IndirectSet does not list.
 // Where the catalog watch counts such changes (dbsetup's watch.sql), a
-// statement that may write is forwarded only once the stamp read for it —
-// by a read that began after the statement arrived — equals the stamp of
-// the results it is decided with; otherwise the database is checked again
+// statement that may write is decided with the paths at hand and runs
+// after a check in its own transaction, dbsetup.CatalogCheckProc with the
+// stamp of those paths, which fails (FP003) when the stamp is another:
+// no round trip of its own. A statement the check cannot go before (one
+// of several in a Query, a DO block, a CALL, an EXECUTE, COPY, ...), and
+// every write after a notification or a failed check until the paths are
+// read again, is forwarded only once the stamp read for it — by a read
+// that began after the statement arrived — equals the stamp of the
+// results it is decided with; otherwise the database is checked again
 // first, and while that cannot finish the statement is refused (FP003).
 // See docs/design.md, "Catalog changes while the proxy runs".
 
@@ -40,10 +49,106 @@ type catalogWatcher interface {
 // prepared before are decided again before they next run (their writes
 // then compare the stamp too).
 func (p *Policy) CatalogChanged(database string) {
+	p.catalogMoved(database)
+}
+
+// catalogMoved marks database's results as older than its catalog: they
+// are read again at the next statement, writes wait for a stamp read (and
+// a new check) until the results' stamp moves, and statements prepared
+// before are decided again before they next run.
+func (p *Policy) catalogMoved(database string) {
 	if v, ok := p.checkCache.byDB.Load(database); ok {
-		v.(*dbChecks).expired.Store(true)
+		st := v.(*dbChecks)
+		st.moved.Store(true)
+		st.expired.Store(true)
 	}
 	p.bumpGeneration()
+}
+
+// catalogCheckFailed handles the FP003 of dbsetup.CatalogCheckProc: the
+// catalog moved after the paths the statement was decided with were read,
+// and before it ran (and without a notification, or before it). The
+// statement did not run; the database is checked again, and its retry
+// waits for that. It reports whether e is that error.
+func (p *Policy) catalogCheckFailed(info *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
+	if e.Code != rules.CodeRefused || !strings.HasPrefix(e.Message, catalogCheckMessage) {
+		return false
+	}
+	p.log.Info("catalog changed after a write was decided; refused in its transaction", zap.String("database", info.Database),
+		zap.String("detail", e.Detail), zap.Uint64("conn-id", info.ID))
+	if p.checks != nil {
+		p.checks.Recheck(info.Database)
+	}
+	p.catalogMoved(info.Database)
+	return true
+}
+
+// catalogCheckMessage begins the message of the FP003 that
+// dbsetup.CatalogCheckProc raises.
+const catalogCheckMessage = "fenceproxy: the catalog of database "
+
+// stampCheck is the in-band check a decision carries: on, the statement
+// runs after dbsetup.CatalogCheckProc with stamp.
+type stampCheck struct {
+	on    bool
+	stamp int64
+}
+
+// firstCall lists the check as the first statement of a Query; the relay
+// only reads it.
+var firstCall = []int{0}
+
+// catalogCheck returns the registration that runs the check for stamp
+// before text (the text sent: the client's, or its rewrite), in the same
+// transaction: spliced in front of a Query's text, or bound and executed
+// before each Bind of a Parse's. The relay runs a registration with
+// Required in every session and swallows its CommandComplete. Audit: it
+// registers no lock, so its success must not spare a later statement's
+// lock registration in the transaction.
+func catalogCheck(c stampCheck, text string) *proxy.LockRegistration {
+	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
+	// The call is ASCII and ends at its semicolon: the server reads the
+	// text after it as it would read it alone.
+	return &proxy.LockRegistration{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true}
+}
+
+// inBandWrite reports whether the check can run just before sql without
+// changing what sql does: sql is one statement (no semicolon but a final
+// one) that begins with one of the keywords below, none of which
+// statements that must run outside a transaction block (VACUUM, CREATE
+// INDEX CONCURRENTLY, ...) or that end or control transactions (COMMIT,
+// a CALL or DO that commits) begin with. It is conservative: a text it
+// rejects is checked by a stamp read before it is forwarded instead.
+func inBandWrite(sql string) bool {
+	i := 0
+	for i < len(sql) && isSpace(sql[i]) {
+		i++
+	}
+	j := i
+	for j < len(sql) && identByte(sql[j]) {
+		j++
+	}
+	switch w := sql[i:j]; {
+	case strings.EqualFold(w, "update"), strings.EqualFold(w, "insert"), strings.EqualFold(w, "delete"),
+		strings.EqualFold(w, "merge"), strings.EqualFold(w, "with"), strings.EqualFold(w, "select"),
+		strings.EqualFold(w, "truncate"):
+	default:
+		return false
+	}
+	k := strings.IndexByte(sql[j:], ';')
+	if k < 0 {
+		return true
+	}
+	for _, c := range []byte(sql[j+k+1:]) {
+		if !isSpace(c) {
+			return false
+		}
+	}
+	return true
+}
+
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
 }
 
 // bumpGeneration makes the relay decide every prepared statement again
@@ -73,6 +178,8 @@ func (p *Policy) freshState(info *proxy.SessionInfo, st *dbChecks, sql string) (
 		return nil, catalogUnknown(db, "its catalog stamp could not be read: "+err.Error())
 	}
 	if stamp == st.stamp {
+		// Read after the statement arrived: the results are current.
+		st.moved.Store(false)
 		return st, nil
 	}
 	// A notification may have had the database checked already.
