@@ -135,6 +135,9 @@ func mutants(n *pg.Node) []*pg.Node {
 // change of each, two nodes get the same fragmentKey exactly when their
 // protobuf encodings are the same.
 func TestFragmentKeyExact(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (about 30 s): every one-field change of every fence expression; runs without -short")
+	}
 	// Distinct expressions only, and mutants of those the encoder handles
 	// (the others are keyed by protobuf anyway).
 	var nodes []*pg.Node

@@ -333,6 +333,9 @@ func TestServerFunctionsEquivalent(t *testing.T) {
 // where it has something to gain (a token check), and then validates a
 // token with the short pattern before the full one or a call.
 func TestPreparedEquivalent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: every golden statement in four forms; runs without -short")
+	}
 	sets := compileSets(t)
 	cfgs := loadRuleSets(t)
 	short := "OPERATOR(pg_catalog.~) '" + rules.ShortTokenPattern() + "'"
