@@ -333,7 +333,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	s.decided(&d, s.clock().Sub(start))
 	var ft fenceText
 	if s.fence.on && d.Action != Refuse {
-		if err := s.fenceDecide(typ, &d, &ft, sql, words); err != nil {
+		if err := s.fenceDecide(typ, &d, &ft, sql, lex, words); err != nil {
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/binary"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -119,10 +120,15 @@ type fenceText struct {
 
 // fenceOps reads what sql does to the fence settings; a refusal when it
 // cannot be known.
-func (s *session) fenceOps(sql string) (fenceText, *pgproto3.ErrorResponse) {
+func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *pgproto3.ErrorResponse) {
 	var ft fenceText
-	if !s.fence.on || !mayChangeFence(sql) {
+	if !s.fence.on || !mayChangeFence(sql, lex) {
 		return ft, nil
+	}
+	if strings.IndexByte(sql, '\\') >= 0 && (!lex.StandardConformingStrings || lex.Uncertain || backslashInCharacters(lex.ClientEncoding)) {
+		// The parser reads backslashes as standard_conforming_strings on
+		// does, in UTF-8.
+		return ft, refuseFenceUnknown("backslashes in a statement that may change them, where the server may read them as escapes (standard_conforming_strings off, or a client encoding whose characters contain the byte)")
 	}
 	sp := s.srv.opts.Policy.(SettingsPolicy)
 	var err error
@@ -140,8 +146,9 @@ func (s *session) fenceOps(sql string) (fenceText, *pgproto3.ErrorResponse) {
 		return ft, refusePrepared("internal error reading the statement's fence settings", "")
 	}
 	if err != nil {
-		// It does not parse: the server refuses it, and nothing changes.
-		return fenceText{}, nil
+		// The server may read what the parser could not (another version,
+		// another client encoding): fail closed.
+		return ft, refuseFenceUnknown("the statement does not parse here (" + err.Error() + ")")
 	}
 	ft.ops = ft.st.Ops
 	for _, op := range ft.ops {
@@ -419,9 +426,9 @@ func registers(l *LockRegistration, lockNamed bool) bool {
 // protected table, waits until the record is what the server holds, so
 // that the values applied before it and the decision to register the
 // lock are the session's own.
-func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, words prepWords) error {
+func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, lex Lexing, words prepWords) error {
 	var refusal *pgproto3.ErrorResponse
-	*ft, refusal = s.fenceOps(sql)
+	*ft, refusal = s.fenceOps(sql, lex)
 	fenced := fencedDecision(d, words)
 	switch {
 	case refusal != nil:

@@ -34,9 +34,27 @@ func TestMayChangeFence(t *testing.T) {
 		"WITH x AS (SELECT 1) SELECT * FROM x":     false,
 		"SELECT $1":                                false,
 	} {
-		if got := mayChangeFence(sql); got != want {
+		if got := mayChangeFence(sql, Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}); got != want {
 			t.Errorf("mayChangeFence(%q) = %v, want %v", sql, got, want)
 		}
+	}
+}
+
+func TestMayChangeFenceEscapes(t *testing.T) {
+	off := Lexing{ClientEncoding: "UTF8"} // standard_conforming_strings off
+	if mayChangeFence("SELECT 'a\\'; SET x = 1'", off) {
+		t.Error("with standard_conforming_strings off the string hides the SET")
+	}
+	if !mayChangeFence("SELECT 'a\\'; SET x = 1", Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}) {
+		t.Error("with standard_conforming_strings on the SET is a statement")
+	}
+	// In SJIS, 0x95 0x5c is one character: its second byte is no escape.
+	sjis := Lexing{ClientEncoding: "SJIS"}
+	if mayChangeFence("SELECT E'\x95\\'; SELECT 1", sjis) {
+		t.Error("SJIS: the character's second byte read as an escape")
+	}
+	if !mayChangeFence("SELECT E'\x95\\'; SET x = 1", sjis) {
+		t.Error("SJIS: the SET after the string was missed")
 	}
 }
 

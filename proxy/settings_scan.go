@@ -8,16 +8,19 @@ import "strings"
 // mayChangeFence is the cheap test before a parse: whether sql may hold a
 // statement that changes a fence setting or controls a transaction. It
 // scans as PostgreSQL's lexer does (comments nest, quoted identifiers,
-// strings, dollar quotes) and answers true for a statement that begins
-// with SET, RESET, DISCARD, DO, PREPARE or a transaction command, for the
-// word set_config anywhere, and whenever it cannot be sure (a backslash,
-// a Unicode-escaped identifier). False positives only cost a parse.
-func mayChangeFence(sql string) bool {
-	if strings.IndexByte(sql, '\\') >= 0 {
-		// Escape strings, or strings with standard_conforming_strings
-		// off: where a string ends depends on settings.
+// strings with or without backslash escapes as the session's
+// standard_conforming_strings says, E” strings, dollar quotes) and
+// answers true for a statement that begins with SET, RESET, DISCARD, DO,
+// PREPARE or a transaction command, for the word set_config anywhere, and
+// whenever it cannot be sure (a Unicode-escaped identifier, a backslash
+// in a client encoding whose characters may contain its byte). False
+// positives only cost a parse.
+func mayChangeFence(sql string, lex Lexing) bool {
+	if lex.Uncertain && strings.IndexByte(sql, '\\') >= 0 {
 		return true
 	}
+	escapes := !lex.StandardConformingStrings
+	mb := backslashInCharacters(lex.ClientEncoding)
 	start := true // at the start of a statement
 	for i := 0; i < len(sql); {
 		c := sql[i]
@@ -48,7 +51,11 @@ func mayChangeFence(sql string) bool {
 			start = true
 			i++
 		case c == '\'':
-			i = skipQuoted(sql, i, '\'')
+			if escapes {
+				i = skipEscaped(sql, i, lex.ClientEncoding, mb)
+			} else {
+				i = skipQuoted(sql, i, '\'')
+			}
 			start = false
 		case c == '"':
 			j := skipQuoted(sql, i, '"')
@@ -72,9 +79,20 @@ func mayChangeFence(sql string) bool {
 			w := sql[i:j]
 			if (len(w) == 1 || len(w) == 2) && (w[0]|0x20 == 'u' || w[0]|0x20 == 'e' || w[0]|0x20 == 'b' || w[0]|0x20 == 'x' || w[0]|0x20 == 'n') && j < len(sql) && (sql[j] == '&' || sql[j] == '\'') {
 				if sql[j] == '&' {
-					return true // U&"…" or U&'…': escapes the proxy does not decode here
+					if len(w) == 1 && w[0]|0x20 == 'u' && j+1 < len(sql) && sql[j+1] == '\'' {
+						// U&'…': a string constant (its escapes are read
+						// after the lexer, which ends it at a lone quote).
+						i, start = skipQuoted(sql, j+1, '\''), false
+						continue
+					}
+					return true // U&"…": an identifier the proxy does not decode here
 				}
-				// E'…', B'…', X'…', N'…': a string constant follows.
+				// E'…', B'…', X'…', N'…': a string constant follows; an
+				// E'' string has backslash escapes.
+				if len(w) == 1 && w[0]|0x20 == 'e' {
+					i, start = skipEscaped(sql, j, lex.ClientEncoding, mb), false
+					continue
+				}
 			}
 			if strings.EqualFold(w, "set_config") {
 				return true
@@ -84,11 +102,34 @@ func mayChangeFence(sql string) bool {
 			}
 			i, start = j, false
 		default:
-			i++
+			if mb && c >= 0x80 {
+				i += charLen(lex.ClientEncoding, sql, i)
+			} else {
+				i++
+			}
 			start = false
 		}
 	}
 	return false
+}
+
+// charLen is the length of the character at sql[i] (a byte >= 0x80) in a
+// client encoding whose characters may contain ASCII bytes, as
+// PostgreSQL's pg_encoding_mblen reads them.
+func charLen(enc string, sql string, i int) int {
+	c := sql[i]
+	n := 2
+	switch strings.ToUpper(enc) {
+	case "SJIS", "SHIFT_JIS_2004":
+		if !(c >= 0x81 && c <= 0x9f || c >= 0xe0 && c <= 0xfc) {
+			n = 1 // single-byte katakana
+		}
+	case "GB18030":
+		if i+1 < len(sql) && sql[i+1] >= 0x30 && sql[i+1] <= 0x39 {
+			n = 4
+		}
+	}
+	return min(n, len(sql)-i)
 }
 
 func statementWord(w string) bool {
@@ -202,6 +243,38 @@ func mayWrite(sql string) bool {
 			}
 			return false
 		}
+	}
+	return false
+}
+
+// skipEscaped returns the index after the string constant at sql[i] (a
+// quote) whose backslashes escape the next byte.
+func skipEscaped(sql string, i int, enc string, mb bool) int {
+	for j := i + 1; j < len(sql); j++ {
+		switch c := sql[j]; {
+		case mb && c >= 0x80:
+			j += charLen(enc, sql, j) - 1
+		case c == '\\':
+			j++
+		case c == '\'':
+			if j+1 < len(sql) && sql[j+1] == '\'' {
+				j++
+				continue
+			}
+			return j + 1
+		}
+	}
+	return len(sql)
+}
+
+// backslashInCharacters reports whether a client encoding has multibyte
+// characters whose later bytes may be a backslash (PostgreSQL's
+// client-only encodings): there the scan cannot tell an escape from a
+// character.
+func backslashInCharacters(enc string) bool {
+	switch strings.ToUpper(enc) {
+	case "SJIS", "SHIFT_JIS_2004", "BIG5", "GBK", "UHC", "GB18030", "JOHAB":
+		return true
 	}
 	return false
 }

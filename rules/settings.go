@@ -97,9 +97,14 @@ func (r *Rules) WhichSetting(name string) uint8 {
 }
 
 // SettingOps parses sql and returns what its statements do to the fence
-// settings. An error means the text does not parse: PostgreSQL will refuse
-// it too, so it changes nothing.
+// settings. An error means the text does not parse here (the proxy
+// refuses it: the server's parser may accept it).
 func (r *Rules) SettingOps(sql string) (SettingText, error) {
+	if r.maxCheck > 0 && len(sql) > r.maxCheck {
+		// Not parsed: a parse costs many times the text.
+		return SettingText{Ops: []SettingOp{{Kind: SetUnknown, Which: SettingToken | SettingLock,
+			Why: "a text longer than max_check_bytes that may change them"}}}, nil
+	}
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		return SettingText{}, err
