@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // chromium returns the path of Debian's chromium; without it the test is
@@ -38,6 +40,7 @@ func chromium(t *testing.T) string {
 // token, DSN or password. With FENCEPROXY_UPDATE_SCREENSHOT=1 it writes
 // docs/status-page.png.
 func TestStatusPageInChromium(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	browser := chromium(t)
 	o := startObserved(t)
 	o.traffic(t)
