@@ -790,3 +790,46 @@ func (s *HierarchySet) hit(schema, rel, what string) *Error {
 	}
 	return nil
 }
+
+// DropDatabaseRefusal refuses, in any session, a DROP DATABASE of a
+// database in which some table of the configuration is protected (an
+// entry in mode enforce or audit whose scope includes the database, or
+// has no database scope): a session the rules do not fence may still drop
+// another database that holds protected tables. Call it on the root rule
+// set (before ForSession). It parses only texts with the words DROP and
+// DATABASE.
+func (r *Rules) DropDatabaseRefusal(sql string) *Error {
+	if !containsWordFoldASCII(sql, "database") || !containsWordFoldASCII(sql, "drop") {
+		return nil
+	}
+	tree, err := pg.Parse(sql)
+	if err != nil {
+		return nil // the server refuses it too
+	}
+	for _, raw := range tree.Stmts {
+		d := raw.GetStmt().GetDropdbStmt()
+		if d == nil || !r.protectsDatabase(d.Dbname) {
+			continue
+		}
+		return &Error{Code: CodeRefused,
+			Message: "fenceproxy: DROP DATABASE " + d.Dbname + " is not allowed through the proxy: the database holds protected tables",
+			Hint:    hintDirect}
+	}
+	return nil
+}
+
+// protectsDatabase reports whether some entry of the configuration
+// fences a table in database db.
+func (r *Rules) protectsDatabase(db string) bool {
+	if r.scopes == nil {
+		return len(r.listed) > 0 || len(r.audited) > 0
+	}
+	for _, g := range r.scopes.groups {
+		for _, e := range g.entries {
+			if e.rule != nil && listMatches(e.scope.databases, db) {
+				return true
+			}
+		}
+	}
+	return false
+}
