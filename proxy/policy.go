@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // Hooks let a caller observe what the relay does without the relay knowing
@@ -35,17 +37,17 @@ type TimingHooks interface {
 	SessionEnded(lasted time.Duration)
 }
 
-// Action is what the relay does with a statement.
-type Action uint8
+// Action is what the relay does with a statement: the rewriter's own
+// (rules.Forward sends the client's message unchanged, rules.Rewrite sends
+// Decision.SQL instead, rules.Refuse executes nothing and answers with
+// Decision.Refusal).
+type Action = rules.Action
 
+// The actions, under the relay's names.
 const (
-	// Forward sends the client's message unchanged.
-	Forward Action = iota
-	// Rewrite sends Decision.SQL instead of the client's SQL.
-	Rewrite
-	// Refuse executes nothing; the client receives Decision.Refusal in
-	// the place of the statement's result.
-	Refuse
+	Forward = rules.Forward
+	Rewrite = rules.Rewrite
+	Refuse  = rules.Refuse
 )
 
 // Decision is a Policy's verdict on one statement.
@@ -157,32 +159,21 @@ type PreparedPolicy interface {
 	PreparedOps(sql string) ([]PreparedOp, error)
 }
 
-// PreparedOpKind is what a statement does to the session's prepared
-// statements.
-type PreparedOpKind uint8
-
-const (
-	// OpPrepare defines Name (PREPARE name AS ...).
-	OpPrepare PreparedOpKind = iota + 1
-	// OpExecute runs Name (EXECUTE, EXPLAIN EXECUTE, CREATE TABLE AS
-	// EXECUTE).
-	OpExecute
-	// OpDeallocate removes Name.
-	OpDeallocate
-	// OpDeallocateAll removes every prepared statement (DEALLOCATE ALL,
-	// DISCARD ALL).
-	OpDeallocateAll
+// PreparedOpKind and PreparedOp are the rewriter's: a SQL-level
+// prepared-statement operation of a text (PREPARE, EXECUTE, DEALLOCATE),
+// found by rules.PreparedOps.
+type (
+	PreparedOpKind = rules.PreparedOpKind
+	PreparedOp     = rules.PreparedOp
 )
 
-// PreparedOp is one statement that defines, runs or removes a prepared
-// statement.
-type PreparedOp struct {
-	Kind  PreparedOpKind
-	Name  string // as the server stores it (unquoted names folded)
-	Stmt  int    // index of the statement in the text
-	Text  string // for OpPrepare: the PREPARE statement's own text
-	Stmts int    // number of statements in the text
-}
+// The operation kinds, under the relay's names.
+const (
+	OpPrepare       = rules.OpPrepare
+	OpExecute       = rules.OpExecute
+	OpDeallocate    = rules.OpDeallocate
+	OpDeallocateAll = rules.OpDeallocateAll
+)
 
 // Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
 // server last reported it for the session, and how it will use the text.
