@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,10 +36,13 @@ the guard when that stops being so. Without --guard a guard installed
 earlier is left as it is; --remove-guard removes it.
 
 Databases: those named with --database, or else every database in a
-tables[].scope.databases, plus the database of --dsn (or audit.dsn) when an
-entry has no database scope. Without --dsn it connects as the proxy's audit
-connection does: audit.dsn, or user postgres at upstream.address (password
-from audit.password_env).
+tables[].scope.databases, plus, when an entry has no database scope, the
+connection's database, with libpq's defaults: that of --dsn (or audit.dsn),
+else $PGDATABASE, else the user name. Without --dsn it connects as the
+proxy's audit connection does: audit.dsn, or user postgres ($PGUSER if
+set) at upstream.address (password from audit.password_env, else
+$PGPASSWORD); a file with neither connects from the PG* environment alone,
+as psql would. It prints the databases it worked in.
 
 Exit status: 0 done; 1 failed in some database (the others are still set
 up); 2 usage error.
@@ -109,6 +114,12 @@ type target struct {
 	guard     config.Guard
 	databases []string
 	connect   func(ctx context.Context, database string) (*pgx.Conn, error)
+	// unscoped is the connection's database, where the entries without
+	// scope.databases (unscopedTables) are set up or checked when no
+	// --database is given; from says where its name came from.
+	unscoped       string
+	unscopedTables []string
+	from           string
 }
 
 // prepare loads the configuration and works out the databases. Errors are
@@ -129,13 +140,19 @@ func (c *dbCommand) prepare() (*target, error) {
 	}
 	t := &target{specs: specs, rules: cfg.RulesConfig(), guard: cfg.Guard}
 	appName := "fenceproxy-" + c.name
+	// The connection's database and user, with libpq's defaults for what
+	// is not given: PGDATABASE, PGUSER, PGHOST, PGPORT, PGPASSWORD
+	// (pgconn.ParseConfig reads them as libpq does), and the database
+	// named like the user
+	// (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS).
 	var dsnDatabase string
-	if c.dsn != "" {
+	switch {
+	case c.dsn != "":
 		cc, err := pgx.ParseConfig(c.dsn)
 		if err != nil {
 			return nil, errors.New("--dsn: not a valid connection string")
 		}
-		dsnDatabase = cc.Database
+		dsnDatabase, t.from = defaultDatabase(cc.Database, cc.User, "--dsn")
 		t.connect = func(ctx context.Context, database string) (*pgx.Conn, error) {
 			cc := cc.Copy()
 			cc.Database = database
@@ -144,21 +161,48 @@ func (c *dbCommand) prepare() (*target, error) {
 			}
 			return connectDB(ctx, cc)
 		}
-	} else {
-		if cfg.Upstream.Address == "" && cfg.Audit.DSN == "" {
-			return nil, fmt.Errorf("config %s has no upstream.address or audit.dsn to connect with: give --dsn", *c.config)
+	case cfg.Upstream.Address == "" && cfg.Audit.DSN == "":
+		// A rules-only file: connect as psql would, from the PG*
+		// environment alone.
+		cc, err := pgx.ParseConfig("")
+		if err != nil {
+			return nil, fmt.Errorf("config %s has no upstream.address or audit.dsn, and the PG* environment variables do not parse: %w", *c.config, err)
 		}
+		dsnDatabase, t.from = defaultDatabase(cc.Database, cc.User, "the PG* environment")
+		t.connect = func(ctx context.Context, database string) (*pgx.Conn, error) {
+			cc := cc.Copy()
+			cc.Database = database
+			cc.RuntimeParams["application_name"] = appName
+			return connectDB(ctx, cc)
+		}
+	default:
+		user := ""
 		if cfg.Audit.DSN != "" {
 			pc, err := pgconn.ParseConfig(cfg.Audit.DSN)
 			if err != nil {
 				return nil, errors.New("audit.dsn: not a valid connection string")
 			}
-			dsnDatabase = pc.Database
+			dsnDatabase, t.from = defaultDatabase(pc.Database, pc.User, "audit.dsn")
+		} else {
+			// The audit connection's user postgres, unless PGUSER names
+			// another, as it would for psql.
+			user = os.Getenv("PGUSER")
+			u := user
+			if u == "" {
+				u = "postgres"
+			}
+			dsnDatabase, t.from = u, "the user name (libpq's default database)"
+			if db := os.Getenv("PGDATABASE"); db != "" {
+				dsnDatabase, t.from = db, "from $PGDATABASE"
+			}
 		}
 		t.connect = func(ctx context.Context, database string) (*pgx.Conn, error) {
 			pc, err := cfg.AuditConnConfig(database)
 			if err != nil {
 				return nil, err
+			}
+			if user != "" {
+				pc.User = user
 			}
 			// A pgx configuration must come from ParseConfig; its
 			// connection part is then the audit connection's.
@@ -176,11 +220,38 @@ func (c *dbCommand) prepare() (*target, error) {
 		t.databases = c.databases
 		return t, nil
 	}
-	t.databases = dbsetup.Databases(specs, dsnDatabase)
+	t.databases = dbsetup.Databases(specs, "")
 	if len(t.databases) > 0 && t.databases[0] == "" {
-		return nil, errors.New("tables without scope.databases apply in every database: name the database with --database (or in --dsn)")
+		// Entries without scope.databases apply in every database: the
+		// connection's is the one a single-database deployment means.
+		t.databases = dbsetup.Databases(specs, dsnDatabase)
+		t.unscoped = dsnDatabase
+		for _, s := range specs {
+			if s.Mode != rules.ModeOff && len(s.Scope.Databases) == 0 && !slices.Contains(t.unscopedTables, s.Display) {
+				t.unscopedTables = append(t.unscopedTables, s.Display)
+			}
+		}
 	}
 	return t, nil
+}
+
+// defaultDatabase returns database, or libpq's default for it: the user
+// name; and where it came from, for the message saying so.
+func defaultDatabase(database, user, from string) (string, string) {
+	if database != "" {
+		return database, "the database of " + from
+	}
+	return user, "the user name of " + from + " (libpq's default database)"
+}
+
+// printDatabases says which databases the command works in, and why the
+// connection's database is one of them.
+func printDatabases(w io.Writer, t *target) {
+	if t.unscoped == "" {
+		return
+	}
+	fmt.Fprintf(w, "tables without scope.databases (%s): database %s, %s; name others with --database\n",
+		strings.Join(t.unscopedTables, ", "), t.unscoped, t.from)
 }
 
 func connectDB(ctx context.Context, cc *pgx.ConnConfig) (*pgx.Conn, error) {
@@ -225,6 +296,7 @@ func setupMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stdout, "no protected tables in %s (every entry is off): nothing to set up\n", *c.config)
 		return 0
 	}
+	printDatabases(stdout, t)
 	code := 0
 	for _, db := range t.databases {
 		rep, err := setupOne(ctx, t, db, opts)
@@ -281,6 +353,7 @@ func checkMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stdout, "no protected tables in %s (every entry is off): nothing to check\n", *c.config)
 		return 0
 	}
+	printDatabases(stdout, t)
 	code := 0
 	for _, db := range t.databases {
 		rep, err := checkOne(ctx, t, db)

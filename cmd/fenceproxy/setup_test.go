@@ -141,12 +141,21 @@ tables:
 		want string // in stderr
 	}{
 		{"connection refused", []string{"check", "-c", unreachable}, `fenceproxy check: database "app": cannot connect: `},
-		{"no upstream", []string{"check", "-c", rulesOnly}, "has no upstream.address or audit.dsn to connect with: give --dsn"},
-		{"no database", []string{"check", "-c", rulesOnly, "--dsn", "postgres://u:secret@127.0.0.1:1/?sslmode=disable"}, "name the database with --database (or in --dsn)"},
+		// Without upstream.address, audit.dsn or --dsn: the PG*
+		// environment (set in the test below).
+		{"no upstream", []string{"check", "-c", rulesOnly}, `fenceproxy check: database "app": cannot connect: `},
+		// libpq's default database: the user name.
+		{"no database", []string{"check", "-c", rulesOnly, "--dsn", "postgres://u:secret@127.0.0.1:1/?sslmode=disable"}, `fenceproxy check: database "u": cannot connect: `},
 		{"bad dsn", []string{"check", "-c", rulesOnly, "--dsn", "postgres://u:secret@127.0.0.1:x/"}, "--dsn: not a valid connection string"},
 		{"no config", []string{"check", "-c", filepath.Join(t.TempDir(), "absent.yaml")}, "no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PGHOST", "127.0.0.1")
+			t.Setenv("PGPORT", "1")
+			t.Setenv("PGPASSWORD", "secret")
+			if tc.name == "no upstream" {
+				t.Setenv("PGDATABASE", "app")
+			}
 			code, _, stderr := runCommand(t, tc.args...)
 			if code != exitNotChecked || !strings.Contains(stderr, tc.want) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitNotChecked, tc.want)
@@ -250,4 +259,72 @@ func runStep(t *testing.T, name string, args []string, wantCode int, want []stri
 		}
 		rest = rest[i+len(w):]
 	}
+}
+
+// TestSetupExampleConfig: setup and check work with config.example.yaml as
+// it is (one table, no scope.databases), in the database libpq would use:
+// the user's (postgres), or $PGDATABASE; as $PGUSER; and say so. Entries
+// with scope.databases still name theirs.
+func TestSetupExampleConfig(t *testing.T) {
+	pg := pgtest.Start(t, pgcluster.Options{})
+	ctx := t.Context()
+	example, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(example), "  address: 127.0.0.1:5432\n", "  address: "+pg.Addr()+"\n", 1)
+	if text == string(example) {
+		t.Fatal("config.example.yaml: no upstream address to replace")
+	}
+	cfg := writeConfig(t, "fenceproxy.yaml", text)
+	for _, db := range []string{"postgres", "app"} {
+		if db != "postgres" {
+			if err := pg.CreateDatabase(ctx, db); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pg.ExecDB(ctx, db, "CREATE TABLE config (id int PRIMARY KEY, payload text)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pg.ExecDB(ctx, "postgres", "CREATE ROLE admin LOGIN SUPERUSER"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.CreateDatabase(ctx, "admin"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.ExecDB(ctx, "admin", "CREATE TABLE config (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	const why = "tables without scope.databases (public.config): database "
+	runStep(t, "check before setup", []string{"check", "-c", cfg}, 1,
+		[]string{why + "postgres, the user name (libpq's default database); name others with --database\n", "database postgres: 2 problems"})
+	runStep(t, "setup", []string{"setup", "-c", cfg, "--add-columns"}, 0,
+		[]string{why + "postgres", "database postgres:\n  created the fenceproxy schema", "  added column last_fence bigint NOT NULL DEFAULT 0 to public.config\n"})
+	runStep(t, "check", []string{"check", "-c", cfg}, 0, []string{why + "postgres", "database postgres: ok\n"})
+
+	t.Run("PGDATABASE", func(t *testing.T) {
+		t.Setenv("PGDATABASE", "app")
+		runStep(t, "setup", []string{"setup", "-c", cfg, "--add-columns"}, 0,
+			[]string{why + "app, from $PGDATABASE;", "database app:\n  created the fenceproxy schema"})
+	})
+	t.Run("PGUSER", func(t *testing.T) {
+		// The database is named like the user, as libpq does.
+		t.Setenv("PGUSER", "admin")
+		runStep(t, "setup", []string{"setup", "-c", cfg, "--add-columns"}, 0,
+			[]string{why + "admin, the user name", "database admin:\n  created the fenceproxy schema"})
+	})
+	t.Run("dsn", func(t *testing.T) {
+		runStep(t, "check", []string{"check", "-c", cfg, "--dsn", pg.SuperuserDSN("app")}, 0,
+			[]string{why + "app, the database of --dsn", "database app: ok\n"})
+	})
+	t.Run("named databases", func(t *testing.T) {
+		runStep(t, "check", []string{"check", "-c", cfg, "--database", "app", "--database", "postgres"}, 0,
+			[]string{"database app: ok\n", "database postgres: ok\n"})
+		scoped := writeConfig(t, "scoped.yaml", strings.Replace(text, "      databases: []\n", "      databases: [app, admin]\n", 1))
+		code, stdout, _ := runCommand(t, "check", "-c", scoped)
+		if code != 0 || strings.Contains(stdout, why) || !strings.Contains(stdout, "database admin: ok\n") || !strings.Contains(stdout, "database app: ok\n") || strings.Contains(stdout, "database postgres") {
+			t.Errorf("check of the scoped file: exit %d\n%s", code, stdout)
+		}
+	})
 }
