@@ -89,6 +89,10 @@ type LockRegistration struct {
 	// Audit: a registration in audit mode, which may return without
 	// registering (so it does not spare a later one, settings.go).
 	Audit bool
+	// Catalog: not a lock registration but a check of the catalog stamp,
+	// which reads no fence setting (the session's values need not go
+	// before it).
+	Catalog bool
 }
 
 // LockPolicy is an optional Policy extension for lock fencing: a session

@@ -53,7 +53,7 @@ func (s *session) relayBind(body []byte) error {
 				return s.sendRefusedInstead(errFenceBroken)
 			}
 			s.lockNamed = named
-			if everywhere || !v.def.forward || len(v.def.ops) > 0 || registers(v.def.lock, named) {
+			if everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named) {
 				if err := s.sendPrelude(); err != nil {
 					return err
 				}

@@ -421,6 +421,13 @@ func registers(l *LockRegistration, lockNamed bool) bool {
 	return l != nil && len(l.Calls) > 0 && (lockNamed || l.Required)
 }
 
+// readsSettings reports whether the statement a registration precedes
+// runs with the fence settings read: a lock registration does, the
+// catalog stamp's check does not.
+func readsSettings(l *LockRegistration, lockNamed bool) bool {
+	return registers(l, lockNamed) && !l.Catalog
+}
+
 // fenceDecide reads what a Query's or Parse's text does to the fence
 // settings (refusing it when that cannot be known), and, for a text on a
 // protected table, waits until the record is what the server holds, so
@@ -455,7 +462,7 @@ func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, 
 		s.lockNamed = named || ft.lock
 		// A read of a lock-fenced table that registers nothing in this
 		// session reads no setting: it goes as sent.
-		ft.prelude = d.Action == Rewrite || words.execute || registers(d.Lock, s.lockNamed)
+		ft.prelude = d.Action == Rewrite || words.execute || readsSettings(d.Lock, s.lockNamed)
 	}
 	if refusal != nil {
 		*d = Decision{Action: Refuse, Refusal: refusal, Tables: d.Tables}

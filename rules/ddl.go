@@ -797,7 +797,7 @@ func (s *HierarchySet) hit(schema, rel, what string) *Error {
 // has no database scope): a session the rules do not fence may still drop
 // another database that holds protected tables. Call it on the root rule
 // set (before ForSession). It parses only texts with the words DROP and
-// DATABASE.
+// DATABASE. (A session the rules fence gets the refusal from Decide.)
 func (r *Rules) DropDatabaseRefusal(sql string) *Error {
 	if !containsWordFoldASCII(sql, "database") || !containsWordFoldASCII(sql, "drop") {
 		return nil
@@ -817,6 +817,10 @@ func (r *Rules) DropDatabaseRefusal(sql string) *Error {
 	}
 	return nil
 }
+
+// Fences reports whether the set fences some table (in mode enforce or
+// audit).
+func (r *Rules) Fences() bool { return len(r.tables) > 0 }
 
 // protectsDatabase reports whether some entry of the configuration
 // fences a table in database db.

@@ -182,7 +182,15 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	// Rules may be scoped to databases, users and application names (as
 	// sent in the startup packet).
+	root := rs
 	rs = rs.ForSession(info.Database, info.User, info.ApplicationName)
+	if !rs.Fences() {
+		// A session the rules do not fence may still drop a database
+		// that holds protected tables.
+		if e := root.DropDatabaseRefusal(sql); e != nil {
+			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}, true
+		}
+	}
 	if e := lexingRefusal(set, rs, lex, sql); e != nil {
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}, true
 	}

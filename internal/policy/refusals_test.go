@@ -233,7 +233,10 @@ func testRefusals(t *testing.T, e *env) {
 				if err := c.QueryRow(ctx, sql, mode).Scan(&got); err != nil {
 					t.Fatalf("%s (%v): %v", sql, mode, err)
 				}
-				if got != sql {
+				// Where the catalog watch runs, a write of another table
+				// checks the catalog stamp in its transaction first: the
+				// client's bytes follow the check unchanged.
+				if got != sql && !(strings.HasPrefix(got, "CALL fenceproxy.catalog_is(") && strings.HasSuffix(got, ");"+sql)) {
 					t.Errorf("%v: server received %q, client sent %q", mode, got, sql)
 				}
 				if _, err := d.Exec(ctx, "DELETE FROM src WHERE id = 90"); err != nil {

@@ -109,7 +109,7 @@ func catalogCheck(c stampCheck, text string) *proxy.LockRegistration {
 	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
 	// The call is ASCII and ends at its semicolon: the server reads the
 	// text after it as it would read it alone.
-	return &proxy.LockRegistration{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true}
+	return &proxy.LockRegistration{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true}
 }
 
 // inBandWrite reports whether the check can run just before sql without
