@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fenceproxy/fenceproxy/rules"
 	"go.uber.org/zap"
 )
 
@@ -21,24 +23,40 @@ func (s *session) relayBind(body []byte) error {
 	if !ok || !ok2 {
 		return s.protocolViolation(fmt.Errorf("malformed Bind"))
 	}
+	send, err := s.bindHead(portal, stmt, body)
+	if err != nil || !send {
+		return err
+	}
+	return s.forwardTracked('B', body)
+}
+
+// bindHead does what a Bind of stmt into portal needs before it goes
+// upstream: the checks against the rules in force, a statement prepared
+// again, the session's fence settings and the lock registration, the
+// portal's bookkeeping. It reports whether the Bind is to be sent; if not,
+// something failing stands in its place. body is the whole message, or
+// nil when its parameter values are streamed past (bindNeedsValues is
+// false): then they are not read.
+func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err error) {
+	refuse := func(e *pgproto3.ErrorResponse) (bool, error) { return false, s.sendRefusedInstead(e) }
 	gen := s.ps.pol.Generation()
 	v, err := s.checkStatement(stmt, gen, false)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if v.refuse != nil {
-		return s.sendRefusedInstead(v.refuse)
+		return refuse(v.refuse)
 	}
 	if v.reprepare != nil {
 		if err := s.reprepare(strings.Clone(stmt), v); err != nil {
-			return err
+			return false, err
 		}
 	}
 	var fence []fenceApplied
 	if s.fence.on && v.def != nil {
 		var ok bool
 		if fence, ok = s.resolveBindOps(v.def.fence, body); !ok {
-			return s.sendRefusedInstead(refuseFenceUnknown("a Bind whose parameters for set_config cannot be read"))
+			return refuse(refuseFenceUnknown("a Bind whose parameters for set_config cannot be read"))
 		}
 		everywhere := v.def.plain && len(v.def.ops) == 0 && (!v.def.kept || mayWrite(v.def.sql)) &&
 			s.srv.opts.Policy.(SettingsPolicy).SettingsEverywhere(&s.info)
@@ -47,26 +65,26 @@ func (s *session) relayBind(body []byte) error {
 			// first, transaction-locally; the registration follows them.
 			named, ok, err := s.fenceReady()
 			if err != nil {
-				return err
+				return false, err
 			}
 			if !ok {
-				return s.sendRefusedInstead(errFenceBroken)
+				return refuse(errFenceBroken)
 			}
 			s.lockNamed = named
 			if everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named) {
 				if err := s.sendPrelude(); err != nil {
-					return err
+					return false, err
 				}
 			}
 		}
 	}
 	lock := s.bindLock(v.def, gen)
 	if lock.refuse != nil {
-		return s.sendRefusedInstead(lock.refuse)
+		return refuse(lock.refuse)
 	}
 	if lock.call != "" && !(s.fence.on && s.spare()) {
 		if err := s.register(lock.call, lock.reg); err != nil {
-			return err
+			return false, err
 		}
 	}
 	s.mu.Lock()
@@ -102,9 +120,72 @@ func (s *session) relayBind(body []byte) error {
 	}
 	s.mu.Unlock()
 	if full {
-		return s.sendRefusedInstead(refusePrepared("too many open portals in this session", "Close portals you no longer need, or end the transaction."))
+		return refuse(refusePrepared("too many open portals in this session", "Close portals you no longer need, or end the transaction."))
 	}
-	return s.forwardTracked('B', body)
+	return true, nil
+}
+
+// bindStreamBytes: a Bind longer than this has its parameter values
+// streamed upstream instead of held (relayLargeBind); bindNamesBytes is
+// how much of it is looked at for the two names.
+const (
+	bindStreamBytes = 64 << 10
+	bindNamesBytes  = 1024
+)
+
+// relayLargeBind relays a Bind of n bytes whose header was read, holding
+// only its names: the values are copied upstream as they arrive. It
+// reports false, having read nothing, when the Bind must be read whole
+// (names longer than bindNamesBytes, or values the fence settings need).
+func (s *session) relayLargeBind(n int) (bool, error) {
+	head, err := s.cr.peek(min(n, bindNamesBytes))
+	if err != nil {
+		return true, clientErr(err)
+	}
+	portal, rest, ok := cstringView(head)
+	stmt, _, ok2 := cstringView(rest)
+	if !ok || !ok2 {
+		return false, nil
+	}
+	// peek's bytes last until the next read; the checks below may wait.
+	portal, stmt = strings.Clone(portal), strings.Clone(stmt)
+	if s.bindNeedsValues(stmt) {
+		return false, nil
+	}
+	send, err := s.bindHead(portal, stmt, nil)
+	if err != nil {
+		return true, err
+	}
+	if !send {
+		if err := s.cr.skip(n); err != nil {
+			return true, clientErr(err)
+		}
+		return true, nil
+	}
+	return true, s.forwardUnread('B', n)
+}
+
+// bindNeedsValues reports whether a Bind of stmt must be read whole: the
+// statement calls set_config with bound parameters, whose values the
+// record of the fence settings needs. Unknown statements are read whole.
+func (s *session) bindNeedsValues(stmt string) bool {
+	if !s.fence.on {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.ps.stmts[serverKey(stmt)]
+	if e == nil {
+		return true
+	}
+	for _, d := range e.defs() {
+		for _, op := range d.fence {
+			if op.Kind == rules.SetParams {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // reprepare sends Close and Parse for a statement whose text the rules in

@@ -59,6 +59,16 @@ func (s *session) copyClientToUpstream() error {
 				}
 				continue
 			}
+			if typ == 'B' && n > bindStreamBytes {
+				// A large Bind: its values are streamed, not held.
+				done, err := s.relayLargeBind(n)
+				if err != nil {
+					return err
+				}
+				if done {
+					continue
+				}
+			}
 			body, err := s.cr.body(n)
 			if errors.Is(err, errNoBudget) {
 				err = s.sendRefusedInstead(noBudgetRefusal(err))

@@ -346,6 +346,17 @@ func (s *session) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApp
 	if len(ops) == 0 {
 		return nil, true
 	}
+	params := false
+	for _, op := range ops {
+		params = params || op.Kind == rules.SetParams
+	}
+	if !params {
+		out := make([]fenceApplied, len(ops))
+		for i, op := range ops {
+			out[i] = knownOp(op)
+		}
+		return out, true
+	}
 	formats, values, ok := bindParams(body)
 	if !ok {
 		return nil, false
