@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 // TestCatalogChange: with a session through the proxy open, each kind of
@@ -21,6 +22,7 @@ import (
 // decided after the database was checked again, is refused for the path.
 // Half the writes go as simple Queries, half as Parse.
 func TestCatalogChange(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	checker, specs := startChecker(t, testRules)
 	e := startPolicyEnv(t, policy.Options{Checks: checker}, specs)
