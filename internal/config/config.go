@@ -80,6 +80,20 @@ type Config struct {
 	// Guard configures the optional database guard that `fenceproxy setup
 	// --guard` installs. The proxy itself does not read it.
 	Guard Guard `yaml:"guard"`
+	// DDL configures DDL on protected tables through the proxy.
+	DDL DDL `yaml:"ddl"`
+}
+
+// DDL configures DDL on protected tables through the proxy, which is
+// refused unless it is on the allow-list or changes nothing (judged
+// against the catalog): migrations at application start-up.
+type DDL struct {
+	// AllowRoles lists the users (as sent in the startup packet, exact)
+	// whose sessions may run any DDL on protected tables through the
+	// proxy, such as the role the application's migrations log in as.
+	// The proxy logs each such statement and checks the database again
+	// after it. Default: none. Read at start only.
+	AllowRoles []string `yaml:"allow_roles"`
 }
 
 // Guard configures the database guard: row triggers on the protected

@@ -33,6 +33,7 @@ type Policy struct {
 	checkWait  time.Duration
 	configFile string
 	checkCache checkCache
+	migrations *migrations // see SetMigrations; nil: none
 }
 
 // ruleSet is a rule set with the lookups the policy needs.
@@ -220,6 +221,9 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		}
 	} else {
 		d = rs.Decide(sql)
+	}
+	if !p.migration(info, rs, sql, &d, quick) {
+		return proxy.Decision{}, false
 	}
 	var check stampCheck
 	if d.Action != rules.Refuse && st != nil {

@@ -114,7 +114,9 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 			in.policy.CatalogChanged(db)
 		},
 	})
-	checker := dbsetup.NewChecker(func(ctx context.Context, db string) (*pgx.Conn, error) {
+	// The database check's connections, also the policy's catalog
+	// lookups (migrations at start-up).
+	connect := func(ctx context.Context, db string) (*pgx.Conn, error) {
 		in.mu.Lock()
 		c := in.cfg
 		in.mu.Unlock()
@@ -131,7 +133,8 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		cc.Config = *pc
 		cc.RuntimeParams["application_name"] = "fenceproxy-check"
 		return pgx.ConnectConfig(ctx, cc)
-	}, log.Named("check"), m)
+	}
+	checker := dbsetup.NewChecker(connect, log.Named("check"), m)
 	specs, err := rules.Specs(cfg.RulesConfig())
 	if err != nil {
 		aud.Close()
@@ -140,6 +143,7 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 	checker.ReloadWith(specs, checkOptions(cfg))
 	pol = policy.New(rs, cfg.Notifies(), policy.Options{Logger: log, Metrics: m, Auditor: aud, Checks: checker, ConfigFile: path,
 		CheckWait: 2 * cfg.Upstream.ConnectTimeout})
+	pol.SetMigrations(policy.MigrationOptions{AllowRoles: cfg.DDL.AllowRoles, Catalog: connect})
 	in.policy, in.auditor, in.checker = pol, aud, checker
 	opts, err := ProxyOptions(cfg)
 	if err != nil {

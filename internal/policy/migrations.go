@@ -1,0 +1,219 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/rules"
+)
+
+// Migrations run at application start-up through the proxy. Two kinds of
+// DDL on protected tables that the rules refuse are forwarded here: DDL
+// that changes nothing, judged against the catalog on a connection of the
+// policy's own (ORMs that "sync" a model send it at every start), and any
+// DDL of a session whose user is a migrations role (ddl.allow_roles). After
+// the second, and after a CREATE TABLE of a protected name, the database
+// is checked again (fence column, guard, paths): where the catalog watch
+// runs (fenceproxy setup installs it), writes compare the catalog stamp in
+// their transaction, so a write after the DDL commits waits for that check
+// and is refused while it fails. Every forwarded migration is logged with
+// the user, database, statement kind and tables. See docs/protecting-tables.md,
+// "Migrations at start-up".
+
+// CatalogConnect opens a connection to database for the catalog lookups
+// (the database check's connection settings).
+type CatalogConnect func(ctx context.Context, database string) (*pgx.Conn, error)
+
+// MigrationOptions configure the migrations at start-up.
+type MigrationOptions struct {
+	// AllowRoles may run any DDL on protected tables through the proxy
+	// (user names as sent in the startup packet). Default: none.
+	AllowRoles []string
+	// Catalog, when set, judges DDL that changes nothing; without it such
+	// DDL is refused like any other.
+	Catalog CatalogConnect
+}
+
+// migrations is the policy's state for them.
+type migrations struct {
+	allow   []string
+	catalog CatalogConnect
+	timeout time.Duration
+}
+
+// SetMigrations configures the migrations at start-up; call it before the
+// policy decides statements.
+func (p *Policy) SetMigrations(o MigrationOptions) {
+	p.migrations = &migrations{allow: slices.Clone(o.AllowRoles), catalog: o.Catalog, timeout: p.checkWait}
+}
+
+// migration applies the migrations at start-up to d, the rules' decision
+// on sql: a refused text of DDL that changes nothing, or of a migrations
+// role, becomes a forward, and a forwarded CREATE TABLE of a protected
+// name has the database checked again. Quick, it reports false instead of
+// parsing.
+func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string, d *rules.Decision, quick bool) bool {
+	m := p.migrations
+	if m == nil || d.Action == rules.Rewrite || !rules.MayBeMigration(sql) {
+		return true
+	}
+	if d.Action == rules.Forward && !rs.MayTouch(sql) {
+		return true
+	}
+	if quick {
+		return false
+	}
+	stmts, ok := rs.Migration(sql)
+	if !ok {
+		return true
+	}
+	if d.Action == rules.Forward {
+		for _, s := range stmts {
+			if s.CreatesProtected {
+				p.migrated(info, stmts, "created a protected table")
+				return true
+			}
+		}
+		return true
+	}
+	if slices.Contains(m.allow, info.User) {
+		*d = rules.Decision{Action: rules.Forward, Tables: d.Tables}
+		p.migrated(info, stmts, "migrations role")
+		return true
+	}
+	if m.catalog == nil {
+		return true
+	}
+	same, err := m.changesNothing(info.Database, stmts)
+	if err != nil {
+		// Fail closed: the refusal stands.
+		p.log.Warn("migration: cannot read the catalog to judge DDL; refused", zap.String("database", info.Database),
+			zap.Uint64("conn-id", info.ID), zap.Error(err))
+		return true
+	}
+	if same {
+		*d = rules.Decision{Action: rules.Forward, Tables: d.Tables}
+		for _, s := range stmts {
+			p.log.Info("migration: DDL that changes nothing forwarded", zap.String("user", info.User), zap.String("database", info.Database),
+				zap.String("statement", s.Kind), zap.Strings("tables", tableDisplays(s.Tables)), zap.Uint64("conn-id", info.ID))
+		}
+	}
+	return true
+}
+
+// migrated logs DDL forwarded that may change protected tables and has
+// the database checked again.
+func (p *Policy) migrated(info *proxy.SessionInfo, stmts []rules.MigrationStmt, why string) {
+	for _, s := range stmts {
+		p.log.Warn("migration: DDL on protected tables forwarded", zap.String("reason", why), zap.String("user", info.User),
+			zap.String("database", info.Database), zap.String("statement", s.Kind), zap.Strings("tables", tableDisplays(s.Tables)),
+			zap.Uint64("conn-id", info.ID), zap.String("application-name", info.ApplicationName))
+	}
+	if p.checks == nil {
+		return
+	}
+	// The statement has not run yet: the results are read again at the
+	// next statement, writes wait for a stamp read, and the check runs
+	// again now and once more after the statement may have committed.
+	p.catalogMoved(info.Database)
+	p.checks.Recheck(info.Database)
+	db := info.Database
+	time.AfterFunc(2*time.Second, func() { p.catalogMoved(db); p.checks.Recheck(db) })
+}
+
+func tableDisplays(ts []rules.TableName) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.Display
+	}
+	return out
+}
+
+// changesNothing reports whether every statement of stmts is an ALTER
+// TABLE whose subcommands change nothing on every protected table it may
+// name, judged against database's catalog.
+func (m *migrations) changesNothing(database string, stmts []rules.MigrationStmt) (bool, error) {
+	for _, s := range stmts {
+		if !s.Judged || len(s.Tables) == 0 {
+			return false, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.timeout)
+	defer cancel()
+	conn, err := m.catalog(ctx, database)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	for _, s := range stmts {
+		for _, t := range s.Tables {
+			for _, c := range s.Cmds {
+				same, err := cmdChangesNothing(ctx, conn, t, c)
+				if err != nil || !same {
+					return false, err
+				}
+			}
+		}
+	}
+	return true, nil
+}
+
+// columnQuery reads a column of a table without children (ALTER TABLE
+// recurses into them, which the lookup does not judge).
+const columnQuery = `SELECT a.attnotnull, a.atttypid, a.atttypmod, pg_get_expr(d.adbin, d.adrelid), a.attidentity::text, a.attgenerated::text
+FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent = a.attrelid)`
+
+func cmdChangesNothing(ctx context.Context, conn *pgx.Conn, t rules.TableName, c rules.NoopCmd) (bool, error) {
+	if c.Kind == rules.NoopAllowed {
+		return true, nil
+	}
+	var (
+		notNull            bool
+		typ                uint32
+		typmod             int32
+		def                *string
+		identity, generate string
+	)
+	err := conn.QueryRow(ctx, columnQuery, pgx.Identifier{t.Schema, t.Table}.Sanitize(), c.Column).
+		Scan(&notNull, &typ, &typmod, &def, &identity, &generate)
+	if err == pgx.ErrNoRows {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("catalog lookup of %s: %w", t.Display, err)
+	}
+	plain := identity == "" && generate == ""
+	switch c.Kind {
+	case rules.NoopSetNotNull:
+		return notNull, nil
+	case rules.NoopDropNotNull:
+		return !notNull && plain, nil
+	case rules.NoopDropDefault:
+		return def == nil && plain, nil
+	case rules.NoopSetDefault:
+		return def != nil && plain && rules.SameExpression(c.Expr, *def), nil
+	case rules.NoopColumnExists:
+		return true, nil
+	case rules.NoopType:
+		// The server resolves the type and its modifier: the
+		// description of a statement casting to it (never executed; the
+		// text is the rewriter's deparse of a type name).
+		sd, err := conn.Prepare(ctx, "", "SELECT NULL::"+c.Type)
+		if err != nil {
+			return false, nil // an unknown type: the ALTER fails or is refused
+		}
+		if len(sd.Fields) != 1 {
+			return false, nil
+		}
+		return sd.Fields[0].DataTypeOID == typ && sd.Fields[0].TypeModifier == typmod, nil
+	}
+	return false, nil
+}
