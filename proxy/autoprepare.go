@@ -173,7 +173,7 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 		return false, nil
 	}
 	var call string
-	if needs(pd.Lock) && !(s.fence.on && s.spare()) {
+	if needs(pd.Lock) && !(s.fence.on && s.spare(pd.Lock)) {
 		call = pd.Lock.Call
 	}
 

@@ -82,7 +82,7 @@ func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err err
 	if lock.refuse != nil {
 		return refuse(lock.refuse)
 	}
-	if lock.call != "" && !(s.fence.on && s.spare()) {
+	if lock.call != "" && !(s.fence.on && s.spare(lock.reg)) {
 		if err := s.register(lock.call, lock.reg); err != nil {
 			return false, err
 		}

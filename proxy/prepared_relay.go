@@ -169,7 +169,10 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 	if d.Action == Rewrite {
 		out = d.SQL
 	}
-	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm}
+	// Everything the new decision says: its lock registration (or a
+	// re-prepared statement would run without it), whether it is plain.
+	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm,
+		lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence}
 	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
 }
 

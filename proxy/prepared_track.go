@@ -282,7 +282,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 	}
 	var calls []int
-	spare := s.fence.on && s.spare()
+	spare := s.fence.on && s.spare(d.Lock)
 	var regLock *LockRegistration // the registration sent, if any
 	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) && !spare {
 		regLock = d.Lock
@@ -301,7 +301,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		case lock != nil && (calls != nil || ops[0].Stmts != 1):
 			*d = Decision{Action: Refuse, Refusal: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
 				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
-		case lock != nil && spare:
+		case lock != nil && s.fence.on && s.spare(lock):
 		case lock != nil:
 			regLock = lock
 			out := sql

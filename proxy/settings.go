@@ -52,7 +52,10 @@ func (s *session) spareRegistration() bool {
 }
 
 // spare is spareRegistration, taking s.mu.
-func (s *session) spare() bool {
+func (s *session) spare(l *LockRegistration) bool {
+	if l != nil && l.Catalog {
+		return false // the catalog check is never spared
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.spareRegistration()
