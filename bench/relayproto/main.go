@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command relayproto is a measuring prototype, not part of fenceproxy: the
 // cheapest relays Go can build, to tell how much of fenceproxy's relay cost
 // is the goroutine-per-direction model itself. It forwards bytes between
