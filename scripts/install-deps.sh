@@ -20,6 +20,7 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeperd)
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
 if [ "${1:-}" = "--bench" ]; then
 	command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
