@@ -222,6 +222,11 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 			return true, err
 		}
 	}
+	if pd.Lock != nil && pd.Lock.Pre != "" {
+		if err := s.register(pd.Lock.Pre, nil); err != nil {
+			return true, err
+		}
+	}
 	if call != "" {
 		if err := s.register(call, pd.Lock); err != nil {
 			return true, err

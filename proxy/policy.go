@@ -93,6 +93,11 @@ type LockRegistration struct {
 	// which reads no fence setting (the session's values need not go
 	// before it).
 	Catalog bool
+	// Pre, with a lock registration, is the catalog stamp's check: a
+	// statement that runs just before it (Query has it in front of the
+	// registrations, at Calls[0]) and also where the registration is
+	// spared or not needed.
+	Pre string
 }
 
 // LockPolicy is an optional Policy extension for lock fencing: a session

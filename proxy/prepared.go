@@ -224,7 +224,7 @@ func decisionHash(d *Decision, sql string) [32]byte {
 	}
 	if d.Lock != nil {
 		// A change of the registration alone is a change too.
-		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + d.Lock.Call + "\x00" + sql
+		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + d.Lock.Call + "\x00" + d.Lock.Pre + "\x00" + sql
 	}
 	return hashText(sql)
 }
@@ -400,7 +400,7 @@ func sameLock(a, b *LockRegistration) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return a.Call == b.Call && a.Query == b.Query && a.Required == b.Required && slices.Equal(a.Calls, b.Calls)
+	return a.Call == b.Call && a.Query == b.Query && a.Required == b.Required && a.Pre == b.Pre && slices.Equal(a.Calls, b.Calls)
 }
 
 // newDef builds a definition, keeping sql if the budget allows.

@@ -82,6 +82,12 @@ func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err err
 	if lock.refuse != nil {
 		return refuse(lock.refuse)
 	}
+	if v.def != nil && v.def.lock != nil && v.def.lock.Pre != "" {
+		// The catalog check, whether or not the registration runs.
+		if err := s.register(v.def.lock.Pre, nil); err != nil {
+			return false, err
+		}
+	}
 	if lock.call != "" && !(s.fence.on && s.spare(lock.reg)) {
 		if err := s.register(lock.call, lock.reg); err != nil {
 			return false, err

@@ -284,11 +284,24 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	var calls []int
 	spare := s.fence.on && s.spare(d.Lock)
 	var regLock *LockRegistration // the registration sent, if any
+	checkFirst := 0               // the catalog check in front of the registrations
 	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) && !spare {
 		regLock = d.Lock
+		if d.Lock.Pre != "" {
+			checkFirst = 1
+		}
 		// Send the text with the lock registrations in place.
 		calls = d.Lock.Calls
 		*d = Decision{Action: Rewrite, SQL: d.Lock.Query, Tables: d.Tables, Lock: d.Lock}
+	} else if typ == 'Q' && d.Action != Refuse && d.Lock != nil && d.Lock.Pre != "" {
+		// No registration (spared, or none needed): the catalog check
+		// still goes first.
+		base := sql
+		if d.Action == Rewrite {
+			base = d.SQL
+		}
+		calls = []int{0}
+		*d = Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
 	}
 	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
 		e, lock, err := s.checkExecutesLock(ops, gen)
@@ -359,7 +372,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		if ft.prelude && d.Action != Refuse {
 			pre = 2
 		}
-		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops, regCallbacks{skip: pre, done: regDone})
+		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops, regCallbacks{skip: pre + checkFirst, done: regDone})
 	case d.Action == Refuse:
 		if p.Name == "" {
 			// The refused Parse still drops the unnamed statement.

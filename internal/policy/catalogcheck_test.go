@@ -99,16 +99,23 @@ func TestCatalogCheckInBand(t *testing.T) {
 	}
 
 	t.Run("fenced, with a lock registration", func(t *testing.T) {
-		// The check cannot share the registration's place before a
-		// Parse's statement: the write waits for a stamp read instead,
-		// and goes once the database was checked again.
+		// The check runs just before the lock registration, in the
+		// write's transaction: refused once, nothing written, and the
+		// retry goes once the database was checked again.
 		before := readN()
 		bump()
+		_, err := c.PgConn().Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = 1").ReadAll()
+		if !isCatalogCheck(err) {
+			t.Fatalf("after the move: %v, want the catalog check's FP003", err)
+		}
+		if got := readN(); got != before {
+			t.Fatalf("refused, yet written: %d, want %d", got, before)
+		}
 		if _, err := c.PgConn().Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = 1").ReadAll(); err != nil {
-			t.Fatalf("after the move: %v", err)
+			t.Fatalf("retry: %v", err)
 		}
 		if got := readN(); got != before+1 {
-			t.Fatalf("after the move: %d, want %d", got, before+1)
+			t.Fatalf("retry: %d, want %d", got, before+1)
 		}
 		settle(t)
 	})

@@ -223,7 +223,9 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		// (parsed again each time: about as much as the write itself in
 		// pgbench -M prepared); it is decided once, with a stamp read,
 		// and again when the stamp moves.
-		inBand := d.Lock == nil && !prepared && inBandWrite(sql)
+		// With a lock registration the check runs just before it
+		// (proxy.LockRegistration.Pre).
+		inBand := !prepared && inBandWrite(sql)
 		if !inBand || st.moved.Load() {
 			if quick {
 				return nil, stampCheck{}, false

@@ -256,9 +256,13 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	switch {
 	case d.Action == rules.Refuse:
 		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}, true
+	case check.on && d.Lock != nil:
+		// The catalog check goes first, then the lock registration, in
+		// the statement's transaction.
+		return proxy.Decision{Action: proxy.Action(d.Action), SQL: d.SQL, Tables: d.Tables, Lock: checkedRegistration(check, d.Lock), Preparable: d.Preparable}, true
 	case check.on && d.Action == rules.Rewrite:
 		// The catalog check goes before the statement, in its
-		// transaction (d has no lock registration: checkRefusal).
+		// transaction.
 		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable}, true
 	case check.on:
 		return proxy.Decision{Tables: d.Tables, Lock: catalogCheck(check, sql)}, true

@@ -112,6 +112,26 @@ func catalogCheck(c stampCheck, text string) *proxy.LockRegistration {
 	return &proxy.LockRegistration{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true}
 }
 
+// checkedRegistration is the lock registration l with the catalog check
+// for c before it: Pre for the relay, which runs it also where it spares
+// or skips the registration, and in front of the registrations of a
+// Query's text.
+func checkedRegistration(c stampCheck, l *rules.LockCall) *proxy.LockRegistration {
+	r := lockRegistration(l)
+	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
+	out := *r
+	out.Pre = call
+	if len(r.Calls) > 0 {
+		out.Query = call + ";" + r.Query
+		out.Calls = make([]int, 0, len(r.Calls)+1)
+		out.Calls = append(out.Calls, 0)
+		for _, k := range r.Calls {
+			out.Calls = append(out.Calls, k+1)
+		}
+	}
+	return &out
+}
+
 // inBandWrite reports whether the check can run just before sql without
 // changing what sql does: sql is one statement (no semicolon but a final
 // one) that begins with one of the keywords below, none of which
