@@ -13,6 +13,9 @@
 # each, the median is printed).
 #
 #   bench/settings-cost.sh [SECONDS per run, default 5] [ROUNDS, default 3]
+#
+# NOWATCH=1 drops the catalog watch's event triggers after setup, so that
+# both builds fence the same way and the ratio is the settings' own cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
@@ -53,6 +56,9 @@ tables:
   - {table: public.fenced, lock: optional}
 EOF
 	"$1" setup -c "$work/fp-$2.yaml" --database postgres >/dev/null
+	if [ "${NOWATCH:-}" = 1 ]; then
+		psql -c "DROP EVENT TRIGGER IF EXISTS fenceproxy_catalog_ddl" -c "DROP EVENT TRIGGER IF EXISTS fenceproxy_catalog_drop" >/dev/null
+	fi
 	"$1" serve -c "$work/fp-$2.yaml" >"$work/fp-$2.log" 2>&1 &
 	for _ in $(seq 50); do command psql -X -h 127.0.0.1 -p "$2" -U postgres -c 'SELECT 1' >/dev/null 2>&1 && return; sleep 0.1; done
 	echo "fenceproxy on $2 did not start" >&2; cat "$work/fp-$2.log" >&2; exit 1
