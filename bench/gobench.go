@@ -11,8 +11,8 @@ import (
 	"strings"
 )
 
-// The rewriter's and the relay's Go benchmarks (rules/bench_test.go,
-// proxy/relay_bench_test.go), run by `go test -bench` from the module's
+// The rewriter's and the relay's Go benchmarks (internal/rules/bench_test.go,
+// internal/proxy/relay_bench_test.go), run by `go test -bench` from the module's
 // root and summed up with their targets: the figures of the benchmark
 // table that do not need a server.
 
@@ -30,15 +30,15 @@ type goBenchCase struct {
 }
 
 var goBenchCases = []goBenchCase{
-	{"./rules", "PrecheckRead", "pre-check of a read that names no protected table", "ns/op", 200, 0, "≤ 200 ns, 0 allocs"},
-	{"./rules", "RewriteCached", "cached decision", "ns/op", 100, 0, "≤ 100 ns, 0 allocs"},
-	{"./rules", "RewriteFirstSeen", "first-seen UPDATE, inline form", "ns/op", 100_000, -1, "≤ 100 µs"},
-	{"./rules", "RewriteFirstSeenRaisers", "first-seen UPDATE, with the error raisers", "ns/op", 100_000, -1, "≤ 100 µs"},
-	{"./rules", "RewriteInsert1000", "1,000-row INSERT", "ns/op", 0, -1, ""},
-	{"./rules", "RewriteInsert5000", "5,000-row INSERT", "ns/op", 0, -1, "linear: per row ≤ 1.5× the 1,000-row INSERT's (quadratic: 5×)"},
-	{"./proxy", "RelaySimpleQuery", "relay, simple Query + 10 rows", "ns/message", 0, 0, "0 allocs"},
-	{"./proxy", "RelayExtended", "relay, Bind/Execute/Sync + 10 rows", "ns/message", 0, 0, "0 allocs"},
-	{"./proxy", "RelayNoPolicy", "relay without a policy, simple Query + 10 rows", "ns/message", 0, 0, "0 allocs"},
+	{"./internal/rules", "PrecheckRead", "pre-check of a read that names no protected table", "ns/op", 200, 0, "≤ 200 ns, 0 allocs"},
+	{"./internal/rules", "RewriteCached", "cached decision", "ns/op", 100, 0, "≤ 100 ns, 0 allocs"},
+	{"./internal/rules", "RewriteFirstSeen", "first-seen UPDATE, inline form", "ns/op", 100_000, -1, "≤ 100 µs"},
+	{"./internal/rules", "RewriteFirstSeenRaisers", "first-seen UPDATE, with the error raisers", "ns/op", 100_000, -1, "≤ 100 µs"},
+	{"./internal/rules", "RewriteInsert1000", "1,000-row INSERT", "ns/op", 0, -1, ""},
+	{"./internal/rules", "RewriteInsert5000", "5,000-row INSERT", "ns/op", 0, -1, "linear: per row ≤ 1.5× the 1,000-row INSERT's (quadratic: 5×)"},
+	{"./internal/proxy", "RelaySimpleQuery", "relay, simple Query + 10 rows", "ns/message", 0, 0, "0 allocs"},
+	{"./internal/proxy", "RelayExtended", "relay, Bind/Execute/Sync + 10 rows", "ns/message", 0, 0, "0 allocs"},
+	{"./internal/proxy", "RelayNoPolicy", "relay without a policy, simple Query + 10 rows", "ns/message", 0, 0, "0 allocs"},
 }
 
 // goBenchResult is one benchmark's figures, by unit ("ns/op",

@@ -10,7 +10,7 @@ import (
 // and after the memory ones, a log line that starts like a result.
 const goBenchOutput = `goos: linux
 goarch: amd64
-pkg: github.com/fenceproxy/fenceproxy/rules
+pkg: github.com/fenceproxy/fenceproxy/internal/rules
 BenchmarkPrecheckRead-2   	 6000000	       190.0 ns/op	 731.58 MB/s	       0 B/op	       0 allocs/op
 BenchmarkPrecheckRead-2   	 6000000	       150.0 ns/op	 731.58 MB/s	       0 B/op	       0 allocs/op
 BenchmarkPrecheckRead-2   	 6000000	       170.0 ns/op	 731.58 MB/s	       0 B/op	       0 allocs/op
@@ -21,11 +21,11 @@ BenchmarkRewriteInsert1000-2	     740	   1600000 ns/op	   6.55 MB/s	         6.4
 BenchmarkRewriteInsert5000-2	     138	  10000000 ns/op	   5.77 MB/s	         6.018 outbytes/inbytes	 3214068 B/op	     475 allocs/op
 BenchmarkRewriteInsert5000 is slow: a log line, not a result
 PASS
-pkg: github.com/fenceproxy/fenceproxy/proxy
+pkg: github.com/fenceproxy/fenceproxy/internal/proxy
 BenchmarkRelaySimpleQuery-2 	  100000	     31000 ns/op	      2200 ns/message	       0 B/op	       0 allocs/op
 BenchmarkRelayExtended-2    	  100000	     35000 ns/op	      2200 ns/message	       0 B/op	       0 allocs/op
 BenchmarkRelayNoPolicy-2    	  100000	     30000 ns/op	      2100 ns/message	      16 B/op	       1 allocs/op
-ok  	github.com/fenceproxy/fenceproxy/proxy	12.3s
+ok  	github.com/fenceproxy/fenceproxy/internal/proxy	12.3s
 `
 
 func TestParseGoBench(t *testing.T) {

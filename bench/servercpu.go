@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // Server CPU per statement: each statement runs many times on one

@@ -17,7 +17,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // Lock fencing end to end (docs/clients.md, "Lock fencing"): workers name their lock

@@ -18,9 +18,9 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/service"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // The tests share one PostgreSQL cluster, one single-member etcd and one

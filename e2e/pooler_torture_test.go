@@ -9,9 +9,9 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/pgbouncer"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
-	"github.com/fenceproxy/fenceproxy/proxy"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // The lock-fenced torture through a transaction pooler (issue 26): the

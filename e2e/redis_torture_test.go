@@ -14,8 +14,8 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster/redistest"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/lock"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // The seed timeline and the lock-fenced torture with tokens from Redis

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // leaseTTL is the TTL the timeline's stale holder A asks for. etcd may grant

@@ -17,9 +17,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // The worker side: what a re-executed test binary runs. Workers are the

@@ -49,7 +49,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 func main() {

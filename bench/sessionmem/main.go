@@ -30,7 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
-	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 )
 
 const childEnv = "FENCEPROXY_SESSIONMEM_PROXY"

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // rewriteMain implements `fenceproxy rewrite -c FILE [SQL | -]`: it prints

@@ -15,7 +15,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 const setupUsage = `usage: fenceproxy setup -c FILE [--dsn DSN] [--database D]... [--add-columns] [--guard | --remove-guard]

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 )
 
 // Status is what the status page at / shows: the rules in force, the

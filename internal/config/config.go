@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // Config is the whole configuration file.

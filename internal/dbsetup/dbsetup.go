@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // objectsSQL creates the fenceproxy schema, its tables and the register

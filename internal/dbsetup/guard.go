@@ -11,7 +11,7 @@ import (
 	"text/template"
 	"unicode/utf8"
 
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // The database guard (SetupOptions.Guard): on each protected table in mode

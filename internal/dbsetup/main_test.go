@@ -15,8 +15,8 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // cluster is the server every test uses; each test works in a database of

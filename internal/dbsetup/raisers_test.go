@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // TestRaisers: setup installs the error raisers; they raise FP001 and FP002

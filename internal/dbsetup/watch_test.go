@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // TestWatch: setup as a superuser installs the catalog watch, once; check

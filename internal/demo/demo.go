@@ -23,9 +23,9 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/service"
 	"github.com/fenceproxy/fenceproxy/lock"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // Options configure Run.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/demo"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // TestDemoRunsToTheEnd plays the whole narration non-interactively and

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
-	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 )
 
 // TestHooksMoveMetrics: each hook moves the metric named for it.

@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // A simple-protocol fenced write a session sends again runs as the
-// proxy's own prepared statement (proxy/autoprepare.go). These tests check
+// proxy's own prepared statement (internal/proxy/autoprepare.go). These tests check
 // that it is fenced exactly as the Query would be, across everything that
 // can take the statement away or change the rules under it, and that the
 // rows say so.

@@ -1,8 +1,8 @@
 package policy
 
 import (
-	"github.com/fenceproxy/fenceproxy/proxy"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 var _ proxy.SettingsPolicy = (*Policy)(nil)

@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 )
 
 // ShutdownTimeout bounds the graceful shutdown done at cleanup; sessions

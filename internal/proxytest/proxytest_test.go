@@ -9,9 +9,9 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster/pgtest"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/proxy"
 )
 
 func TestMain(m *testing.M) {

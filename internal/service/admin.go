@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fenceproxy/fenceproxy/internal/admin"
-	"github.com/fenceproxy/fenceproxy/rules"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // statusRefresh is how often the status page at / reloads itself.

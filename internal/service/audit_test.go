@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // TestAuditThenEnforce: in audit mode a stale write succeeds with its

@@ -12,8 +12,8 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // TestDatabaseCheck: the proxy checks a database when its first session

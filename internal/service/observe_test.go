@@ -13,8 +13,8 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/service"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // observed is a running proxy in a database of its own with one table of

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
-	"github.com/fenceproxy/fenceproxy/rules"
 )
 
 // configMapDir lays out dir as the kubelet lays out a mounted ConfigMap

@@ -1,0 +1,459 @@
+package proxy
+
+// The bookkeeping of a Query's or Parse's prepared-statement operations
+// (PREPARE, EXECUTE, DEALLOCATE) and of the statements the proxy inserts
+// into a Query.
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// checkExecutes checks the EXECUTEs among ops, skipping names defined
+// earlier in the same text (definedHere, updated as ops go). It returns a
+// refusal if one runs a statement decided under older rules that the rules
+// in force decide differently.
+func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, error) {
+	e, _, err := s.checkExecutesLock(ops, gen)
+	return e, err
+}
+
+// checkExecutesLock is checkExecutes that also returns the lock
+// registration the executed statements need in this session, if any; a
+// text that executes several such statements is refused.
+func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, *LockRegistration, error) {
+	var lock *LockRegistration
+	definedHere := make(map[string]bool)
+	for _, op := range ops {
+		key := serverKey(op.Name)
+		switch op.Kind {
+		case OpPrepare:
+			definedHere[key] = true
+		case OpDeallocate:
+			definedHere[key] = true // EXECUTE after it fails upstream
+		case OpDeallocateAll:
+			return nil, lock, nil // every later EXECUTE fails upstream
+		case OpExecute:
+			if definedHere[key] {
+				// Prepared in this very text: its registration is unknown.
+				if s.lockNamed {
+					return refusePrepared(fmt.Sprintf("cannot tell whether prepared statement %q needs a lock registration: it is prepared and executed in one text", op.Name),
+						"Send PREPARE and EXECUTE as separate messages."), nil, nil
+				}
+				continue
+			}
+			v, err := s.checkStatement(op.Name, gen, true)
+			if err != nil {
+				return nil, nil, err
+			}
+			if v.refuse != nil {
+				return v.refuse, nil, nil
+			}
+			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (s.lockNamed || v.def.lock.Required) {
+				if lock != nil {
+					return refusePrepared("a text that executes several prepared statements on lock-fenced tables cannot be registered",
+						"Execute them in separate statements."), nil, nil
+				}
+				lock = v.def.lock
+			}
+		}
+	}
+	return nil, lock, nil
+}
+
+// sqlOpDefs builds the definitions of the PREPAREs among ops, decided
+// under generation gen (read before the text was decided). If the rules
+// changed meanwhile, the definitions are marked so that they are decided
+// again before they run.
+func (s *session) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
+	defs := make([]*stmtDef, len(ops))
+	for i, op := range ops {
+		if op.Kind != OpPrepare {
+			continue
+		}
+		lex, err := s.lexingNoWait(op.Text)
+		sent := hashText("\x00unknown")
+		var lock *LockRegistration
+		if err == nil {
+			d := s.decide(lex, op.Text)
+			sent = decisionHash(&d, op.Text)
+			lock = d.Lock
+		}
+		s.mu.Lock()
+		defs[i] = s.ps.newDef(op.Text, sent, gen, nil, true)
+		defs[i].lock = lock
+		s.mu.Unlock()
+	}
+	if s.ps.pol.Generation() != gen {
+		for _, d := range defs {
+			if d != nil {
+				d.sent = hashText("\x00unknown")
+			}
+		}
+	}
+	return defs
+}
+
+// lexingNoWait is the lexing for a text decided again later under the
+// same settings: the last reported ones.
+func (s *session) lexingNoWait(text string) (Lexing, error) {
+	s.mu.Lock()
+	lex := s.lex
+	s.mu.Unlock()
+	for i := 0; i < len(text); i++ {
+		switch c := text[i]; {
+		case c == '\\':
+			lex.Backslash = true
+		case c >= 0x80:
+			lex.NonASCII = true
+		}
+	}
+	return lex, nil
+}
+
+// registerSQLOps records the PREPAREs and DEALLOCATEs among ops, about to
+// be sent: as statements of a Query (query), or as the effects of the
+// Execute about to be sent. defs are from sqlOpDefs. Callers hold s.mu.
+func (s *session) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
+	s.registerSQLOpsWithCalls(ops, defs, query, nil, nil, regCallbacks{})
+}
+
+// regCallbacks: the inserted statements from index skip of the calls are
+// lock registrations whose responses done records.
+type regCallbacks struct {
+	skip int
+	done func(outcome)
+}
+
+// registerSQLOpsWithCalls is registerSQLOps for a Query into which the
+// proxy inserted statements, at calls (indexes in the text sent): the
+// client's statements move behind them, and their CommandCompletes are
+// swallowed. Callers hold s.mu.
+func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int, fence []rules.SettingOp, reg regCallbacks) {
+	swallow := func(k int) {
+		if k >= reg.skip && reg.done != nil {
+			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: calls[k], query: true, swallow: 'C', done: reg.done})
+			return
+		}
+		s.ps.swallowQuery(calls[k])
+	}
+	// sent maps a client statement index to its index in the text sent.
+	sent := func(k int) int {
+		for _, c := range calls {
+			if c <= k {
+				k++
+			}
+		}
+		return k
+	}
+	next := 0      // calls registered so far (the fifo is kept in order)
+	nextFence := 0 // fence operations registered so far
+	fenceUpTo := func(idx int) {
+		for ; nextFence < len(fence) && sent(fence[nextFence].Stmt) <= idx; nextFence++ {
+			f := fence[nextFence]
+			for next < len(calls) && calls[next] < sent(f.Stmt) {
+				swallow(next)
+				next++
+			}
+			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: sent(f.Stmt), query: true, done: s.fenceDone(knownOp(f))})
+		}
+	}
+	for i, op := range ops {
+		idx := op.Stmt
+		if query {
+			idx = sent(op.Stmt)
+			fenceUpTo(idx)
+			for next < len(calls) && calls[next] < idx {
+				swallow(next)
+				next++
+			}
+		}
+		switch op.Kind {
+		case OpPrepare:
+			s.ps.addStmtOp(op.Name, defs[i], false, 0, query, idx)
+		case OpDeallocate:
+			s.ps.addStmtOp(op.Name, nil, false, 0, query, idx)
+		case OpDeallocateAll:
+			for key := range s.ps.stmts {
+				s.ps.addStmtOp(key, nil, false, 0, query, idx)
+			}
+			s.ps.forgetOwn() // the proxy's own statements go too
+		}
+		if op.Kind != OpExecute {
+			s.ps.clientNamed(op.Name)
+		}
+	}
+	if query {
+		fenceUpTo(1 << 30)
+	}
+	for ; next < len(calls); next++ {
+		swallow(next)
+	}
+}
+
+// preparedForm reports whether a Parse is decided with Lexing.Prepared: it
+// names its statement (which the server keeps to execute many times) and
+// its text performs no SQL-level prepared-statement operation (words.any
+// false: a PREPARE's body is recorded as the SQL-level statement's,
+// decided as a Query's text is, so it gets the same form on the server).
+func preparedForm(typ byte, name string, words prepWords) bool {
+	return typ == 'P' && name != "" && !words.any
+}
+
+// prepWords is what mentionsPrepared found in a text, scanned once per
+// Query or Parse for both preparedForm and trackPrepared.
+type prepWords struct{ any, execute bool }
+
+// mentionsPrepared reports, cheaply and conservatively, whether sql may
+// prepare, execute or deallocate a statement, and whether it may execute
+// one.
+func mentionsPrepared(sql string) (any, execute bool) {
+	for i := 0; i+7 <= len(sql); i++ {
+		switch sql[i] | 0x20 {
+		case 'p':
+			if asciiFoldHasPrefix(sql[i:], "prepare") {
+				any = true
+			}
+		case 'e':
+			if asciiFoldHasPrefix(sql[i:], "execute") {
+				return true, true
+			}
+		case 'd':
+			if asciiFoldHasPrefix(sql[i:], "deallocate") || asciiFoldHasPrefix(sql[i:], "discard") {
+				any = true
+			}
+		}
+	}
+	return any, false
+}
+
+func asciiFoldHasPrefix(s, prefix string) bool {
+	if len(s) < len(prefix) {
+		return false
+	}
+	for i := 0; i < len(prefix); i++ {
+		if s[i]|0x20 != prefix[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// cloneOps copies ops and their strings, to be kept past the message they
+// were found in.
+func cloneOps(ops []PreparedOp) []PreparedOp {
+	if len(ops) == 0 {
+		return nil
+	}
+	out := make([]PreparedOp, len(ops))
+	for i, op := range ops {
+		op.Name, op.Text = strings.Clone(op.Name), strings.Clone(op.Text)
+		out[i] = op
+	}
+	return out
+}
+
+// trackPrepared does the prepared-statement bookkeeping of a Query or
+// Parse about to be sent with decision d (which it may turn into a
+// refusal): EXECUTEs of statements prepared under older rules are checked,
+// and what the text defines or removes is recorded; preparedForm is
+// whether d was decided with Lexing.Prepared, words what mentionsPrepared
+// found in sql.
+func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool, words prepWords, ft *fenceText) error {
+	var ops []PreparedOp
+	if d.Action != Refuse {
+		if words.any {
+			var err error
+			ops, err = s.preparedOps(sql)
+			switch {
+			case errors.Is(err, errPolicyPanicked):
+				*d = internalRefusal()
+			case err != nil && words.execute:
+				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
+			case err != nil:
+				ops = nil
+			case d.Action == Rewrite && len(ops) > 0 && !s.sameOps(ops, d.SQL):
+				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot track the prepared statements of this text once rewritten", "Send PREPARE, EXECUTE and DEALLOCATE as statements of their own.")}
+			}
+		}
+	}
+	var calls []int
+	spare := s.fence.on && s.spare(d.Lock)
+	var regLock *LockRegistration // the registration sent, if any
+	checkFirst := 0               // the catalog check in front of the registrations
+	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) && !spare {
+		regLock = d.Lock
+		if d.Lock.Pre != "" {
+			checkFirst = 1
+		}
+		// Send the text with the lock registrations in place.
+		calls = d.Lock.Calls
+		*d = Decision{Action: Rewrite, SQL: d.Lock.Query, Tables: d.Tables, Lock: d.Lock}
+	} else if typ == 'Q' && d.Action != Refuse && d.Lock != nil && d.Lock.Pre != "" {
+		// No registration (spared, or none needed): the catalog check
+		// still goes first.
+		base := sql
+		if d.Action == Rewrite {
+			base = d.SQL
+		}
+		calls = []int{0}
+		*d = Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
+	}
+	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
+		e, lock, err := s.checkExecutesLock(ops, gen)
+		if err != nil {
+			return err
+		}
+		switch {
+		case e != nil:
+			*d = Decision{Action: Refuse, Refusal: e}
+		case lock != nil && (calls != nil || ops[0].Stmts != 1):
+			*d = Decision{Action: Refuse, Refusal: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
+				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
+		case lock != nil && s.fence.on && s.spare(lock):
+		case lock != nil:
+			regLock = lock
+			out := sql
+			if d.Action == Rewrite {
+				out = d.SQL
+			}
+			// One statement: the registration goes before it, as the
+			// rewriter does for a single statement.
+			calls = []int{0}
+			*d = Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
+		}
+	}
+	if typ == 'Q' && d.Action != Refuse && s.fence.on && ft.prelude {
+		// The session's own values, transaction-locally, before the
+		// text: two statements, whose CommandCompletes are swallowed.
+		s.mu.Lock()
+		pre := s.fence.simplePrelude()
+		s.mu.Unlock()
+		base := sql
+		if d.Action == Rewrite {
+			base = d.SQL
+		}
+		*d = Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
+		shifted := []int{0, 1}
+		for _, c := range calls {
+			shifted = append(shifted, c+2)
+		}
+		calls = shifted
+	}
+	if d.Action == Refuse {
+		ops = nil
+		ft.ops = nil
+	}
+	var defs []*stmtDef
+	if typ == 'Q' && len(ops) > 0 {
+		defs = s.sqlOpDefs(ops, gen)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d.Action != Refuse && s.ps.wouldOverflow(typ, p.Name, ops) {
+		*d = Decision{Action: Refuse, Refusal: refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+			"Deallocate prepared statements you no longer need.")}
+		ops, defs = nil, nil
+	}
+	switch {
+	case typ == 'Q':
+		if d.Action == Refuse {
+			calls = nil
+		}
+		var regDone func(outcome)
+		if regLock != nil {
+			regDone = s.registeredDone(regLock)
+		}
+		pre := 0
+		if ft.prelude && d.Action != Refuse {
+			pre = 2
+		}
+		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops, regCallbacks{skip: pre + checkFirst, done: regDone})
+	case d.Action == Refuse:
+		if p.Name == "" {
+			// The refused Parse still drops the unnamed statement.
+			s.ps.addStmtOp("", nil, true, 0, false, 0)
+		}
+		// A refused named Parse fails before it would replace anything.
+	default:
+		s.ps.clientNamed(p.Name)
+		def := s.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
+		if def == nil {
+			def = s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
+			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
+			def.lock = d.Lock
+			def.plain = plainDecision(d)
+			def.forward = d.Action == Forward
+			def.preparedForm = preparedForm
+			def.fence = ft.ops
+		}
+		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
+	}
+	return nil
+}
+
+// preparedOps asks the policy for the prepared-statement operations of
+// sql. It parses: on an event loop, that runs off the loop's thread (as
+// slow decisions do, see decide).
+func (s *session) preparedOps(sql string) (ops []PreparedOp, err error) {
+	s.offLoop(func() { ops, err = s.policyPreparedOps(sql) })
+	return ops, err
+}
+
+// errPolicyPanicked reports a panic of the policy (logged), after which the
+// statement is refused.
+var errPolicyPanicked = errors.New("policy panicked")
+
+// policyPreparedOps asks the policy, returning errPolicyPanicked if it
+// panics.
+func (s *session) policyPreparedOps(sql string) (ops []PreparedOp, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logPolicyPanic("policy panicked listing prepared statements; statement refused", r)
+			ops, err = nil, errPolicyPanicked
+		}
+	}()
+	return s.ps.pol.PreparedOps(sql)
+}
+
+// maxReusedOIDs bounds the parameter-type buffer a session keeps
+// (session.oidBuf): a Parse may declare 65535 types.
+const maxReusedOIDs = 256
+
+// sameOps reports whether the rewritten text out has the same
+// prepared-statement operations at the same statement indexes as ops.
+func (s *session) sameOps(ops []PreparedOp, out string) bool {
+	got, err := s.preparedOps(out)
+	if err != nil || len(got) != len(ops) {
+		return false
+	}
+	for i := range ops {
+		if got[i].Kind != ops[i].Kind || got[i].Name != ops[i].Name || got[i].Stmt != ops[i].Stmt {
+			return false
+		}
+	}
+	return true
+}
+
+// wouldOverflow reports whether a Parse of name (typ 'P') or the PREPAREs
+// among ops would track more names than the limit. Callers hold s.mu.
+func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) bool {
+	n := len(ps.stmts)
+	if typ == 'P' && name != "" {
+		if _, ok := ps.stmts[serverKey(name)]; !ok {
+			n++
+		}
+	}
+	for _, op := range ops {
+		if op.Kind == OpPrepare {
+			if _, ok := ps.stmts[serverKey(op.Name)]; !ok {
+				n++
+			}
+		}
+	}
+	return n > maxTrackedStatements
+}

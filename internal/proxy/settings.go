@@ -1,0 +1,486 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+)
+
+// The session's fence settings (docs/design.md, "The session's fence
+// settings").
+//
+// The proxy keeps, for each client session, the values of the token and
+// lock settings that PostgreSQL holds for it: the defaults from the
+// startup packet and the role's and database's settings, then every
+// statement that changes them (SettingsPolicy.SettingOps, on PostgreSQL's
+// parse), each applied when its response says it ran, with PostgreSQL's
+// transaction rules (a rollback undoes SET, SET LOCAL ends with its
+// transaction, savepoints). Before each statement on a protected table,
+// the session's own values are applied transaction-locally (fencePrelude),
+// so the statement never runs with what its server connection carries
+// from another client behind a transaction pooler.
+
+// SettingsPolicy is an optional Policy extension: the policy names the
+// fence settings and reads what a text does to them.
+type SettingsPolicy interface {
+	// FenceSettings returns the token and lock settings' names, "" when
+	// the rules fence nothing (then the proxy keeps no record).
+	FenceSettings() (token, lock string)
+	// SettingOps returns what sql does to the fence settings.
+	SettingOps(sql string) (rules.SettingText, error)
+	// SettingsEverywhere reports whether every statement that may write
+	// needs the session's values in this session's database (the database
+	// guard reads them on the server for writes the proxy cannot see).
+	SettingsEverywhere(info *SessionInfo) bool
+}
+
+// spareRegistration reports whether a statement of the open transaction
+// needs no lock registration: one for the same lock and token succeeded
+// in it, and everything sent since is answered, so that the transaction
+// is known to be the same one (an explicit transaction, not failed, no
+// rollback to a savepoint since). The registration holds its advisory
+// lock until the transaction ends, so no newer holder can register
+// meanwhile, and the record says that neither value changed. Callers
+// hold session.mu.
+func (s *session) spareRegistration() bool {
+	f := &s.fence
+	return f.on && f.registered && f.regLock == f.cur.lock && f.regToken == f.cur.token &&
+		f.unresolved == 0 && !f.failed && !f.broken && s.state.txStatus == 'T' && s.state.inFlight == 0 && !s.state.unsynced
+}
+
+// spare is spareRegistration, taking s.mu.
+func (s *session) spare(l *LockRegistration) bool {
+	if l != nil && l.Catalog {
+		return false // the catalog check is never spared
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spareRegistration()
+}
+
+// registered returns the callback for a registration's response (nil
+// when it proves nothing: audit mode). Callers hold session.mu.
+func (s *session) registeredDone(l *LockRegistration) func(outcome) {
+	if !s.fence.on || l == nil || l.Audit {
+		return nil
+	}
+	lk, tok := s.fence.cur.lock, s.fence.cur.token
+	return func(o outcome) {
+		if o == outcomeOK && s.fence.inTx && !s.fence.failed {
+			s.fence.registered, s.fence.regLock, s.fence.regToken = true, lk, tok
+		}
+	}
+}
+
+// ---- startup ----
+
+// ---- the statements that may change the settings ----
+
+// ---- applying the record ----
+
+// errFenceUnknown refuses a statement whose effect on the settings cannot
+// be known.
+func refuseFenceUnknown(why string) *pgproto3.ErrorResponse {
+	return refusePrepared("cannot tell what this statement sets the fence settings to: "+why,
+		"Set the token and the lock with SET, SET LOCAL, RESET, or SELECT set_config(…) with constants or parameters, in a statement of their own.")
+}
+
+// preludeSQL is the extended protocol's: set_config(…, true) of both, in
+// a SELECT that returns no row (OFFSET 1 still evaluates the one row's
+// target list), so the Execute answers with a CommandComplete alone.
+const preludeSQL = "SELECT pg_catalog.set_config($1, $2, true), pg_catalog.set_config($3, $4, true) OFFSET 1"
+
+// textOIDs are the prelude's parameter types.
+var textOIDs = []uint32{25, 25, 25, 25}
+
+// ---- the session's side ----
+
+// fenceApplied is an operation with its values known, waiting for its
+// statement's response.
+type fenceApplied struct {
+	op    rules.SettingOp
+	value string
+	local bool
+	null  bool
+	which uint8
+}
+
+func knownOp(op rules.SettingOp) fenceApplied {
+	return fenceApplied{op: op, value: op.Value, local: op.Local, null: op.Null, which: op.Which}
+}
+
+// fenceText is what a text does to the settings.
+type fenceText struct {
+	ops  []rules.SettingOp
+	st   rules.SettingText
+	lock bool // an operation may set the lock
+	// prelude: the session's values go before the text (fenceDecide).
+	prelude bool
+}
+
+// fenceOps reads what sql does to the fence settings; a refusal when it
+// cannot be known.
+func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *pgproto3.ErrorResponse) {
+	var ft fenceText
+	if !s.fence.on || !mayChangeFence(sql, lex) {
+		return ft, nil
+	}
+	if strings.IndexByte(sql, '\\') >= 0 && (!lex.StandardConformingStrings || lex.Uncertain || backslashInCharacters(lex.ClientEncoding)) {
+		// The parser reads backslashes as standard_conforming_strings on
+		// does, in UTF-8.
+		return ft, refuseFenceUnknown("backslashes in a statement that may change them, where the server may read them as escapes (standard_conforming_strings off, or a client encoding whose characters contain the byte)")
+	}
+	sp := s.srv.opts.Policy.(SettingsPolicy)
+	var err error
+	var panicked bool
+	s.offLoop(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				s.logPolicyPanic("policy panicked reading fence settings; statement refused", r)
+				panicked = true
+			}
+		}()
+		ft.st, err = sp.SettingOps(sql)
+	})
+	if panicked {
+		return ft, refusePrepared("internal error reading the statement's fence settings", "")
+	}
+	if err != nil {
+		// The server may read what the parser could not (another version,
+		// another client encoding): fail closed.
+		return ft, refuseFenceUnknown("the statement does not parse here (" + err.Error() + ")")
+	}
+	ft.ops = ft.st.Ops
+	for _, op := range ft.ops {
+		if op.Kind == rules.SetUnknown {
+			return ft, refuseFenceUnknown(op.Why)
+		}
+		if op.Which&rules.SettingLock != 0 || op.Kind == rules.ResetAll {
+			ft.lock = true
+		}
+	}
+	return ft, nil
+}
+
+// statementAfterEnd reports whether a statement on a protected table
+// follows, in the same text, one that ends a transaction or rolls back to
+// a savepoint: the values applied at the text's start would not be in
+// force for it.
+func (ft *fenceText) statementAfterEnd() bool {
+	end := -1
+	for _, op := range ft.ops {
+		switch op.Kind {
+		case rules.TxCommit, rules.TxRollback, rules.TxRollbackTo, rules.TxPrepare:
+			if end < 0 {
+				end = op.Stmt
+			}
+		}
+	}
+	if end < 0 {
+		return false
+	}
+	for i := end + 1; i < len(ft.st.Protected); i++ {
+		if ft.st.Protected[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// fenceDone returns the callback that records a's outcome. Callers hold
+// s.mu.
+func (s *session) fenceDone(a fenceApplied) func(outcome) {
+	f := &s.fence
+	f.unresolved++
+	return func(o outcome) {
+		f.unresolved--
+		if o == outcomeOK {
+			f.apply(a.op, a.value, a.local, a.null, a.which)
+		}
+		if f.unresolved == 0 {
+			s.idleCond.Broadcast()
+			s.wakeIdleLocked()
+		}
+	}
+}
+
+// fenceLost is called, with s.mu held, when the response bookkeeping gives
+// up: the record can no longer be trusted, and statements on protected
+// tables are refused.
+func (s *session) fenceLost() {
+	s.fence.unresolved = 0
+	s.fence.broken = true
+}
+
+// fenceWait waits until every operation on the settings sent so far is
+// answered, so that the record is what the server holds. The server may
+// hold extended-protocol answers until a Sync or Flush: a Flush is sent.
+func (s *session) fenceWait() error {
+	s.mu.Lock()
+	pending := s.fence.unresolved > 0
+	unsynced := s.state.unsynced
+	s.mu.Unlock()
+	if !pending {
+		return nil
+	}
+	if unsynced {
+		if err := writeRaw(s.uw, 'H', nil); err != nil {
+			return upstreamErr(err)
+		}
+	}
+	if err := s.uw.Flush(); err != nil {
+		return upstreamErr(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waitLocked(func() bool { return s.fence.unresolved > 0 && !s.state.finishing })
+	if s.state.finishing {
+		return errSessionDone
+	}
+	return nil
+}
+
+// fenceReady waits for the record, then reports the lock name in force and
+// whether the record can be used.
+func (s *session) fenceReady() (lockNamed bool, ok bool, err error) {
+	if err := s.fenceWait(); err != nil {
+		return false, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fence.cur.lock != "", !s.fence.broken, nil
+}
+
+var errFenceBroken = refusePrepared("the proxy lost track of this session's fence settings; reconnect", "")
+
+// sendPrelude sends, before a client's Bind of a statement on a protected
+// table, the session's own values as transaction-local settings: Close of
+// what an earlier prelude left, then Parse, Bind and Execute of preludeSQL
+// under the proxy's own name, parsed again every time so that nothing the
+// session did in between (a DEALLOCATE and PREPARE of the name in a
+// function) can stand in for it. Its responses are not relayed.
+func (s *session) sendPrelude() error {
+	ps := s.ps
+	s.mu.Lock()
+	if s.state.finishing {
+		s.mu.Unlock()
+		return errSessionDone
+	}
+	name := ps.preludeName
+	vals := s.fence.cur
+	tok, lk := s.fence.tokenName, s.fence.lockName
+	ps.expect('3', nil)
+	ps.countSent('C')
+	ps.addStmtOp(name, nil, false, '3', false, 0)
+	ps.countSent('C')
+	ps.expect('1', nil)
+	ps.countSent('P')
+	ps.expect('2', nil)
+	ps.countSent('B')
+	ps.expect('C', nil)
+	ps.countSent('E')
+	// Closed again at once: the session's statements stay the client's.
+	ps.addStmtOp(name, nil, false, '3', false, 0)
+	ps.countSent('C')
+	s.state.rewrote = true
+	s.mu.Unlock()
+	msgs := []encoder{
+		&pgproto3.Close{ObjectType: 'P', Name: name},
+		&pgproto3.Close{ObjectType: 'S', Name: name},
+		&pgproto3.Parse{Name: name, Query: preludeSQL, ParameterOIDs: textOIDs},
+		&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name,
+			Parameters: [][]byte{[]byte(tok), []byte(vals.token), []byte(lk), []byte(vals.lock)}},
+		&pgproto3.Execute{Portal: name},
+		&pgproto3.Close{ObjectType: 'S', Name: name},
+	}
+	for _, m := range msgs {
+		if err := writeMsg(s.uw, m); err != nil {
+			return upstreamErr(err)
+		}
+	}
+	return nil
+}
+
+// bindParams decodes a Bind's parameters: their formats and values (nil:
+// NULL). The values alias body.
+func bindParams(body []byte) (formats []int16, values [][]byte, ok bool) {
+	_, rest, ok1 := cstringView(body)
+	_, rest, ok2 := cstringView(rest)
+	if !ok1 || !ok2 || len(rest) < 2 {
+		return nil, nil, false
+	}
+	nf := int(binary.BigEndian.Uint16(rest))
+	rest = rest[2:]
+	if len(rest) < 2*nf+2 {
+		return nil, nil, false
+	}
+	for i := 0; i < nf; i++ {
+		formats = append(formats, int16(binary.BigEndian.Uint16(rest[2*i:])))
+	}
+	rest = rest[2*nf:]
+	np := int(binary.BigEndian.Uint16(rest))
+	rest = rest[2:]
+	for i := 0; i < np; i++ {
+		if len(rest) < 4 {
+			return nil, nil, false
+		}
+		l := int(int32(binary.BigEndian.Uint32(rest)))
+		rest = rest[4:]
+		if l < 0 {
+			values = append(values, nil)
+			continue
+		}
+		if l > len(rest) {
+			return nil, nil, false
+		}
+		values = append(values, rest[:l:l])
+		rest = rest[l:]
+	}
+	return formats, values, true
+}
+
+// resolveBindOps gives the operations of a statement their values from a
+// Bind's parameters. ok is false when they cannot be read (the Bind is
+// then refused).
+func (s *session) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApplied, bool) {
+	if len(ops) == 0 {
+		return nil, true
+	}
+	params := false
+	for _, op := range ops {
+		params = params || op.Kind == rules.SetParams
+	}
+	if !params {
+		out := make([]fenceApplied, len(ops))
+		for i, op := range ops {
+			out[i] = knownOp(op)
+		}
+		return out, true
+	}
+	formats, values, ok := bindParams(body)
+	if !ok {
+		return nil, false
+	}
+	param := func(n int) (v []byte, binary bool, ok bool) {
+		if n < 1 || n > len(values) {
+			return nil, false, false
+		}
+		f := int16(0)
+		switch {
+		case len(formats) == 1:
+			f = formats[0]
+		case len(formats) >= n:
+			f = formats[n-1]
+		}
+		return values[n-1], f == 1, true
+	}
+	var out []fenceApplied
+	for _, op := range ops {
+		a := knownOp(op)
+		if op.Kind == rules.SetParams {
+			if op.NameParam > 0 {
+				v, _, ok := param(op.NameParam)
+				if !ok || v == nil {
+					continue // the server refuses it (no name)
+				}
+				a.which = s.whichSetting(string(v))
+				if a.which == 0 {
+					continue
+				}
+			}
+			if op.ValueParam > 0 {
+				v, _, ok := param(op.ValueParam)
+				if !ok {
+					return nil, false
+				}
+				a.null, a.value = v == nil, string(v)
+			}
+			if op.LocalParam > 0 {
+				v, bin, ok := param(op.LocalParam)
+				if !ok {
+					return nil, false
+				}
+				switch {
+				case v == nil:
+					a.local = false
+				case bin:
+					a.local = len(v) == 1 && v[0] != 0
+				default:
+					b, ok := rules.ParseBool(string(v))
+					if !ok {
+						continue // the server refuses it
+					}
+					a.local = b
+				}
+			}
+		}
+		out = append(out, a)
+	}
+	return out, true
+}
+
+// fencedDecision reports whether a text decided d runs something on a
+// protected table that reads the fence settings: a rewrite, a lock
+// registration, or an EXECUTE of a prepared statement (which may be one).
+func fencedDecision(d *Decision, words prepWords) bool {
+	return d.Action == Rewrite || (d.Action != Refuse && d.Lock != nil) || words.execute
+}
+
+// registers reports whether a decision's lock registration is sent in a
+// session that names a lock as lockNamed says.
+func registers(l *LockRegistration, lockNamed bool) bool {
+	return l != nil && len(l.Calls) > 0 && (lockNamed || l.Required)
+}
+
+// readsSettings reports whether the statement a registration precedes
+// runs with the fence settings read: a lock registration does, the
+// catalog stamp's check does not.
+func readsSettings(l *LockRegistration, lockNamed bool) bool {
+	return registers(l, lockNamed) && !l.Catalog
+}
+
+// fenceDecide reads what a Query's or Parse's text does to the fence
+// settings (refusing it when that cannot be known), and, for a text on a
+// protected table, waits until the record is what the server holds, so
+// that the values applied before it and the decision to register the
+// lock are the session's own.
+func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, lex Lexing, words prepWords) error {
+	var refusal *pgproto3.ErrorResponse
+	*ft, refusal = s.fenceOps(sql, lex)
+	fenced := fencedDecision(d, words)
+	switch {
+	case refusal != nil:
+	case typ == 'Q' && fenced && ft.statementAfterEnd():
+		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
+			"Send the statements after the end of the transaction in a Query of their own.")
+	case typ == 'Q' && !fenced && mayWrite(sql) && s.srv.opts.Policy.(SettingsPolicy).SettingsEverywhere(&s.info):
+		_, ok, err := s.fenceReady()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			refusal = errFenceBroken
+		}
+		ft.prelude = true
+	case fenced && typ == 'Q':
+		named, ok, err := s.fenceReady()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			refusal = errFenceBroken
+		}
+		s.lockNamed = named || ft.lock
+		// A read of a lock-fenced table that registers nothing in this
+		// session reads no setting: it goes as sent.
+		ft.prelude = d.Action == Rewrite || words.execute || readsSettings(d.Lock, s.lockNamed)
+	}
+	if refusal != nil {
+		*d = Decision{Action: Refuse, Refusal: refusal, Tables: d.Tables}
+		*ft = fenceText{}
+	}
+	return nil
+}

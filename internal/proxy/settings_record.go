@@ -1,0 +1,161 @@
+package proxy
+
+// The record of a session's fence settings, with PostgreSQL's rules for
+// SET, SET LOCAL, transactions and savepoints (settings.go has the
+// overview).
+
+import "github.com/fenceproxy/fenceproxy/internal/rules"
+
+type fenceValues struct{ token, lock string }
+
+func (v *fenceValues) set(which uint8, val string) {
+	if which&rules.SettingToken != 0 {
+		v.token = val
+	}
+	if which&rules.SettingLock != 0 {
+		v.lock = val
+	}
+}
+
+func (v *fenceValues) copyFrom(o fenceValues, which uint8) {
+	if which&rules.SettingToken != 0 {
+		v.token = o.token
+	}
+	if which&rules.SettingLock != 0 {
+		v.lock = o.lock
+	}
+}
+
+type fenceSavepoint struct {
+	name      string
+	pend, cur fenceValues
+}
+
+// fenceRecord is the model; guarded by session.mu. Outside a transaction
+// pend and cur equal sess. In one, pend is the session-level value a
+// commit keeps and cur the value in effect (SET LOCAL changes only cur).
+type fenceRecord struct {
+	on                    bool
+	tokenName             string
+	lockName              string
+	defaults              fenceValues
+	sess, pend, cur       fenceValues
+	inTx, failed          bool
+	saves                 []fenceSavepoint
+	unresolved            int  // operations sent and not yet answered
+	startupTok, startupLk bool // the startup packet set them
+	// broken: the response bookkeeping lost track; the record is unknown.
+	broken bool
+	// registered: a lock registration of regLock and regToken succeeded
+	// in the open transaction (spareRegistration).
+	registered        bool
+	regLock, regToken string
+}
+
+func (f *fenceRecord) forgetRegistration() { f.registered = false }
+
+func (f *fenceRecord) revert() {
+	f.pend, f.cur = f.sess, f.sess
+	f.saves, f.failed = nil, false
+}
+
+func (f *fenceRecord) commit() {
+	f.sess = f.pend
+	f.cur = f.pend
+	f.saves, f.failed = nil, false
+}
+
+// apply records op, which ran (v is the value it set, resolved from the
+// Bind's parameters for SetParams).
+func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, which uint8) {
+	f.inTx = true
+	switch op.Kind {
+	case rules.SetValue, rules.SetParams:
+		if null {
+			var d fenceValues
+			d.copyFrom(f.defaults, which)
+			v = d.token
+			if which == rules.SettingLock {
+				v = d.lock
+			}
+		}
+		if !local {
+			f.pend.set(which, v)
+		}
+		f.cur.set(which, v)
+	case rules.SetDefault:
+		if !op.Local {
+			f.pend.copyFrom(f.defaults, which)
+		}
+		f.cur.copyFrom(f.defaults, which)
+	case rules.ResetAll:
+		f.pend, f.cur = f.defaults, f.defaults
+	case rules.SetCurrent:
+		f.pend.copyFrom(f.cur, which)
+	case rules.TxBegin:
+	case rules.TxCommit, rules.TxPrepare:
+		f.forgetRegistration()
+		if f.failed {
+			f.revert() // COMMIT of a failed transaction rolls it back
+		} else {
+			f.commit()
+		}
+		f.inTx = op.Chain
+	case rules.TxRollback:
+		f.forgetRegistration()
+		f.revert()
+		f.inTx = op.Chain
+	case rules.TxSavepoint:
+		f.saves = append(f.saves, fenceSavepoint{name: op.Savepoint, pend: f.pend, cur: f.cur})
+	case rules.TxRelease:
+		if i := f.savepoint(op.Savepoint); i >= 0 {
+			f.saves = f.saves[:i]
+		}
+	case rules.TxRollbackTo:
+		// What the savepoint undid may include a registration.
+		f.forgetRegistration()
+		if i := f.savepoint(op.Savepoint); i >= 0 {
+			f.pend, f.cur = f.saves[i].pend, f.saves[i].cur
+			f.saves = f.saves[:i+1]
+		}
+		f.failed = false
+	}
+}
+
+func (f *fenceRecord) savepoint(name string) int {
+	for i := len(f.saves) - 1; i >= 0; i-- {
+		if f.saves[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// ready records a ReadyForQuery: 'I' ends the transaction (committed
+// unless it failed or was rolled back).
+func (f *fenceRecord) ready(status byte) {
+	if status != 'T' {
+		f.forgetRegistration()
+	}
+	switch status {
+	case 'I':
+		if f.inTx {
+			if f.failed {
+				f.revert()
+			} else {
+				f.commit()
+			}
+		}
+		f.inTx, f.failed = false, false
+	case 'T':
+		f.inTx, f.failed = true, false
+	case 'E':
+		f.inTx, f.failed = true, true
+	}
+}
+
+// simplePrelude is the text put before a simple Query's text on a
+// protected table: two statements, each answering one CommandComplete.
+func (f *fenceRecord) simplePrelude() string {
+	return "SET LOCAL " + f.tokenName + " = " + quoteFenceValue(f.cur.token) + ";SET LOCAL " + f.lockName + " = " + quoteFenceValue(f.cur.lock) + ";"
+}

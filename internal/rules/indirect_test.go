@@ -1,0 +1,59 @@
+package rules_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+)
+
+func TestIndirectSet(t *testing.T) {
+	s := rules.NewIndirectSet([]rules.Indirect{
+		{Schema: "public", Name: "v", Ops: []string{"INSERT", "UPDATE", "DELETE"}, Target: "public.config", Via: "view public.v selects from public.config"},
+		{Schema: "public", Name: "events", Ops: []string{"INSERT", "UPDATE", "DELETE", "MERGE", "TRUNCATE"}, Target: "public.events_2024", Via: "partition"},
+		{Schema: "public", Name: "tenants", Ops: []string{"DELETE", "MERGE"}, Target: "public.config", Via: "ON DELETE CASCADE"},
+		{Schema: "public", Name: "tenants", Ops: []string{"TRUNCATE"}, Target: "public.config", Via: "foreign key", CascadeOnly: true},
+		{Schema: "app", Name: "Mixed", Ops: []string{"UPDATE"}, Target: "public.config", Via: "rule"},
+	})
+	for _, c := range []struct {
+		sql    string
+		refuse bool
+	}{
+		{"SELECT * FROM v", false},
+		{"UPDATE v SET a = 1", true},
+		{"update public.V set a = 1", true}, // folded
+		{"UPDATE other.v SET a = 1", false},
+		{"WITH x AS (DELETE FROM v RETURNING 1) SELECT * FROM x", true},
+		{"INSERT INTO events VALUES (1)", true},
+		{"COPY events FROM STDIN", true},
+		{"COPY events TO STDOUT", false},
+		{"DELETE FROM tenants WHERE id = 1", true},
+		{"UPDATE tenants SET name = 'x'", false},
+		{"TRUNCATE tenants", false},
+		{"TRUNCATE tenants CASCADE", true},
+		{"TRUNCATE events", true},
+		{`UPDATE app."Mixed" SET a = 1`, true},
+		{`UPDATE app.mixed SET a = 1`, false},
+		{"INSERT INTO v VALUES (1) ON CONFLICT DO NOTHING", true},
+		{"SELECT 'tenants'", false},
+		{"DELETE FROM U&\"\\0076\"", true},    // v in disguise
+		{"DELETE FROM tenants WHERE (", true}, // does not parse
+	} {
+		e := s.Check(c.sql)
+		if (e != nil) != c.refuse {
+			t.Errorf("%q: refusal %v, want %v", c.sql, e, c.refuse)
+		}
+		if again := s.Check(c.sql); (again != nil) != c.refuse { // from the cache
+			t.Errorf("%q again: refusal %v, want %v", c.sql, again, c.refuse)
+		}
+		if e != nil && e.Code != rules.CodeRefused {
+			t.Errorf("%q: %+v", c.sql, e)
+		}
+	}
+	if e := s.Check("DELETE FROM tenants"); e == nil || e.Detail != "ON DELETE CASCADE" || e.Table != "public.config" || !strings.Contains(e.Hint, "--guard") {
+		t.Errorf("refusal %+v", e)
+	}
+	if rules.NewIndirectSet(nil).Check("DELETE FROM tenants") != nil {
+		t.Error("empty set refused")
+	}
+}
