@@ -1,0 +1,203 @@
+package dbsetup
+
+// The indirect paths the graph yields, with the chains of steps that
+// name them.
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// paths searches the graph from every statement that can name an
+// unprotected relation.
+func (g *pathGraph) paths() []IndirectPath {
+	if len(g.protected) == 0 {
+		return nil
+	}
+	useful := g.usefulStates()
+
+	type key struct {
+		rel, target uint32
+		via         string
+	}
+	found := map[key]*IndirectPath{}
+	ops := map[key][pathOpCount]bool{}
+	var order []key
+	for oid, r := range g.rels {
+		if g.protected[oid] {
+			continue
+		}
+		for _, op := range g.startOps(r) {
+			start := pathState{rel: oid, op: op, mode: modeNamed}
+			if !useful[start] {
+				continue
+			}
+			for _, first := range g.edges(start) {
+				if !useful[first.to] {
+					continue
+				}
+				for target, chain := range g.shortestChains(first, useful) {
+					k := key{rel: oid, target: target, via: joinSteps(chain)}
+					if found[k] == nil {
+						found[k] = &IndirectPath{Schema: r.schema, Name: r.name, Kind: first.kind, Target: g.rels[target].display, Via: k.via}
+						order = append(order, k)
+					}
+					o := ops[k]
+					o[op] = true
+					ops[k] = o
+				}
+			}
+		}
+	}
+	out := make([]IndirectPath, 0, len(order))
+	for _, k := range order {
+		p := found[k]
+		for op, ok := range ops[k] {
+			if ok {
+				p.Ops = append(p.Ops, pathOpNames[op])
+			}
+		}
+		out = append(out, *p)
+	}
+	slices.SortFunc(out, func(a, b IndirectPath) int {
+		for _, c := range [...]int{
+			strings.Compare(a.Schema, b.Schema), strings.Compare(a.Name, b.Name),
+			strings.Compare(a.Target, b.Target), strings.Compare(a.Kind, b.Kind), strings.Compare(a.Via, b.Via),
+		} {
+			if c != 0 {
+				return c
+			}
+		}
+		return 0
+	})
+	return out
+}
+
+// usefulStates returns the states from which a protected table is reached:
+// it explores every state reachable from a statement naming a relation,
+// then walks the steps backwards from the protected tables.
+func (g *pathGraph) usefulStates() map[pathState]bool {
+	back := map[pathState][]pathState{}
+	seen := map[pathState]bool{}
+	var queue []pathState
+	for oid, r := range g.rels {
+		if g.protected[oid] {
+			continue
+		}
+		for _, op := range g.startOps(r) {
+			s := pathState{rel: oid, op: op, mode: modeNamed}
+			if !seen[s] {
+				seen[s] = true
+				queue = append(queue, s)
+			}
+		}
+	}
+	var targets []pathState
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		if g.protected[s.rel] {
+			targets = append(targets, s)
+		}
+		for _, e := range g.edges(s) {
+			back[e.to] = append(back[e.to], s)
+			if !seen[e.to] {
+				seen[e.to] = true
+				queue = append(queue, e.to)
+			}
+		}
+	}
+	useful := map[pathState]bool{}
+	for _, t := range targets {
+		useful[t] = true
+	}
+	for len(targets) > 0 {
+		s := targets[0]
+		targets = targets[1:]
+		for _, p := range back[s] {
+			if !useful[p] {
+				useful[p] = true
+				targets = append(targets, p)
+			}
+		}
+	}
+	return useful
+}
+
+// shortestChains searches breadth-first from first's destination, through
+// useful states, and returns for each protected table reached the
+// explanations of the shortest chain of steps, first included.
+func (g *pathGraph) shortestChains(first pathEdge, useful map[pathState]bool) map[uint32][]string {
+	type visit struct {
+		prev *visit
+		via  string
+	}
+	chain := func(v *visit) []string {
+		var out []string
+		for ; v != nil; v = v.prev {
+			out = append(out, v.via)
+		}
+		slices.Reverse(out)
+		return out
+	}
+	result := map[uint32][]string{}
+	visits := map[pathState]*visit{first.to: {via: first.via}}
+	queue := []pathState{first.to}
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		v := visits[s]
+		if g.protected[s.rel] {
+			if _, ok := result[s.rel]; !ok {
+				result[s.rel] = chain(v)
+			}
+		}
+		for _, e := range g.edges(s) {
+			if !useful[e.to] || visits[e.to] != nil {
+				continue
+			}
+			visits[e.to] = &visit{prev: v, via: e.via}
+			queue = append(queue, e.to)
+		}
+	}
+	return result
+}
+
+// maxViaSteps bounds the steps Via spells out: a long chain of foreign
+// keys keeps its first and last steps.
+const maxViaSteps = 8
+
+// joinSteps joins the explanations of a chain of steps.
+func joinSteps(chain []string) string {
+	if len(chain) > maxViaSteps {
+		head, tail := chain[:maxViaSteps/2], chain[len(chain)-maxViaSteps/2:]
+		mid := "... 1 more step ..."
+		if n := len(chain) - len(head) - len(tail); n > 1 {
+			mid = fmt.Sprintf("... %d more steps ...", n)
+		}
+		chain = slices.Concat(head, []string{mid}, tail)
+	}
+	return strings.Join(chain, "; ")
+}
+
+// pathRelName is schema.name for display.
+func pathRelName(schema, name string) string {
+	return pathIdent(schema) + "." + pathIdent(name)
+}
+
+// pathIdent quotes an identifier for display as rules does (and
+// rules.TableSpec.Display shows): unquoted when it is lower-case letters,
+// digits, _ and $ not starting with a digit or $, quoted otherwise. Keywords
+// are not quoted. The result is for messages, never for SQL.
+func pathIdent(s string) string {
+	plain := s != "" && (s[0] >= 'a' && s[0] <= 'z' || s[0] == '_')
+	for i := 0; plain && i < len(s); i++ {
+		c := s[i]
+		plain = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '$'
+	}
+	if plain {
+		return s
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
