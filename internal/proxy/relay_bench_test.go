@@ -20,7 +20,7 @@ import (
 // measures the proxy, not PostgreSQL): allocations per round trip must be
 // zero, whatever the number of rows.
 //
-//	go test ./proxy -run '^$' -bench Relay -benchmem
+//	go test ./internal/proxy -run '^$' -bench Relay -benchmem
 
 // benchRows is the number of DataRows per answer.
 const benchRows = 10

@@ -277,7 +277,7 @@ func TestDecisionCacheSkipsHugeStatements(t *testing.T) {
 // names the protected table is refused. The seeds (testdata/fuzz/FuzzDepth)
 // are small: the deep text is generated here. Run longer with
 //
-//	go test ./rules -run '^$' -fuzz FuzzDepth -fuzztime 60s
+//	go test ./internal/rules -run '^$' -fuzz FuzzDepth -fuzztime 60s
 func FuzzDepth(f *testing.F) {
 	r := deepRules(f, "")
 	md := (&pg.ParseResult{}).ProtoReflect().Descriptor()

@@ -31,7 +31,7 @@ import (
 // The seed corpus (testdata/fuzz/FuzzSpliceKeepsClientBytes) holds the
 // literals that deparsing once turned into other bytes. Run longer with
 //
-//	go test ./rules -run '^$' -fuzz FuzzSpliceKeepsClientBytes -fuzztime 60s
+//	go test ./internal/rules -run '^$' -fuzz FuzzSpliceKeepsClientBytes -fuzztime 60s
 func FuzzSpliceKeepsClientBytes(f *testing.F) {
 	type set struct {
 		name   string

@@ -17,7 +17,7 @@ import (
 // does not write a protected table. The seed corpus is in
 // testdata/fuzz/FuzzRewrite; run longer with
 //
-//	go test ./rules -run '^$' -fuzz FuzzRewrite -fuzztime 60s
+//	go test ./internal/rules -run '^$' -fuzz FuzzRewrite -fuzztime 60s
 func FuzzRewrite(f *testing.F) {
 	cfgs := loadRuleSets(f)
 	type set struct {

@@ -18,7 +18,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/rewrite with the current decisions")
 
-const updateCmd = "go test ./rules -run TestGolden -update"
+const updateCmd = "go test ./internal/rules -run TestGolden -update"
 
 // ruleSetFixture is a rule set of testdata/rewrite/rules.yaml: a
 // rules.Config with fixture keys. audit_tag is one because the proxy sets
@@ -82,7 +82,10 @@ func compileSets(t testing.TB) map[string]*rules.Rules {
 //	FORWARD
 //	--- another rule set
 //	REWRITE schema.table ...
-//	rewritten SQL (compared after parse -> deparse normalisation)
+//	rewritten SQL (compared after parse -> deparse normalisation; wrapped
+//	at about 100 bytes, with the fragments of goldenNames by name:
+//	{TOKEN} is pg_catalog.current_setting('fence.token', true),
+//	{TOKEN_PATTERN} and {SHORT_TOKEN_PATTERN} the token's patterns)
 //	--- yet another
 //	REFUSE FP003 schema.table ...
 //	message
@@ -179,6 +182,58 @@ func (g *goldenFile) String() string {
 	return b.String()
 }
 
+// goldenNames are the long fragments every rewrite repeats, shown in the
+// golden files by name so that a diff can be read: the token's pattern
+// (both forms) and the read of the token setting.
+var goldenNames = []struct{ name, text string }{
+	{"{TOKEN_PATTERN}", "'" + rules.TokenPattern() + "'"},
+	{"{SHORT_TOKEN_PATTERN}", "'" + rules.ShortTokenPattern() + "'"},
+	{"{TOKEN}", "pg_catalog.current_setting('fence.token', true)"},
+}
+
+// collapse names the fragments of goldenNames in sql.
+func collapse(sql string) string {
+	for _, n := range goldenNames {
+		sql = strings.ReplaceAll(sql, n.text, n.name)
+	}
+	return sql
+}
+
+// expand is collapse undone.
+func expand(sql string) string {
+	for i := len(goldenNames) - 1; i >= 0; i-- {
+		sql = strings.ReplaceAll(sql, goldenNames[i].name, goldenNames[i].text)
+	}
+	return sql
+}
+
+// goldenWidth is where wrapSQL breaks lines.
+const goldenWidth = 100
+
+// wrapSQL breaks sql into lines of about goldenWidth bytes at spaces
+// outside string constants and quoted identifiers (a line break is
+// white space to the parser, so the comparison, after parse and deparse,
+// does not see it). No line starts with the golden format's markers.
+func wrapSQL(sql string) []string {
+	var lines []string
+	start, quote := 0, byte(0)
+	for i := 0; i < len(sql); i++ {
+		c := sql[i]
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '\'' || c == '"':
+			quote = c
+		case c == ' ' && i-start >= goldenWidth && !strings.HasPrefix(sql[i+1:], "--") && !strings.HasPrefix(sql[i+1:], "==="):
+			lines = append(lines, sql[start:i])
+			start = i + 1
+		}
+	}
+	return append(lines, sql[start:])
+}
+
 // formatDecision renders d in the golden body format.
 func formatDecision(d rules.Decision) []string {
 	tables := strings.Join(d.Tables, " ")
@@ -193,7 +248,7 @@ func formatDecision(d rules.Decision) []string {
 		}
 		return []string{"FORWARD"}
 	case rules.Rewrite:
-		return append(append([]string{strings.TrimSpace("REWRITE " + tables)}, audit...), d.SQL)
+		return append(append([]string{strings.TrimSpace("REWRITE " + tables)}, audit...), wrapSQL(collapse(d.SQL))...)
 	case rules.Refuse:
 		return []string{strings.TrimSpace("REFUSE " + d.Err.Code + " " + tables), d.Err.Message}
 	}
@@ -214,7 +269,7 @@ func normalize(body []string) (string, error) {
 	if len(body) > 1 && strings.HasPrefix(body[1], "WOULD REFUSE ") {
 		head = body[:2]
 	}
-	sql := strings.Join(body[len(head):], "\n")
+	sql := expand(strings.Join(body[len(head):], "\n"))
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		return "", fmt.Errorf("expected SQL does not parse: %v", err)
