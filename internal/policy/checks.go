@@ -47,6 +47,9 @@ type dbChecks struct {
 	// the results describe, with the stamp now (stamp.go).
 	watched bool
 	stamp   int64
+	// guarded: the database guard protects some table here
+	// (SettingsEverywhere).
+	guarded bool
 	// moved: the catalog is known to have changed since stamp (a
 	// notification, a failed in-band check), so writes wait for a stamp
 	// read instead of checking in their own transaction, until results
@@ -122,7 +125,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, watched: known && res.Watched, stamp: res.Stamp}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, watched: known && res.Watched, stamp: res.Stamp, guarded: res.Guarded}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
 		// last hold while the stamp reads as it did then, and writes are

@@ -1,10 +1,12 @@
 package policy_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -36,5 +38,38 @@ func TestSettingChangedByFunction(t *testing.T) {
 			t.Errorf("%v: row 2 stamped %d (%v), want 44: the record wins", mode, fence, err)
 		}
 		c.Close(ctx)
+	}
+}
+
+// TestSettingStatementsNotRead: a statement that may change the fence
+// settings and that the proxy cannot read is refused, and the session's
+// lock name stays what it was: one its parser (PostgreSQL 17's) rejects
+// though PostgreSQL 15 accepts it (a comment before UESCAPE), and one
+// longer than max_check_bytes, which it does not parse.
+func TestSettingStatementsNotRead(t *testing.T) {
+	t.Parallel()
+	e := startLockEnv(t)
+	db := newLockDB(t, true)
+	ctx := ctxT(t)
+	c := e.holder(t, db, "before", 44, pgx.QueryExecModeSimpleProtocol)
+	lockNow := func() string {
+		t.Helper()
+		var v string
+		// The setting's name built at run time: this read changes nothing
+		// and does not mention the name.
+		if err := c.QueryRow(ctx, "SELECT current_setting(n, true) FROM (VALUES ('fence.lo' || 'ck')) v(n)").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for name, sql := range map[string]string{
+		"comment before UESCAPE":      `SET fence.lock = U&'!004c' /* c */ UESCAPE '!'`,
+		"longer than max_check_bytes": "SET fence.lock = '" + strings.Repeat("x", rules.DefaultMaxCheckBytes+1) + "'",
+	} {
+		_, err := c.Exec(ctx, sql)
+		wantCode(t, err, "FP003")
+		if got := lockNow(); got != "before" {
+			t.Errorf("%s: the lock is %q after the refusal, want %q", name, got, "before")
+		}
 	}
 }

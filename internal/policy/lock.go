@@ -10,6 +10,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // The lock registration procedure (rules.RegisterProc) raises FP001 and
@@ -96,7 +97,7 @@ func raiserMissing(msg string) bool {
 				break
 			}
 			// Not the end of a longer name (myfenceproxy.tok).
-			if at+i == 0 || !isIdentByte(msg[at+i-1]) {
+			if at+i == 0 || !sqllex.IsIdentCont(msg[at+i-1]) {
 				return true
 			}
 			at += i + len(call)
@@ -104,10 +105,6 @@ func raiserMissing(msg string) bool {
 		}
 	}
 	return false
-}
-
-func isIdentByte(c byte) bool {
-	return c == '_' || c == '$' || c >= 0x80 || ('0' <= c && c <= '9') || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
 }
 
 // missingObjectsError handles the errors of statements that call objects

@@ -30,9 +30,16 @@ func (p *Policy) SettingOps(sql string) (rules.SettingText, error) {
 // the guard protects a table, its triggers read the settings for writes
 // the proxy cannot see (a function called in a SELECT, a cascade), so
 // every statement that may write gets the session's values.
+//
+// It is asked before statements of unprotected tables too: it reads the
+// results the policy keeps (no lock), and the checker's only once they
+// expired.
 func (p *Policy) SettingsEverywhere(info *proxy.SessionInfo) bool {
 	if p.checks == nil {
 		return false
+	}
+	if st, ok := p.dbStateNow(info.Database); ok {
+		return st != nil && st.guarded
 	}
 	r, ok := p.checks.Result(info.Database)
 	return ok && r.Guarded

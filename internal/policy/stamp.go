@@ -12,6 +12,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // A view, rule, parent or foreign key created on another connection after
@@ -141,11 +142,11 @@ func checkedRegistration(c stampCheck, l *rules.LockCall) *proxy.LockRegistratio
 // rejects is checked by a stamp read before it is forwarded instead.
 func inBandWrite(sql string) bool {
 	i := 0
-	for i < len(sql) && isSpace(sql[i]) {
+	for i < len(sql) && sqllex.IsSpace(sql[i]) {
 		i++
 	}
 	j := i
-	for j < len(sql) && identByte(sql[j]) {
+	for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 		j++
 	}
 	switch w := sql[i:j]; {
@@ -160,15 +161,11 @@ func inBandWrite(sql string) bool {
 		return true
 	}
 	for _, c := range []byte(sql[j+k+1:]) {
-		if !isSpace(c) {
+		if !sqllex.IsSpace(c) {
 			return false
 		}
 	}
 	return true
-}
-
-func isSpace(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
 }
 
 // bumpGeneration makes the relay decide every prepared statement again
@@ -269,12 +266,12 @@ func hasWord(sql, word string) bool {
 func scanWords(sql string, match func([]byte) bool) bool {
 	var buf [8]byte
 	for i := 0; i < len(sql); {
-		if !identByte(sql[i]) {
+		if !sqllex.IsIdentCont(sql[i]) {
 			i++
 			continue
 		}
 		j := i
-		for j < len(sql) && identByte(sql[j]) {
+		for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 			j++
 		}
 		if n := j - i; n >= 4 && n <= len(buf) {
@@ -297,8 +294,4 @@ func scanWords(sql string, match func([]byte) bool) bool {
 		i = j
 	}
 	return false
-}
-
-func identByte(c byte) bool {
-	return c >= 0x80 || c == '_' || c == '$' || ('0' <= c && c <= '9') || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"encoding/binary"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -304,44 +303,6 @@ func (s *session) sendPrelude() error {
 	return nil
 }
 
-// bindParams decodes a Bind's parameters: their formats and values (nil:
-// NULL). The values alias body.
-func bindParams(body []byte) (formats []int16, values [][]byte, ok bool) {
-	_, rest, ok1 := cstringView(body)
-	_, rest, ok2 := cstringView(rest)
-	if !ok1 || !ok2 || len(rest) < 2 {
-		return nil, nil, false
-	}
-	nf := int(binary.BigEndian.Uint16(rest))
-	rest = rest[2:]
-	if len(rest) < 2*nf+2 {
-		return nil, nil, false
-	}
-	for i := 0; i < nf; i++ {
-		formats = append(formats, int16(binary.BigEndian.Uint16(rest[2*i:])))
-	}
-	rest = rest[2*nf:]
-	np := int(binary.BigEndian.Uint16(rest))
-	rest = rest[2:]
-	for i := 0; i < np; i++ {
-		if len(rest) < 4 {
-			return nil, nil, false
-		}
-		l := int(int32(binary.BigEndian.Uint32(rest)))
-		rest = rest[4:]
-		if l < 0 {
-			values = append(values, nil)
-			continue
-		}
-		if l > len(rest) {
-			return nil, nil, false
-		}
-		values = append(values, rest[:l:l])
-		rest = rest[l:]
-	}
-	return formats, values, true
-}
-
 // resolveBindOps gives the operations of a statement their values from a
 // Bind's parameters. ok is false when they cannot be read (the Bind is
 // then refused).
@@ -360,10 +321,11 @@ func (s *session) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApp
 		}
 		return out, true
 	}
-	formats, values, ok := bindParams(body)
-	if !ok {
+	var bind pgproto3.Bind
+	if bind.Decode(body) != nil {
 		return nil, false
 	}
+	formats, values := bind.ParameterFormatCodes, bind.Parameters
 	param := func(n int) (v []byte, binary bool, ok bool) {
 		if n < 1 || n > len(values) {
 			return nil, false, false

@@ -3,7 +3,11 @@ package proxy
 // Lexical helpers of the fence settings: the cheap test before a parse,
 // the statements that may write, and quoting values for SQL text.
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
+)
 
 // mayChangeFence is the cheap test before a parse: whether sql may hold a
 // statement that changes a fence setting or controls a transaction. It
@@ -25,55 +29,28 @@ func mayChangeFence(sql string, lex Lexing) bool {
 	for i := 0; i < len(sql); {
 		c := sql[i]
 		switch {
-		case isCSpace(c):
+		case sqllex.IsSpace(c):
 			i++
 		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
-			for i < len(sql) && sql[i] != '\n' && sql[i] != '\r' {
-				i++
-			}
+			i = sqllex.SkipLineComment(sql, i)
 		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
-			depth := 0
-			for i < len(sql) {
-				if sql[i] == '/' && i+1 < len(sql) && sql[i+1] == '*' {
-					depth++
-					i += 2
-				} else if sql[i] == '*' && i+1 < len(sql) && sql[i+1] == '/' {
-					depth--
-					i += 2
-					if depth == 0 {
-						break
-					}
-				} else {
-					i++
-				}
-			}
+			i = sqllex.SkipBlockComment(sql, i)
 		case c == ';':
 			start = true
 			i++
 		case c == '\'':
-			if escapes {
-				i = skipEscaped(sql, i, lex.ClientEncoding, mb)
-			} else {
-				i = skipQuoted(sql, i, '\'')
-			}
-			start = false
+			i, start = skipString(sql, i, escapes, lex.ClientEncoding, mb), false
 		case c == '"':
-			j := skipQuoted(sql, i, '"')
+			j := sqllex.SkipQuoted(sql, i+1, '"', false)
 			if strings.EqualFold(sql[i:j], `"set_config"`) {
 				return true
 			}
 			i, start = j, false
 		case c == '$':
-			j, ok := dollarQuoteEnd(sql, i)
-			if !ok {
-				i++ // a parameter ($1) or a lone dollar
-			} else {
-				i = j
-			}
-			start = false
-		case isIdentStart(c):
+			i, start = sqllex.SkipDollar(sql, i), false
+		case sqllex.IsIdentStart(c):
 			j := i
-			for j < len(sql) && isIdentCont(sql[j]) {
+			for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 				j++
 			}
 			w := sql[i:j]
@@ -82,7 +59,7 @@ func mayChangeFence(sql string, lex Lexing) bool {
 					if len(w) == 1 && w[0]|0x20 == 'u' && j+1 < len(sql) && sql[j+1] == '\'' {
 						// U&'…': a string constant (its escapes are read
 						// after the lexer, which ends it at a lone quote).
-						i, start = skipQuoted(sql, j+1, '\''), false
+						i, start = sqllex.SkipQuoted(sql, j+2, '\'', false), false
 						continue
 					}
 					return true // U&"…": an identifier the proxy does not decode here
@@ -90,7 +67,7 @@ func mayChangeFence(sql string, lex Lexing) bool {
 				// E'…', B'…', X'…', N'…': a string constant follows; an
 				// E'' string has backslash escapes.
 				if len(w) == 1 && w[0]|0x20 == 'e' {
-					i, start = skipEscaped(sql, j, lex.ClientEncoding, mb), false
+					i, start = skipString(sql, j, true, lex.ClientEncoding, mb), false
 					continue
 				}
 			}
@@ -132,57 +109,26 @@ func charLen(enc string, sql string, i int) int {
 	return min(n, len(sql)-i)
 }
 
-func statementWord(w string) bool {
-	switch strings.ToLower(w) {
-	case "set", "reset", "discard", "do", "prepare", "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release":
-		return true
+// statementWords begin the statements that change the settings or
+// control a transaction.
+var statementWords = []string{"set", "reset", "discard", "do", "prepare", "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
+
+// writeWords begin the statements that may write through code the proxy
+// does not see (mayWrite).
+var writeWords = []string{"select", "with", "insert", "update", "delete", "merge", "values", "table", "execute", "copy"}
+
+// isWord reports whether w is one of words, ASCII case ignored, without
+// allocating (this runs for every statement).
+func isWord(w string, words []string) bool {
+	for _, x := range words {
+		if strings.EqualFold(w, x) {
+			return true
+		}
 	}
 	return false
 }
 
-func isIdentStart(c byte) bool {
-	return c == '_' || c >= 0x80 || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
-}
-
-func isIdentCont(c byte) bool { return isIdentStart(c) || c == '$' || ('0' <= c && c <= '9') }
-
-// skipQuoted returns the index after the quoted text at sql[i] (doubled
-// quotes stay inside); an unterminated one runs to the end.
-func skipQuoted(sql string, i int, q byte) int {
-	for j := i + 1; j < len(sql); j++ {
-		if sql[j] == q {
-			if j+1 < len(sql) && sql[j+1] == q {
-				j++
-				continue
-			}
-			return j + 1
-		}
-	}
-	return len(sql)
-}
-
-// dollarQuoteEnd reports whether a dollar-quoted string starts at sql[i]
-// and returns the index after it.
-func dollarQuoteEnd(sql string, i int) (int, bool) {
-	if i > 0 && isIdentCont(sql[i-1]) {
-		return 0, false // part of an identifier (a$b)
-	}
-	j := i + 1
-	if j < len(sql) && isIdentStart(sql[j]) {
-		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
-			j++
-		}
-	}
-	if j >= len(sql) || sql[j] != '$' {
-		return 0, false
-	}
-	tag := sql[i : j+1]
-	k := strings.Index(sql[j+1:], tag)
-	if k < 0 {
-		return len(sql), true
-	}
-	return j + 1 + k + len(tag), true
-}
+func statementWord(w string) bool { return isWord(w, statementWords) }
 
 // quoteFenceValue quotes v as a string constant that reads the same in
 // every session: a plain one when it has no quote or backslash, else a
@@ -210,49 +156,34 @@ func mayWrite(sql string) bool {
 	i := 0
 	for i < len(sql) {
 		switch c := sql[i]; {
-		case isCSpace(c) || c == '(':
+		case sqllex.IsSpace(c) || c == '(':
 			i++
 		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
-			for i < len(sql) && sql[i] != '\n' {
-				i++
-			}
+			i = sqllex.SkipLineComment(sql, i)
 		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
-			depth := 0
-			for i < len(sql) {
-				if sql[i] == '/' && i+1 < len(sql) && sql[i+1] == '*' {
-					depth++
-					i += 2
-				} else if sql[i] == '*' && i+1 < len(sql) && sql[i+1] == '/' {
-					depth--
-					i += 2
-					if depth == 0 {
-						break
-					}
-				} else {
-					i++
-				}
-			}
+			i = sqllex.SkipBlockComment(sql, i)
 		default:
 			j := i
-			for j < len(sql) && isIdentCont(sql[j]) {
+			for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 				j++
 			}
-			switch strings.ToLower(sql[i:j]) {
-			case "select", "with", "insert", "update", "delete", "merge", "values", "table", "execute", "copy":
-				return true
-			}
-			return false
+			return isWord(sql[i:j], writeWords)
 		}
 	}
 	return false
 }
 
-// skipEscaped returns the index after the string constant at sql[i] (a
-// quote) whose backslashes escape the next byte.
-func skipEscaped(sql string, i int, enc string, mb bool) int {
+// skipString returns the index after the string constant at sql[i] (a
+// quote); with escapes its backslashes escape the next byte, read by
+// characters in a client encoding whose characters may contain a
+// backslash byte (mb).
+func skipString(sql string, i int, escapes bool, enc string, mb bool) int {
+	if !escapes || !mb {
+		return sqllex.SkipQuoted(sql, i+1, '\'', escapes)
+	}
 	for j := i + 1; j < len(sql); j++ {
 		switch c := sql[j]; {
-		case mb && c >= 0x80:
+		case c >= 0x80:
 			j += charLen(enc, sql, j) - 1
 		case c == '\\':
 			j++

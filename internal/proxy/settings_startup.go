@@ -4,7 +4,6 @@ package proxy
 // reads it, and the role's and database's settings.
 
 import (
-	"encoding/binary"
 	"strings"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -149,10 +148,11 @@ func (s *session) readFenceDefaults() error {
 		}
 		switch typ {
 		case 'D':
-			cols, ok := dataRowTexts(body)
-			if !ok || len(cols) != 3 {
+			var row pgproto3.DataRow
+			if row.Decode(body) != nil || len(row.Values) != 3 {
 				continue
 			}
+			cols := [3]string{string(row.Values[0]), string(row.Values[1]), string(row.Values[2])}
 			rank := 3
 			switch {
 			case cols[0] == "t" && cols[1] == "t":
@@ -196,31 +196,4 @@ func (s *session) whichSetting(name string) uint8 {
 		return rules.SettingLock
 	}
 	return 0
-}
-
-// dataRowTexts decodes a DataRow of text columns (NULL reads as "").
-func dataRowTexts(b []byte) ([]string, bool) {
-	if len(b) < 2 {
-		return nil, false
-	}
-	n := int(binary.BigEndian.Uint16(b))
-	b = b[2:]
-	out := make([]string, 0, n)
-	for i := 0; i < n; i++ {
-		if len(b) < 4 {
-			return nil, false
-		}
-		l := int(int32(binary.BigEndian.Uint32(b)))
-		b = b[4:]
-		if l < 0 {
-			out = append(out, "")
-			continue
-		}
-		if l > len(b) {
-			return nil, false
-		}
-		out = append(out, string(b[:l]))
-		b = b[l:]
-	}
-	return out, true
 }

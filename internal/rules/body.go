@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -101,12 +102,12 @@ func reachWord(w string) reachWords {
 // reachWordsIn adds the words of s (maximal runs of identifier bytes).
 func (c *codeCheck) reachWordsIn(s string) {
 	for i := 0; i < len(s); {
-		if !isIdentCont(s[i]) {
+		if !sqllex.IsIdentCont(s[i]) {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(s) && isIdentCont(s[j]) {
+		for j < len(s) && sqllex.IsIdentCont(s[j]) {
 			j++
 		}
 		c.seen |= reachWord(s[i:j])
@@ -262,7 +263,7 @@ func (c *codeCheck) words(s string) {
 				break
 			}
 			j += i
-			if (j == 0 || !isIdentCont(ls[j-1])) && (j+len(n) == len(ls) || !isIdentCont(ls[j+len(n)])) {
+			if (j == 0 || !sqllex.IsIdentCont(ls[j-1])) && (j+len(n) == len(ls) || !sqllex.IsIdentCont(ls[j+len(n)])) {
 				c.found = append(c.found, t)
 				break
 			}
@@ -276,7 +277,7 @@ func (c *codeCheck) words(s string) {
 
 func identWord(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if !isIdentCont(s[i]) {
+		if !sqllex.IsIdentCont(s[i]) {
 			return false
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // Defaults applied by Compile.
@@ -363,10 +365,10 @@ func parseQualifiedName(s string) ([]string, error) {
 			}
 		} else {
 			start := i
-			if !isIdentStart(s[i]) {
+			if !sqllex.IsIdentStart(s[i]) {
 				return nil, fmt.Errorf("unexpected character %q", s[i])
 			}
-			for i < len(s) && isIdentCont(s[i]) {
+			for i < len(s) && sqllex.IsIdentCont(s[i]) {
 				i++
 			}
 			part = asciiLower(s[start:i])
@@ -401,7 +403,7 @@ func validCustomSetting(name string) bool {
 				return false
 			}
 			sawSep, nameStart = true, true
-		case isIdentStart(c):
+		case sqllex.IsIdentStart(c):
 			nameStart = false
 		case !nameStart && (c >= '0' && c <= '9' || c == '$'):
 		default:
@@ -412,14 +414,6 @@ func validCustomSetting(name string) bool {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' }
-
-func isIdentStart(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
-}
-
-func isIdentCont(c byte) bool {
-	return isIdentStart(c) || c >= '0' && c <= '9' || c == '$'
-}
 
 // asciiLower folds ASCII letters only, as PostgreSQL does for unquoted
 // identifiers in multi-byte encodings.

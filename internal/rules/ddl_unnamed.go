@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 	pg "github.com/pganalyze/pg_query_go/v6"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -151,12 +152,12 @@ func (w *walker) refuseUnnamed(u *unnamedReach, code string) bool {
 func mayReachUnnamed(sql string) bool {
 	alterDrop, object := false, false
 	for i := 0; i < len(sql); {
-		if !isIdentCont(sql[i]) {
+		if !sqllex.IsIdentCont(sql[i]) {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(sql) && isIdentCont(sql[j]) {
+		for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 			j++
 		}
 		switch w := sql[i:j]; {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -97,17 +98,17 @@ func nestingEstimate(sql string, limit int) int {
 				i++
 			}
 		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
-			i = skipBlockComment(sql, i)
+			i = sqllex.SkipBlockComment(sql, i)
 		case c == '\'':
-			i = skipQuoted(sql, i+1, '\'', false)
+			i = sqllex.SkipQuoted(sql, i+1, '\'', false)
 		case c == '"':
-			i = skipQuoted(sql, i+1, '"', false)
+			i = sqllex.SkipQuoted(sql, i+1, '"', false)
 			over = e.count(1)
 		case c == '$':
-			i = skipDollar(sql, i)
-		case isIdentStart(c):
+			i = sqllex.SkipDollar(sql, i)
+		case sqllex.IsIdentStart(c):
 			j := i + 1
-			for j < len(sql) && isIdentCont(sql[j]) {
+			for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 				j++
 			}
 			word := sql[i:j]
@@ -118,18 +119,18 @@ func nestingEstimate(sql string, limit int) int {
 				switch lowerASCII(word[0]) {
 				case 'e':
 					if sql[j] == '\'' {
-						i = skipQuoted(sql, j+1, '\'', true)
+						i = sqllex.SkipQuoted(sql, j+1, '\'', true)
 						continue
 					}
 				case 'b', 'x', 'n':
 					if sql[j] == '\'' {
-						i = skipQuoted(sql, j+1, '\'', false)
+						i = sqllex.SkipQuoted(sql, j+1, '\'', false)
 						continue
 					}
 				case 'u':
 					if sql[j] == '&' && j+1 < len(sql) && (sql[j+1] == '\'' || sql[j+1] == '"') {
 						q := sql[j+1]
-						i = skipQuoted(sql, j+2, q, false)
+						i = sqllex.SkipQuoted(sql, j+2, q, false)
 						if q == '"' {
 							over = e.count(1)
 						}
@@ -145,7 +146,7 @@ func nestingEstimate(sql string, limit int) int {
 		case c >= '0' && c <= '9' || c == '.' && i+1 < len(sql) && sql[i+1] >= '0' && sql[i+1] <= '9':
 			// A number: a leaf. Letters and dots after it are taken
 			// along (PostgreSQL rejects trailing junk).
-			for i++; i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.'); i++ {
+			for i++; i < len(sql) && (sqllex.IsIdentCont(sql[i]) || sql[i] == '.'); i++ {
 			}
 		case c == '(':
 			i++
@@ -306,77 +307,6 @@ func (e *nestingScan) word(word string) bool {
 // PostgreSQL's scan.l).
 func isOpChar(c byte) bool {
 	return strings.IndexByte("~!@#^&|`?+-*/%<>=", c) >= 0
-}
-
-// skipQuoted returns the index after the string or quoted identifier whose
-// body starts at i, ending at quote; a doubled quote stands for one. With
-// backslash, a backslash escapes the next byte (E'…'). An unterminated
-// string runs to the end (the parser rejects it).
-func skipQuoted(sql string, i int, quote byte, backslash bool) int {
-	for i < len(sql) {
-		switch sql[i] {
-		case quote:
-			if i+1 < len(sql) && sql[i+1] == quote {
-				i += 2
-				continue
-			}
-			return i + 1
-		case '\\':
-			if backslash {
-				i++
-			}
-		}
-		i++
-	}
-	return len(sql)
-}
-
-// skipBlockComment returns the index after the (nested) comment starting
-// at i.
-func skipBlockComment(sql string, i int) int {
-	depth := 0
-	for i < len(sql) {
-		switch {
-		case sql[i] == '/' && i+1 < len(sql) && sql[i+1] == '*':
-			depth++
-			i += 2
-		case sql[i] == '*' && i+1 < len(sql) && sql[i+1] == '/':
-			depth--
-			i += 2
-			if depth == 0 {
-				return i
-			}
-		default:
-			i++
-		}
-	}
-	return len(sql)
-}
-
-// skipDollar returns the index after the parameter ($1) or dollar-quoted
-// string ($tag$…$tag$) starting at i, or after a lone $.
-func skipDollar(sql string, i int) int {
-	j := i + 1
-	if j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
-		for j < len(sql) && isIdentCont(sql[j]) {
-			j++
-		}
-		return j
-	}
-	if j < len(sql) && isIdentStart(sql[j]) {
-		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
-			j++
-		}
-	}
-	if j >= len(sql) || sql[j] != '$' {
-		return i + 1
-	}
-	delim := sql[i : j+1]
-	end := strings.Index(sql[j+1:], delim)
-	if end < 0 {
-		return len(sql)
-	}
-	return j + 1 + end + len(delim)
 }
 
 // tooDeep is the refusal for a statement whose nesting estimate is over

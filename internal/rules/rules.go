@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // Action is what the proxy does with a statement.
@@ -429,7 +431,7 @@ func continuesString(s string) bool {
 // n, not preceded or followed by an identifier character.
 func containsWordFoldASCII(s, n string) bool {
 	for i := 0; i+len(n) <= len(s); i++ {
-		if hasPrefixFoldASCII(s[i:], n) && (i == 0 || !isIdentCont(s[i-1])) && (i+len(n) == len(s) || !isIdentCont(s[i+len(n)])) {
+		if hasPrefixFoldASCII(s[i:], n) && (i == 0 || !sqllex.IsIdentCont(s[i-1])) && (i+len(n) == len(s) || !sqllex.IsIdentCont(s[i+len(n)])) {
 			return true
 		}
 	}

@@ -1,0 +1,107 @@
+// Package sqllex holds the byte-level pieces of PostgreSQL's lexer
+// (scan.l) that the relay, the policy and the rewriter use to look at SQL
+// text without parsing it: identifier bytes, white space, quoted strings
+// and identifiers, nested comments, dollar quotes. Each function takes
+// the text and an index and returns the index after the token; none
+// allocates.
+package sqllex
+
+import "strings"
+
+// IsSpace reports whether c is white space to PostgreSQL's lexer (space,
+// tab, newline, carriage return, form feed, vertical tab).
+func IsSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
+
+// IsIdentStart reports whether c may start an unquoted identifier
+// (letters, underscore, and every byte of a multibyte character).
+func IsIdentStart(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
+}
+
+// IsIdentCont reports whether c may continue an unquoted identifier.
+func IsIdentCont(c byte) bool {
+	return IsIdentStart(c) || c >= '0' && c <= '9' || c == '$'
+}
+
+// SkipQuoted returns the index after the string or quoted identifier whose
+// body starts at i, ending at quote; a doubled quote stands for one. With
+// backslash, a backslash escapes the next byte (E'…'). An unterminated
+// string runs to the end (the parser rejects it).
+func SkipQuoted(sql string, i int, quote byte, backslash bool) int {
+	for i < len(sql) {
+		switch sql[i] {
+		case quote:
+			if i+1 < len(sql) && sql[i+1] == quote {
+				i += 2
+				continue
+			}
+			return i + 1
+		case '\\':
+			if backslash {
+				i++
+			}
+		}
+		i++
+	}
+	return len(sql)
+}
+
+// SkipBlockComment returns the index after the (nested) comment starting
+// at i.
+func SkipBlockComment(sql string, i int) int {
+	depth := 0
+	for i < len(sql) {
+		switch {
+		case sql[i] == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			depth++
+			i += 2
+		case sql[i] == '*' && i+1 < len(sql) && sql[i+1] == '/':
+			depth--
+			i += 2
+			if depth == 0 {
+				return i
+			}
+		default:
+			i++
+		}
+	}
+	return len(sql)
+}
+
+// SkipLineComment returns the index of the end of the line the comment
+// starting at i ends with.
+func SkipLineComment(sql string, i int) int {
+	for i < len(sql) && sql[i] != '\n' && sql[i] != '\r' {
+		i++
+	}
+	return i
+}
+
+// SkipDollar returns the index after the parameter ($1) or dollar-quoted
+// string ($tag$…$tag$) starting at i, or after a lone $. (A $ inside an
+// identifier is the identifier's: callers scan identifiers first.)
+func SkipDollar(sql string, i int) int {
+	j := i + 1
+	if j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+		for j < len(sql) && IsIdentCont(sql[j]) {
+			j++
+		}
+		return j
+	}
+	if j < len(sql) && IsIdentStart(sql[j]) {
+		for j < len(sql) && IsIdentCont(sql[j]) && sql[j] != '$' {
+			j++
+		}
+	}
+	if j >= len(sql) || sql[j] != '$' {
+		return i + 1
+	}
+	delim := sql[i : j+1]
+	end := strings.Index(sql[j+1:], delim)
+	if end < 0 {
+		return len(sql)
+	}
+	return j + 1 + end + len(delim)
+}
