@@ -30,12 +30,14 @@ const maxAuthMessage = 65535
 
 // relayAuth relays the authentication exchange until the upstream's first
 // ReadyForQuery. The proxy holds no passwords: every challenge is relayed to
-// the client and every answer to the upstream.
+// the client and every answer to the upstream. With login (the proxy
+// authenticated the client by certificate) the proxy answers the
+// challenges itself, and the client hears only AuthenticationOk.
 //
 // While it waits for the client, it watches the upstream: a server that
 // gives up on a stalled login (authentication_timeout) or shuts down sends
 // its FATAL and closes, and the client hears of it at once.
-func (s *session) relayAuth(deadline time.Time) error {
+func (s *session) relayAuth(deadline time.Time, login *upstreamLogin) error {
 	// plusWithheld: the upstream offered SCRAM-SHA-256-PLUS and the client
 	// was not told. Such an upstream refuses a client that says it supports
 	// channel binding but was not offered it (GS2 flag "y"), taking it for
@@ -59,6 +61,12 @@ func (s *session) relayAuth(deadline time.Time) error {
 				return upstreamErr(errors.New("short authentication message"))
 			}
 			code := binary.BigEndian.Uint32(body)
+			if login != nil && code != authOK {
+				if err := s.answerUpstream(login, code, body); err != nil {
+					return err
+				}
+				continue
+			}
 			if code == authSASL && !s.channelBindingPassesThrough() {
 				body, plusWithheld, err = withoutChannelBinding(body)
 				if err != nil {

@@ -29,6 +29,10 @@ type Options struct {
 	// UpstreamTLS, when non-nil, is used to negotiate TLS with the upstream
 	// (SSLRequest, then a TLS client handshake). nil means plaintext.
 	UpstreamTLS *tls.Config
+	// UpstreamTLSFollowsClient uses UpstreamTLS only for clients that
+	// negotiated TLS with the proxy, and plaintext for the others, so that
+	// the server's hostssl and hostnossl lines see what the client chose.
+	UpstreamTLSFollowsClient bool
 	// ConnectTimeout bounds dialling the upstream, the TLS handshake, and
 	// the upstream's first answer after connecting: a stopped postmaster
 	// still completes TCP handshakes. Default 5s.
@@ -39,6 +43,10 @@ type Options struct {
 	// a Unix socket, which has no TLS (as a hostssl line in pg_hba.conf
 	// does not match local connections).
 	RequireClientTLS bool
+	// ClientCertAuth, when non-nil, has the proxy authenticate clients by
+	// TLS client certificate and log in to the upstream for them
+	// (certauth.go). Needs ClientTLS. nil: authentication is relayed.
+	ClientCertAuth *CertAuth
 	// MaxConnections bounds concurrent sessions. Default 1000.
 	MaxConnections int
 	// RelayLoops is the number of event loops (one OS thread each) that
@@ -199,6 +207,9 @@ func NewServer(opts Options) (*Server, error) {
 		// ALPN protocol.
 		opts.ClientTLS = opts.ClientTLS.Clone()
 		opts.ClientTLS.NextProtos = []string{"postgresql"}
+	}
+	if err := prepareCertAuth(&opts); err != nil {
+		return nil, err
 	}
 	if opts.Policy == nil {
 		opts.Policy = forwardAll{}

@@ -237,8 +237,9 @@ func (s *session) sendFatal(e *pgproto3.ErrorResponse) {
 // malformed request, is the judge (TestLongCancelKey).
 func (s *session) forwardCancel(pkt []byte) {
 	// Over TLS when the upstream connection uses it: the packet carries
-	// the backend's secret key.
-	c, err := s.srv.dialUpstream()
+	// the backend's secret key. (Following the client, over TLS when this
+	// connection is: the server takes a cancel either way.)
+	c, err := s.srv.dialUpstream(s.clientTLS())
 	if err != nil {
 		s.logger().Warn("cancel request not forwarded", zap.Error(err))
 		return
@@ -288,8 +289,19 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 	s.log = log
 	s.mu.Unlock()
 
+	// With certificate authentication the client is judged before the
+	// server hears of it.
+	var login *upstreamLogin
+	if s.srv.opts.ClientCertAuth != nil {
+		l, err := s.certLogin()
+		if err != nil {
+			return err
+		}
+		login = l
+	}
+
 	dialStart := time.Now()
-	up, err := s.srv.dialUpstream()
+	up, err := s.srv.dialUpstream(s.clientTLS())
 	if err != nil {
 		s.srv.opts.Hooks.UpstreamConnectFailed()
 		s.sendFatal(fatal("08006", "fenceproxy: cannot connect to the upstream server"))
@@ -323,7 +335,7 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 	if err := s.uw.Flush(); err != nil {
 		return upstreamErr(err)
 	}
-	if err := s.relayAuth(deadline); err != nil {
+	if err := s.relayAuth(deadline, login); err != nil {
 		return err
 	}
 	s.cr.max = s.srv.opts.MaxMessageBytes

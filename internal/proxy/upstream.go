@@ -36,13 +36,16 @@ func (s *Server) dialUpstreamRaw() (*answerConn, error) {
 	return ac, nil
 }
 
-// dialUpstream connects to the upstream and negotiates TLS when configured.
-func (s *Server) dialUpstream() (net.Conn, error) {
+// dialUpstream connects to the upstream and negotiates TLS when configured:
+// always, or, with UpstreamTLSFollowsClient, when clientTLS (the client
+// negotiated TLS with the proxy), so that the server's hostssl and
+// hostnossl lines see the client's choice.
+func (s *Server) dialUpstream(clientTLS bool) (net.Conn, error) {
 	c, err := s.dialUpstreamRaw()
 	if err != nil {
 		return nil, err
 	}
-	if s.opts.UpstreamTLS == nil {
+	if s.opts.UpstreamTLS == nil || (s.opts.UpstreamTLSFollowsClient && !clientTLS) {
 		return c, nil
 	}
 	_ = c.SetDeadline(time.Now().Add(s.opts.ConnectTimeout))
@@ -60,7 +63,7 @@ func (s *Server) dialUpstream() (net.Conn, error) {
 	}
 	if answer[0] != 'S' {
 		c.Close()
-		return nil, &connectError{errors.New("upstream refused TLS (upstream.tls.mode requires it)")}
+		return nil, &connectError{errors.New("upstream refused TLS (upstream.tls.mode requires it, or the client negotiated TLS and upstream.tls.follow_client is set)")}
 	}
 	tc := tls.Client(c, s.opts.UpstreamTLS)
 	if err := tc.Handshake(); err != nil {

@@ -1,6 +1,7 @@
 // Package testcerts generates, at run time, a throwaway certificate authority
-// and a server certificate signed by it, as PEM files for servers such as
-// PostgreSQL and as in-memory values for Go TLS configs. The keys are ECDSA
+// and a server certificate signed by it (and, on request, client
+// certificates), as PEM files for servers such as PostgreSQL and as
+// in-memory values for Go TLS configs. The keys are ECDSA
 // P-256; nothing here is fit for production.
 package testcerts
 
@@ -41,6 +42,58 @@ type Files struct {
 	Cert tls.Certificate
 	// Hosts are the names and addresses the server certificate is valid for.
 	Hosts []string
+
+	caKey *ecdsa.PrivateKey // signs client certificates (ClientCert)
+}
+
+// Client describes a client certificate written by ClientCert.
+type Client struct {
+	// CertFile is the client certificate (PEM), e.g. for sslcert.
+	CertFile string
+	// KeyFile is its private key (PEM, PKCS #8), mode 0600 as libpq
+	// requires, e.g. for sslkey.
+	KeyFile string
+	// Cert is the certificate and key, for a Go TLS config.
+	Cert tls.Certificate
+}
+
+// ClientCert creates a client certificate signed by the CA with Common Name
+// cn (the user name PostgreSQL's cert method compares it with) and writes
+// it as <name>.crt and <name>.key into dir.
+func (f *Files) ClientCert(dir, name, cn string) (*Client, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("testcerts: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn},
+		NotBefore:   now.Add(-time.Hour),
+		NotAfter:    now.Add(Validity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	_, der, err := sign(tmpl, f.CACert, &key.PublicKey, f.caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("testcerts: %w", err)
+	}
+	c := &Client{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	if c.Cert, err = tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		return nil, fmt.Errorf("testcerts: %w", err)
+	}
+	if err := writeFile(c.CertFile, certPEM, 0o644); err != nil {
+		return nil, err
+	}
+	if err := writeFile(c.KeyFile, keyPEM, 0o600); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Generate creates a CA and a server certificate valid for "localhost",
@@ -107,6 +160,7 @@ func Generate(dir string, hosts ...string) (*Files, error) {
 		CAPool:   x509.NewCertPool(),
 		CACert:   caCert,
 		Hosts:    names,
+		caKey:    caKey,
 	}
 	f.CAPool.AddCert(caCert)
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
