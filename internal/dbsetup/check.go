@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
+	"github.com/fenceproxy/fenceproxy/internal/guard"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
@@ -161,12 +163,14 @@ func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 		rep.Problems = append(rep.Problems, ps...)
 		rep.Notes = append(rep.Notes, notes...)
 	}
-	g := newGuardConfig(opts.TokenSetting, opts.LockSetting, opts.Tables, opts.ExemptRoles)
-	ps, guarded, err := checkGuard(ctx, tx, specs, rep.Database, g, obj)
+	gps, guarded, err := guard.Check(ctx, tx, applying(specs, rep.Database), guard.Config{
+		TokenSetting: opts.TokenSetting, LockSetting: opts.LockSetting, Tables: opts.Tables, ExemptRoles: opts.ExemptRoles})
 	if err != nil {
 		return fail(err)
 	}
-	rep.Problems = append(rep.Problems, ps...)
+	for _, p := range gps {
+		rep.Problems = append(rep.Problems, guardProblem(p))
+	}
 	rep.Guarded = guarded
 	if rep.Watched, err = readWatch(ctx, tx); err != nil {
 		return fail(err)
@@ -223,10 +227,20 @@ func objectProblems(o objects) []Problem {
 	return nil
 }
 
+// kindName names pg_class.relkind values for messages.
+var kindName = map[string]string{
+	"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence",
+	"i": "an index", "I": "a partitioned index", "c": "a composite type", "t": "a TOAST table",
+}
+
+// zeroDefaults are the ways pg_get_expr prints a default of zero for a
+// bigint column (DEFAULT 0, DEFAULT 0::bigint, DEFAULT '0').
+var zeroDefaults = map[string]bool{"0": true, "0::bigint": true, "(0)::bigint": true, "'0'::bigint": true}
+
 // checkTable checks one protected table.
 func checkTable(ctx context.Context, tx pgx.Tx, t *target, obj objects, db string) ([]Problem, []Note, error) {
 	s := t.spec
-	rel, err := lookupTable(ctx, tx, s.Schema, s.Table)
+	rel, err := catalog.LookupTable(ctx, tx, s.Schema, s.Table)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -238,24 +252,24 @@ func checkTable(ctx context.Context, tx pgx.Tx, t *target, obj objects, db strin
 			fmt.Sprintf("the table does not exist, but tables[%d].scope.databases names database %q", s.Index, db),
 			fmt.Sprintf("create the table, or remove %q from the entry's scope.databases", db))}, nil, nil
 	}
-	if !rel.isTable() {
-		kind := kindName[rel.kind]
+	if !rel.IsTable() {
+		kind := kindName[rel.Kind]
 		if kind == "" {
-			kind = "relkind " + rel.kind
+			kind = "relkind " + rel.Kind
 		}
 		return []Problem{sqlProblem(s.Display,
-			fmt.Sprintf("%s is %s, not a table: fenceproxy fences tables", rel.qualified, kind),
+			fmt.Sprintf("%s is %s, not a table: fenceproxy fences tables", rel.Qualified, kind),
 			fmt.Sprintf("name the table that holds the data in tables[%d].table", s.Index))}, nil, nil
 	}
 	var ps []Problem
-	var cols []*column
+	var cols []*catalog.Column
 	for _, name := range t.columns {
-		col, err := lookupColumn(ctx, tx, rel, name)
+		col, err := catalog.LookupColumn(ctx, tx, rel, name)
 		if err != nil {
 			return nil, nil, err
 		}
 		ps = append(ps, columnProblems(s.Display, rel, col)...)
-		if col.exists {
+		if col.Exists {
 			cols = append(cols, col)
 		}
 	}
@@ -267,44 +281,44 @@ func checkTable(ctx context.Context, tx pgx.Tx, t *target, obj objects, db strin
 }
 
 // columnProblems checks a fence column's type, nullability and default.
-func columnProblems(table string, rel *relation, col *column) []Problem {
-	alter := "ALTER TABLE " + rel.qualified + " ALTER COLUMN " + col.quoted
-	if !col.exists {
-		if rel.isPartition {
+func columnProblems(table string, rel *catalog.Relation, col *catalog.Column) []Problem {
+	alter := "ALTER TABLE " + rel.Qualified + " ALTER COLUMN " + col.Quoted
+	if !col.Exists {
+		if rel.IsPartition {
 			return []Problem{sqlProblem(table,
-				fmt.Sprintf("fence column %s is missing; %s is a partition, which takes its columns from its partitioned table", col.quoted, rel.qualified),
-				fmt.Sprintf("add the column to the partitioned table: ALTER TABLE <partitioned table> ADD COLUMN %s bigint NOT NULL DEFAULT 0;", col.quoted))}
+				fmt.Sprintf("fence column %s is missing; %s is a partition, which takes its columns from its partitioned table", col.Quoted, rel.Qualified),
+				fmt.Sprintf("add the column to the partitioned table: ALTER TABLE <partitioned table> ADD COLUMN %s bigint NOT NULL DEFAULT 0;", col.Quoted))}
 		}
-		return []Problem{setupProblem(table, fmt.Sprintf("fence column %s is missing", col.quoted), " --add-columns",
+		return []Problem{setupProblem(table, fmt.Sprintf("fence column %s is missing", col.Quoted), " --add-columns",
 			addColumnSQL(rel, col)+";")}
 	}
 	var ps []Problem
-	if !col.bigint {
+	if !col.Bigint {
 		ps = append(ps, sqlProblem(table,
-			fmt.Sprintf("fence column %s is %s, not bigint", col.quoted, col.typ),
-			fmt.Sprintf("%s TYPE bigint USING %s::bigint;", alter, col.quoted)))
+			fmt.Sprintf("fence column %s is %s, not bigint", col.Quoted, col.Type),
+			fmt.Sprintf("%s TYPE bigint USING %s::bigint;", alter, col.Quoted)))
 	}
-	if !col.notNull {
+	if !col.NotNull {
 		ps = append(ps, sqlProblem(table,
-			fmt.Sprintf("fence column %s allows NULL: it must be NOT NULL", col.quoted),
-			fmt.Sprintf("UPDATE %s SET %s = 0 WHERE %s IS NULL; %s SET NOT NULL;", rel.qualified, col.quoted, col.quoted, alter)))
+			fmt.Sprintf("fence column %s allows NULL: it must be NOT NULL", col.Quoted),
+			fmt.Sprintf("UPDATE %s SET %s = 0 WHERE %s IS NULL; %s SET NOT NULL;", rel.Qualified, col.Quoted, col.Quoted, alter)))
 	}
 	switch {
-	case col.generated != "":
+	case col.Generated != "":
 		ps = append(ps, sqlProblem(table,
-			fmt.Sprintf("fence column %s is a generated column: it must be a plain column with DEFAULT 0", col.quoted),
+			fmt.Sprintf("fence column %s is a generated column: it must be a plain column with DEFAULT 0", col.Quoted),
 			fmt.Sprintf("%s DROP EXPRESSION; %s SET DEFAULT 0;", alter, alter)))
-	case col.identity != "":
+	case col.Identity != "":
 		ps = append(ps, sqlProblem(table,
-			fmt.Sprintf("fence column %s is an identity column: it must be a plain column with DEFAULT 0", col.quoted),
+			fmt.Sprintf("fence column %s is an identity column: it must be a plain column with DEFAULT 0", col.Quoted),
 			fmt.Sprintf("%s DROP IDENTITY; %s SET DEFAULT 0;", alter, alter)))
-	case col.def == nil:
+	case col.Default == nil:
 		ps = append(ps, sqlProblem(table,
-			fmt.Sprintf("fence column %s has no default: it must be DEFAULT 0", col.quoted),
+			fmt.Sprintf("fence column %s has no default: it must be DEFAULT 0", col.Quoted),
 			alter+" SET DEFAULT 0;"))
-	case !zeroDefaults[*col.def]:
+	case !zeroDefaults[*col.Default]:
 		ps = append(ps, sqlProblem(table,
-			fmt.Sprintf("fence column %s has DEFAULT %s: it must be DEFAULT 0", col.quoted, *col.def),
+			fmt.Sprintf("fence column %s has DEFAULT %s: it must be DEFAULT 0", col.Quoted, *col.Default),
 			alter+" SET DEFAULT 0;"))
 	}
 	return ps
@@ -312,10 +326,10 @@ func columnProblems(table string, rel *relation, col *column) []Problem {
 
 // privilegeProblems checks what the login roles that may use the table
 // need for fenced statements.
-func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *relation, cols []*column, obj objects) ([]Problem, error) {
+func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *catalog.Relation, cols []*catalog.Column, obj objects) ([]Problem, error) {
 	attnums := make([]int16, len(cols))
 	for i, c := range cols {
-		attnums[i] = c.attnum
+		attnums[i] = c.Attnum
 	}
 	// The schema and procedure checks are skipped (true) when the objects
 	// are missing: objectProblems reports that once.
@@ -335,9 +349,9 @@ func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *relation,
 			ARRAY(SELECT has_column_privilege(r.oid, $1::oid, a, 'UPDATE') FROM unnest($2::int2[]) WITH ORDINALITY AS u(a, i) ORDER BY i)
 		FROM pg_catalog.pg_roles r
 		WHERE r.rolcanlogin AND NOT r.rolsuper AND ($3::text[] IS NULL OR r.rolname = ANY ($3::text[]))
-		ORDER BY r.rolname`, rel.oid, attnums, t.users)
+		ORDER BY r.rolname`, rel.OID, attnums, t.users)
 	if err != nil {
-		return nil, fmt.Errorf("read privileges on %s: %w", rel.qualified, err)
+		return nil, fmt.Errorf("read privileges on %s: %w", rel.Qualified, err)
 	}
 	defer rows.Close()
 	var ps []Problem
@@ -346,7 +360,7 @@ func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *relation,
 		var sel, ins, upd, del, usage, execute bool
 		var colSel, colIns, colUpd []bool
 		if err := rows.Scan(&role, &quoted, &sel, &ins, &upd, &del, &usage, &execute, &colSel, &colIns, &colUpd); err != nil {
-			return nil, fmt.Errorf("read privileges on %s: %w", rel.qualified, err)
+			return nil, fmt.Errorf("read privileges on %s: %w", rel.Qualified, err)
 		}
 		var may []string
 		for _, p := range []struct {
@@ -383,11 +397,11 @@ func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *relation,
 			if len(privs) == 0 {
 				continue
 			}
-			lacks = append(lacks, strings.Join(privs, ", ")+" on fence column "+c.quoted)
+			lacks = append(lacks, strings.Join(privs, ", ")+" on fence column "+c.Quoted)
 			for j := range privs {
-				privs[j] += " (" + c.quoted + ")"
+				privs[j] += " (" + c.Quoted + ")"
 			}
-			grants = append(grants, "GRANT "+strings.Join(privs, ", ")+" ON "+rel.qualified+" TO "+quoted+";")
+			grants = append(grants, "GRANT "+strings.Join(privs, ", ")+" ON "+rel.Qualified+" TO "+quoted+";")
 		}
 		if len(lacks) == 0 {
 			continue
@@ -397,7 +411,7 @@ func privilegeProblems(ctx context.Context, tx pgx.Tx, t *target, rel *relation,
 			strings.Join(grants, " ")))
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read privileges on %s: %w", rel.qualified, err)
+		return nil, fmt.Errorf("read privileges on %s: %w", rel.Qualified, err)
 	}
 	return ps, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
@@ -180,7 +181,7 @@ type Result struct {
 	// Indirect are the relations through which writes reach a table in
 	// mode enforce without naming it, except those whose target the
 	// database guard protects. The slice must not be modified.
-	Indirect []IndirectPath
+	Indirect []catalog.IndirectPath
 	// Raisers: the error raisers are current and callable by all
 	// (Report.Raisers), so the rewrites there may call them.
 	Raisers bool
@@ -291,7 +292,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		close(d.ended)
 		d.ended = make(chan struct{})
 		for _, p := range indirect {
-			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", pathRelName(p.Schema, p.Name)),
+			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", p.Relation()),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
 		}
 		d.endedAt = time.Now()
@@ -323,7 +324,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 // checkOnce connects to database and runs Check, then finds the indirect
 // paths to the tables in mode enforce there, within checkTimeout. watched
 // and stamp are Result's.
-func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, paths []IndirectPath, watched bool, stamp int64, err error) {
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, paths []catalog.IndirectPath, watched bool, stamp int64, err error) {
 	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
 	defer cancel()
 	conn, err := c.connect(ctx, database)
@@ -353,17 +354,17 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 
 // paths finds the indirect paths to the tables in mode enforce of
 // database whose target the guard does not protect.
-func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, specs []rules.TableSpec, rep Report) ([]IndirectPath, error) {
-	var rels []Rel
+func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, specs []rules.TableSpec, rep Report) ([]catalog.IndirectPath, error) {
+	var rels []catalog.Rel
 	for _, s := range specs {
 		if s.Mode == rules.ModeEnforce && appliesIn(s, database) {
-			rels = append(rels, Rel{Schema: s.Schema, Name: s.Table})
+			rels = append(rels, catalog.Rel{Schema: s.Schema, Name: s.Table})
 		}
 	}
 	if len(rels) == 0 {
 		return nil, nil
 	}
-	paths, err := IndirectPaths(ctx, conn, rels)
+	paths, err := catalog.IndirectPaths(ctx, conn, rels)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/guard"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
@@ -201,6 +202,26 @@ func Databases(specs []rules.TableSpec, dsnDatabase string) []string {
 // appliesIn reports whether the entry s is checked in database db.
 func appliesIn(s rules.TableSpec, db string) bool {
 	return s.Mode != rules.ModeOff && (len(s.Scope.Databases) == 0 || slices.Contains(s.Scope.Databases, db))
+}
+
+// applying returns the entries of specs that apply in database db.
+func applying(specs []rules.TableSpec, db string) []rules.TableSpec {
+	var out []rules.TableSpec
+	for _, s := range specs {
+		if appliesIn(s, db) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// guardProblem is a problem the guard's Check found: fixed by
+// `fenceproxy setup --guard` unless it says what to do by hand.
+func guardProblem(p guard.Problem) Problem {
+	if p.Fix != "" {
+		return sqlProblem(p.Table, p.Description, p.Fix)
+	}
+	return setupProblem(p.Table, p.Description, " --guard", "")
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.

@@ -15,4 +15,9 @@
 // the configuration applies to a database when its scope.databases is empty
 // or lists that database. Databases lists the databases a configuration
 // needs.
+//
+// The database guard (SetupOptions.Guard) is internal/guard's, and the
+// catalog reads shared with it, with the indirect paths the Checker looks
+// for, are internal/catalog's: dbsetup imports both, neither imports
+// dbsetup.
 package dbsetup

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
+	"github.com/fenceproxy/fenceproxy/internal/guard"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
@@ -121,16 +123,22 @@ func Setup(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts Se
 	if err := addColumns(ctx, tx, specs, opts, &rep); err != nil {
 		return fail(err)
 	}
+	var g guard.Result
 	switch {
 	case opts.Guard:
-		err = installGuard(ctx, tx, specs, newGuardConfig(opts.TokenSetting, opts.LockSetting, opts.Tables, opts.ExemptRoles), &rep)
+		g, err = guard.Install(ctx, tx, applying(specs, rep.Database), guard.Config{
+			TokenSetting: opts.TokenSetting, LockSetting: opts.LockSetting, Tables: opts.Tables, ExemptRoles: opts.ExemptRoles})
 	case opts.RemoveGuard:
-		err = removeGuard(ctx, tx, &rep)
+		g, err = guard.Remove(ctx, tx)
 	default:
-		err = noteGuard(ctx, tx, &rep)
+		g, err = guard.Leave(ctx, tx)
 	}
 	if err != nil {
 		return fail(err)
+	}
+	rep.Actions = append(rep.Actions, g.Actions...)
+	for _, n := range g.Notes {
+		rep.Notes = append(rep.Notes, Note(n))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fail(fmt.Errorf("commit: %w", err))
@@ -190,7 +198,7 @@ func installObjects(ctx context.Context, tx pgx.Tx, rep *Report) error {
 func addColumns(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, opts SetupOptions, rep *Report) error {
 	type key struct{ schema, table, column string }
 	seen := map[key]bool{}
-	rels := map[[2]string]*relation{}
+	rels := map[[2]string]*catalog.Relation{}
 	for _, s := range specs {
 		if !appliesIn(s, rep.Database) {
 			continue
@@ -203,7 +211,7 @@ func addColumns(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, opts Se
 		rel, ok := rels[[2]string{s.Schema, s.Table}]
 		if !ok {
 			var err error
-			if rel, err = lookupTable(ctx, tx, s.Schema, s.Table); err != nil {
+			if rel, err = catalog.LookupTable(ctx, tx, s.Schema, s.Table); err != nil {
 				return err
 			}
 			rels[[2]string{s.Schema, s.Table}] = rel
@@ -214,29 +222,29 @@ func addColumns(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, opts Se
 		if rel == nil || s.Column == "" {
 			continue
 		}
-		if !rel.isTable() || rel.isPartition {
+		if !rel.IsTable() || rel.IsPartition {
 			continue // Check reports it
 		}
-		col, err := lookupColumn(ctx, tx, rel, s.Column)
+		col, err := catalog.LookupColumn(ctx, tx, rel, s.Column)
 		if err != nil {
 			return err
 		}
-		if col.exists {
+		if col.Exists {
 			continue
 		}
 		if !opts.AddColumns {
 			rep.Notes = append(rep.Notes, Note{Table: s.Display,
-				Text: fmt.Sprintf("fence column %s is missing: setup adds it with --add-columns", col.quoted)})
+				Text: fmt.Sprintf("fence column %s is missing: setup adds it with --add-columns", col.Quoted)})
 			continue
 		}
 		if _, err := tx.Exec(ctx, addColumnSQL(rel, col)); err != nil {
-			return fmt.Errorf("add column %s to %s: %w", col.quoted, rel.qualified, err)
+			return fmt.Errorf("add column %s to %s: %w", col.Quoted, rel.Qualified, err)
 		}
-		rep.Actions = append(rep.Actions, fmt.Sprintf("added column %s bigint NOT NULL DEFAULT 0 to %s", col.quoted, rel.qualified))
+		rep.Actions = append(rep.Actions, fmt.Sprintf("added column %s bigint NOT NULL DEFAULT 0 to %s", col.Quoted, rel.Qualified))
 	}
 	return nil
 }
 
-func addColumnSQL(rel *relation, col *column) string {
-	return "ALTER TABLE " + rel.qualified + " ADD COLUMN " + col.quoted + " bigint NOT NULL DEFAULT 0"
+func addColumnSQL(rel *catalog.Relation, col *catalog.Column) string {
+	return "ALTER TABLE " + rel.Qualified + " ADD COLUMN " + col.Quoted + " bigint NOT NULL DEFAULT 0"
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 )
 
 // The catalog watch (watch.sql): two event triggers, on ddl_command_end
@@ -57,16 +59,11 @@ ALTER EVENT TRIGGER ` + watchDDLTrigger + ` ENABLE ALWAYS;
 ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 `
 
-// querier is what readWatch needs of a connection or a transaction.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // readWatch reports whether the catalog watch is in place as watch.sql and
 // watchTriggersSQL install it: the stamp's table with its row and columns,
 // the function with this source and declaration, both event triggers
 // calling it, enabled always, for every command, and the check procedure.
-func readWatch(ctx context.Context, q querier) (bool, error) {
+func readWatch(ctx context.Context, q catalog.Querier) (bool, error) {
 	var table, ok bool
 	err := q.QueryRow(ctx, `
 		WITH f AS (

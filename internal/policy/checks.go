@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -34,7 +35,7 @@ type dbChecks struct {
 	expired  atomic.Bool
 	known    bool
 	problems map[string][]dbsetup.Problem
-	paths    []dbsetup.IndirectPath
+	paths    []catalog.IndirectPath
 	indirect *rules.IndirectSet
 	// hierarchy: the relations of paths through inheritance or
 	// partitioning, on which DDL is refused (hierarchyRefusal).
@@ -169,16 +170,16 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	return next
 }
 
-func samePaths(a, b []dbsetup.IndirectPath) bool {
+func samePaths(a, b []catalog.IndirectPath) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
-func indirectRules(paths []dbsetup.IndirectPath) []rules.Indirect {
+func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 	out := make([]rules.Indirect, 0, len(paths))
 	for _, p := range paths {
 		out = append(out, rules.Indirect{
 			Schema: p.Schema, Name: p.Name, Ops: p.Ops, Target: p.Target, Via: p.Via,
-			CascadeOnly: p.Kind == dbsetup.PathTruncate,
+			CascadeOnly: p.Kind == catalog.PathTruncate,
 		})
 	}
 	return out
@@ -270,10 +271,10 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 // hierarchyDDL returns the set that refuses DDL on the relations whose
 // first step towards a protected table is through inheritance or
 // partitioning: its ancestors and descendants (rules.HierarchySet).
-func hierarchyDDL(paths []dbsetup.IndirectPath) *rules.HierarchySet {
+func hierarchyDDL(paths []catalog.IndirectPath) *rules.HierarchySet {
 	var hier []rules.Indirect
 	for _, p := range paths {
-		if p.Kind == dbsetup.PathPartition || p.Kind == dbsetup.PathInheritance {
+		if p.Kind == catalog.PathPartition || p.Kind == catalog.PathInheritance {
 			hier = append(hier, rules.Indirect{Schema: p.Schema, Name: p.Name, Target: p.Target, Via: p.Via})
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -233,8 +234,8 @@ func catalogUnknown(db, why string) *rules.Error {
 }
 
 // equalPaths reports whether a and b list the same paths.
-func equalPaths(a, b []dbsetup.IndirectPath) bool {
-	return slices.EqualFunc(a, b, func(x, y dbsetup.IndirectPath) bool {
+func equalPaths(a, b []catalog.IndirectPath) bool {
+	return slices.EqualFunc(a, b, func(x, y catalog.IndirectPath) bool {
 		return x.Schema == y.Schema && x.Name == y.Name && x.Target == y.Target && x.Kind == y.Kind &&
 			x.Via == y.Via && slices.Equal(x.Ops, y.Ops)
 	})

@@ -1,4 +1,4 @@
-package dbsetup
+package catalog
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // Path kinds: the first step of an IndirectPath.
@@ -41,6 +43,9 @@ type IndirectPath struct {
 	// eight, the first and last four.
 	Via string
 }
+
+// Relation returns Schema.Name for display, quoted as Target is.
+func (p IndirectPath) Relation() string { return pathRelName(p.Schema, p.Name) }
 
 // Rel names a protected table by its exact (already folded) names.
 type Rel struct{ Schema, Name string }
@@ -94,29 +99,17 @@ func IndirectPaths(ctx context.Context, conn *pgx.Conn, tables []Rel) ([]Indirec
 	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, fmt.Errorf("dbsetup: begin: %w", err)
+		return nil, fmt.Errorf("catalog: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	return indirectPaths(ctx, tx, tables)
 }
 
-// catalogQuerier is what indirectPaths needs of a connection or a
-// transaction.
-type catalogQuerier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-var (
-	_ catalogQuerier = (*pgx.Conn)(nil)
-	_ catalogQuerier = pgx.Tx(nil)
-)
-
 // indirectPaths is IndirectPaths on q, which may be a transaction.
-func indirectPaths(ctx context.Context, q catalogQuerier, tables []Rel) ([]IndirectPath, error) {
+func indirectPaths(ctx context.Context, q Querier, tables []Rel) ([]IndirectPath, error) {
 	g, err := loadPathGraph(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("dbsetup: read catalog for indirect writes: %w", err)
+		return nil, fmt.Errorf("catalog: read catalog for indirect writes: %w", err)
 	}
 	for _, t := range tables {
 		if oid, ok := g.byName[t]; ok {
@@ -391,7 +384,7 @@ func (g *pathGraph) computeEdges(s pathState) []pathEdge {
 			out = append(out, pathEdge{
 				to:   pathState{rel: fk.child, op: opTruncate, mode: modeCascaded},
 				kind: PathTruncate,
-				via:  fmt.Sprintf("TRUNCATE ... CASCADE truncates %s, whose foreign key %s references %s", g.rels[fk.child].display, pathIdent(fk.name), r.display),
+				via:  fmt.Sprintf("TRUNCATE ... CASCADE truncates %s, whose foreign key %s references %s", g.rels[fk.child].display, sqllex.DisplayIdent(fk.name), r.display),
 			})
 			continue
 		}
@@ -433,7 +426,7 @@ func (g *pathGraph) viewEdges(r *pathRel, s pathState, out []pathEdge) []pathEdg
 			for _, op := range t.ops {
 				ops = append(ops, pathOpNames[op])
 			}
-			names = append(names, fmt.Sprintf("%s (%s, function %s)", pathIdent(t.name), strings.Join(ops, ", "), t.function))
+			names = append(names, fmt.Sprintf("%s (%s, function %s)", sqllex.DisplayIdent(t.name), strings.Join(ops, ", "), t.function))
 		}
 		for _, read := range r.reads {
 			out = append(out, pathEdge{
@@ -501,7 +494,7 @@ func (g *pathGraph) actionEdge(out []pathEdge, fk *pathFK, event string, action 
 		to:   pathState{rel: fk.child, op: op, mode: mode},
 		kind: PathForeignKey,
 		via: fmt.Sprintf("ON %s %s of foreign key %s of %s, which references %s",
-			event, name, pathIdent(fk.name), child.display, g.rels[fk.parent].display),
+			event, name, sqllex.DisplayIdent(fk.name), child.display, g.rels[fk.parent].display),
 	})
 }
 
@@ -547,5 +540,5 @@ func (g *pathGraph) ruleVia(r *pathRel, rule *pathRule, w ruleWrite) string {
 		cond = " WHERE ..."
 	}
 	return fmt.Sprintf("rule %s on %s (ON %s%s DO %s) runs %s on %s",
-		pathIdent(rule.name), r.display, pathOpNames[rule.event], cond, how, pathOpNames[w.op], g.rels[w.rel].display)
+		sqllex.DisplayIdent(rule.name), r.display, pathOpNames[rule.event], cond, how, pathOpNames[w.op], g.rels[w.rel].display)
 }

@@ -1,4 +1,4 @@
-package dbsetup
+package catalog
 
 // Loading the path graph from the catalog: relations, views and rules,
 // triggers, foreign keys.
@@ -12,7 +12,7 @@ import (
 )
 
 // loadPathGraph reads the relations and the edges between them.
-func loadPathGraph(ctx context.Context, q catalogQuerier) (*pathGraph, error) {
+func loadPathGraph(ctx context.Context, q Querier) (*pathGraph, error) {
 	g := &pathGraph{
 		rels:      map[uint32]*pathRel{},
 		byName:    map[Rel]uint32{},
@@ -100,7 +100,7 @@ func loadPathGraph(ctx context.Context, q catalogQuerier) (*pathGraph, error) {
 
 // loadRewrites reads the views' FROM relations and the rules' writes from
 // their node trees (pg_rewrite.ev_action), after loadTriggers.
-func (g *pathGraph) loadRewrites(ctx context.Context, q catalogQuerier) error {
+func (g *pathGraph) loadRewrites(ctx context.Context, q Querier) error {
 	rows, err := q.Query(ctx, pathRewriteSQL)
 	if err != nil {
 		return err
@@ -209,7 +209,7 @@ func rtEntry(qn *pgNode, i int) *pgNode {
 }
 
 // loadTriggers reads the INSTEAD OF triggers.
-func (g *pathGraph) loadTriggers(ctx context.Context, q catalogQuerier) error {
+func (g *pathGraph) loadTriggers(ctx context.Context, q Querier) error {
 	rows, err := q.Query(ctx, pathTriggersSQL)
 	if err != nil {
 		return err

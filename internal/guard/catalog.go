@@ -1,4 +1,4 @@
-package dbsetup
+package guard
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // guardTrig is a trigger named like one of the guard's.
@@ -85,8 +88,8 @@ type partition struct {
 	qualified string
 }
 
-func partitionsOf(ctx context.Context, tx pgx.Tx, rel *relation) ([]partition, error) {
-	if rel.kind != "p" {
+func partitionsOf(ctx context.Context, tx pgx.Tx, rel *catalog.Relation) ([]partition, error) {
+	if rel.Kind != "p" {
 		return nil, nil
 	}
 	rows, err := tx.Query(ctx, `
@@ -95,9 +98,9 @@ func partitionsOf(ctx context.Context, tx pgx.Tx, rel *relation) ([]partition, e
 		JOIN pg_catalog.pg_class c ON c.oid = t.relid
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE t.relid <> $1::oid::pg_catalog.regclass
-		ORDER BY t.level, 2`, rel.oid)
+		ORDER BY t.level, 2`, rel.OID)
 	if err != nil {
-		return nil, fmt.Errorf("list the partitions of %s: %w", rel.qualified, err)
+		return nil, fmt.Errorf("list the partitions of %s: %w", rel.Qualified, err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (partition, error) {
 		var p partition
@@ -105,7 +108,7 @@ func partitionsOf(ctx context.Context, tx pgx.Tx, rel *relation) ([]partition, e
 		return p, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list the partitions of %s: %w", rel.qualified, err)
+		return nil, fmt.Errorf("list the partitions of %s: %w", rel.Qualified, err)
 	}
 	return out, nil
 }
@@ -113,7 +116,7 @@ func partitionsOf(ctx context.Context, tx pgx.Tx, rel *relation) ([]partition, e
 // placedGuard is a guard target whose table exists here.
 type placedGuard struct {
 	*guardTarget
-	rel   *relation
+	rel   *catalog.Relation
 	parts []partition
 }
 
@@ -125,29 +128,29 @@ func placeGuard(ctx context.Context, tx pgx.Tx, targets []*guardTarget) ([]place
 	var out []placedGuard
 	var notes []Note
 	for _, t := range targets {
-		rel, err := lookupTable(ctx, tx, t.spec.Schema, t.spec.Table)
+		rel, err := catalog.LookupTable(ctx, tx, t.spec.Schema, t.spec.Table)
 		if err != nil {
 			return nil, nil, err
 		}
-		if rel == nil || !rel.isTable() {
+		if rel == nil || !rel.IsTable() {
 			continue // noted or reported elsewhere
 		}
 		if t.spec.Column != "" {
-			col, err := lookupColumn(ctx, tx, rel, t.spec.Column)
+			col, err := catalog.LookupColumn(ctx, tx, rel, t.spec.Column)
 			if err != nil {
 				return nil, nil, err
 			}
-			if !col.exists {
-				notes = append(notes, Note{Table: t.spec.Display, Text: fmt.Sprintf("not guarded: its fence column %s is missing", col.quoted)})
+			if !col.Exists {
+				notes = append(notes, Note{Table: t.spec.Display, Text: fmt.Sprintf("not guarded: its fence column %s is missing", col.Quoted)})
 				continue
 			}
 		}
-		if rel.isPartition {
+		if rel.IsPartition {
 			var inherited bool
 			err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid = $1 AND tgname = $2 AND tgparentid <> 0)`,
-				rel.oid, guardRowTrigger).Scan(&inherited)
+				rel.OID, guardRowTrigger).Scan(&inherited)
 			if err != nil {
-				return nil, nil, fmt.Errorf("read the triggers of %s: %w", rel.qualified, err)
+				return nil, nil, fmt.Errorf("read the triggers of %s: %w", rel.Qualified, err)
 			}
 			if inherited {
 				notes = append(notes, Note{Table: t.spec.Display, Text: "not guarded on its own: it is a partition, and its partitioned table's guard applies to it"})
@@ -166,7 +169,7 @@ func placeGuard(ctx context.Context, tx pgx.Tx, targets []*guardTarget) ([]place
 // rowTriggerIssue says what is wrong with the row trigger of p, "" when
 // it is as setup installs it.
 func (p placedGuard) rowTriggerIssue(on map[uint32][]guardTrig) string {
-	tr := findTrig(on[p.rel.oid], guardRowTrigger)
+	tr := findTrig(on[p.rel.OID], guardRowTrigger)
 	switch {
 	case tr == nil:
 		return "trigger " + guardRowTrigger + " is missing"
@@ -191,7 +194,7 @@ func (p placedGuard) rowTriggerIssue(on map[uint32][]guardTrig) string {
 // relation oid (p's table or one of its partitions), "" when nothing is.
 func (p placedGuard) truncateTriggerIssue(on map[uint32][]guardTrig, oid uint32, name string) string {
 	what := "trigger " + guardTruncateTrigger
-	if oid != p.rel.oid {
+	if oid != p.rel.OID {
 		what += " of partition " + name
 	}
 	tr := findTrig(on[oid], guardTruncateTrigger)
@@ -212,7 +215,7 @@ func (p placedGuard) truncateTriggerIssue(on map[uint32][]guardTrig, oid uint32,
 
 func (t *guardTrig) displayFn() string {
 	if t.ours {
-		return "fenceproxy." + quoteIdent(t.fn)
+		return "fenceproxy." + sqllex.QuoteIdent(t.fn)
 	}
 	return t.fn
 }
@@ -278,9 +281,10 @@ func (f guardFunctionState) is(d functionDef) bool {
 
 // guardInstalled reports whether fenceproxy.meta says the guard was
 // installed in this database.
-func guardInstalled(ctx context.Context, tx pgx.Tx, obj objects) (bool, error) {
-	if !obj.meta {
-		return false, nil
+func guardInstalled(ctx context.Context, tx pgx.Tx) (bool, error) {
+	meta, err := catalog.LookupTable(ctx, tx, "fenceproxy", "meta")
+	if err != nil || meta == nil || meta.Kind != "r" {
+		return false, err
 	}
 	var ok bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM fenceproxy.meta WHERE key = 'guard')`).Scan(&ok); err != nil {
@@ -328,9 +332,11 @@ func missingRoles(ctx context.Context, tx pgx.Tx, names []string) ([]string, err
 	return missing, nil
 }
 
-// guardFingerprint is fingerprint plus the guard's mark in fenceproxy.meta.
+// guardFingerprint describes the fenceproxy schema's objects and the
+// guard's mark in fenceproxy.meta, so that Install can tell whether
+// installing guard.sql changed anything.
 func guardFingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
-	fp, err := fingerprint(ctx, tx)
+	fp, err := catalog.SchemaFingerprint(ctx, tx, "fenceproxy")
 	if err != nil {
 		return nil, err
 	}

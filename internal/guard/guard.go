@@ -1,4 +1,4 @@
-package dbsetup
+package guard
 
 import (
 	"crypto/sha256"
@@ -12,16 +12,39 @@ import (
 	"unicode/utf8"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
-// The database guard (SetupOptions.Guard): on each protected table in mode
-// enforce, a BEFORE INSERT OR UPDATE OR DELETE row trigger that applies
-// the table's fence inside PostgreSQL (a token is needed, a stale one is
-// refused, rows are stamped, the token is registered for the session's
-// lock), and a BEFORE TRUNCATE statement trigger on the table and each of
-// its partitions that refuses TRUNCATE. Writes the proxy cannot see —
-// functions, dynamic SQL, cascades, sessions that bypass the proxy — are
-// then fenced too. guard.sql has the SQL.
+// Result is what Install, Remove and Leave did and found; internal/dbsetup
+// adds it to its Report.
+type Result struct {
+	// Actions lists what was changed, in order.
+	Actions []string
+	// Notes is information that needs no action.
+	Notes []Note
+}
+
+// Note is information that is not a problem, about the table Table
+// (rules.TableSpec.Display; "" for the database as a whole).
+type Note struct {
+	Table, Text string
+}
+
+// Problem is what Check finds wrong with the guard.
+type Problem struct {
+	// Table is the protected table (rules.TableSpec.Display), "" for a
+	// problem of the database as a whole.
+	Table       string
+	Description string
+	// Fix is what to do by hand; "" when `fenceproxy setup --guard` fixes
+	// it.
+	Fix string
+}
+
+// setupProblem returns a problem that `fenceproxy setup --guard` fixes.
+func setupProblem(table, description string) Problem {
+	return Problem{Table: table, Description: description}
+}
 
 // guardSQL is guard.sql, a text/template: run as it is, it installs the
 // objects every guarded table shares; its "row" template is the body of a
@@ -30,7 +53,7 @@ import (
 //go:embed guard.sql
 var guardSQL string
 
-var guardTemplate = template.Must(template.New("guard.sql").Funcs(template.FuncMap{"lit": quoteLiteral}).Parse(guardSQL))
+var guardTemplate = template.Must(template.New("guard.sql").Funcs(template.FuncMap{"lit": sqllex.QuoteLiteral}).Parse(guardSQL))
 
 // guardSharedSQL is guard.sql without the row template.
 var guardSharedSQL = func() string {
@@ -66,38 +89,55 @@ const (
 // guardSearchPath is the proconfig of every guard function.
 const guardSearchPath = "search_path=pg_catalog, pg_temp"
 
-// guardConfig is what the guard takes from the configuration besides the
-// entries' TableSpecs.
+// Config is what the guard takes from the configuration besides the
+// entries' TableSpecs. The zero value stands for the defaults.
+type Config struct {
+	// TokenSetting and LockSetting are the session settings that carry
+	// the token and the lock name, as the configuration's token_setting
+	// and lock_setting. Default rules.DefaultTokenSetting and
+	// rules.DefaultLockSetting.
+	TokenSetting, LockSetting string
+	// Tables are the configuration's entries (rules.Config.Tables), which
+	// TableSpec.Index indexes: the guard takes their on_stale, strict and
+	// missing_token. nil takes the defaults for every entry.
+	Tables []rules.Table
+	// ExemptRoles are the roles whose sessions the guard lets write
+	// without a token or a lock name (guard.exempt_roles).
+	ExemptRoles []string
+}
+
+// guardConfig is Config with the defaults filled in.
 type guardConfig struct {
 	tokenSetting, lockSetting string
 	tables                    []rules.Table // indexed by TableSpec.Index; nil: defaults
 	exemptRoles               []string      // sorted, without duplicates
 }
 
-func newGuardConfig(tokenSetting, lockSetting string, tables []rules.Table, exempt []string) guardConfig {
+func newGuardConfig(c Config) guardConfig {
+	tokenSetting, lockSetting := c.TokenSetting, c.LockSetting
 	if tokenSetting == "" {
 		tokenSetting = rules.DefaultTokenSetting
 	}
 	if lockSetting == "" {
 		lockSetting = rules.DefaultLockSetting
 	}
-	roles := slices.Clone(exempt)
+	roles := slices.Clone(c.ExemptRoles)
 	slices.Sort(roles)
 	// PostgreSQL looks setting names up case-insensitively and stores
 	// them in lower case, as rules.Compile does.
 	return guardConfig{tokenSetting: strings.ToLower(tokenSetting), lockSetting: strings.ToLower(lockSetting),
-		tables: tables, exemptRoles: slices.Compact(roles)}
+		tables: c.Tables, exemptRoles: slices.Compact(roles)}
 }
 
 // params returns how entry s fences its table, as the guard needs it.
 func (g guardConfig) params(s rules.TableSpec) (rowParams, error) {
 	p := rowParams{Display: s.Display, Lock: s.Lock, TokenSetting: g.tokenSetting, LockSetting: g.lockSetting}
 	if s.Column != "" {
-		p.Column, p.column = quoteIdent(s.Column), s.Column
+		p.Column, p.column = sqllex.QuoteIdent(s.Column), s.Column
 	}
 	if g.tables != nil {
 		if s.Index < 0 || s.Index >= len(g.tables) {
-			return p, fmt.Errorf("dbsetup: tables[%d] (%s) is not among the %d configured tables given for the guard", s.Index, s.Display, len(g.tables))
+			return p, fmt.Errorf("guard: tables[%d] (%s) is not among the %d configured tables given for the guard", s.Index, s.Display, len(g.tables))
 		}
 		t := g.tables[s.Index]
 		p.Strict, p.Skip, p.Allow = t.Strict, t.OnStale == rules.OnStaleSkip, t.MissingToken == rules.MissingTokenAllow
@@ -176,7 +216,7 @@ func headerOf(body string) string {
 	return h
 }
 
-func (f guardFunction) qualified() string { return "fenceproxy." + quoteIdent(f.name) }
+func (f guardFunction) qualified() string { return "fenceproxy." + sqllex.QuoteIdent(f.name) }
 
 // createSQL creates or replaces the function. The body is dollar-quoted
 // with a tag it does not contain (a quoted column name may hold "$body$").
@@ -229,16 +269,16 @@ type unguarded struct {
 	reason string
 }
 
-// planGuard works out which tables of specs the guard belongs on in
-// database db: those whose entries here are all in mode enforce, fence
-// alike, and include one for every session (no scope.users or
+// planGuard works out which tables of specs, the entries that apply in
+// this database, the guard belongs on: those whose entries are all in
+// mode enforce, fence alike, and include one for every session (no scope.users or
 // scope.application_names). The guard sees every session the same way, so
 // it must not fence sessions that the configuration audits or leaves
 // alone, as it would during a staged rollout.
-func planGuard(specs []rules.TableSpec, db string, g guardConfig) ([]*guardTarget, []unguarded, error) {
+func planGuard(specs []rules.TableSpec, g guardConfig) ([]*guardTarget, []unguarded, error) {
 	var targets []*guardTarget
 	var skipped []unguarded
-	for _, t := range entriesByTable(specs, db) {
+	for _, t := range entriesByTable(specs) {
 		var params *rowParams
 		all, reason := false, ""
 		for _, s := range t {
@@ -270,15 +310,11 @@ func planGuard(specs []rules.TableSpec, db string, g guardConfig) ([]*guardTarge
 	return targets, skipped, nil
 }
 
-// entriesByTable groups the entries that apply in db by table, in configuration
-// order.
-func entriesByTable(specs []rules.TableSpec, db string) [][]rules.TableSpec {
+// entriesByTable groups the entries by table, in configuration order.
+func entriesByTable(specs []rules.TableSpec) [][]rules.TableSpec {
 	var out [][]rules.TableSpec
 	index := map[[2]string]int{}
 	for _, s := range specs {
-		if !appliesIn(s, db) {
-			continue
-		}
 		k := [2]string{s.Schema, s.Table}
 		i, ok := index[k]
 		if !ok {
@@ -296,25 +332,11 @@ func (f guardFunction) def() functionDef {
 	return functionDef{name: f.name, body: f.body, lang: "plpgsql", definer: true, trigger: true}
 }
 
-// quoteIdent quotes an identifier for SQL, always, so that generated text
-// does not depend on the server's list of keywords.
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// quoteLiteral quotes s as an SQL string constant that reads the same
-// whatever standard_conforming_strings is.
-func quoteLiteral(s string) string {
-	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
-	if strings.Contains(s, `\`) {
-		q = "E" + strings.ReplaceAll(q, `\`, `\\`)
-	}
-	return q
-}
-
 // literals quotes each string and joins them with ", ".
 func literals(ss []string) string {
 	q := make([]string, len(ss))
 	for i, s := range ss {
-		q[i] = quoteLiteral(s)
+		q[i] = sqllex.QuoteLiteral(s)
 	}
 	return strings.Join(q, ", ")
 }

@@ -7,95 +7,9 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 )
-
-// The catalog queries Setup and Check share. They read pg_catalog rather
-// than calling to_regclass and friends, which fail with "permission denied
-// for schema" instead of answering when the connecting role lacks USAGE.
-
-// relation is a protected table as the catalog has it.
-type relation struct {
-	oid         uint32
-	kind        string // pg_class.relkind
-	isPartition bool
-	qualified   string // schema.table quoted for SQL by the server's rules
-}
-
-// isTable reports whether the relation can have a fence column added and
-// take fenced writes: an ordinary or a partitioned table.
-func (r *relation) isTable() bool { return r.kind == "r" || r.kind == "p" }
-
-// kindName names pg_class.relkind values for messages.
-var kindName = map[string]string{
-	"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence",
-	"i": "an index", "I": "a partitioned index", "c": "a composite type", "t": "a TOAST table",
-}
-
-// lookupTable returns the relation schema.table (exact names), or nil.
-func lookupTable(ctx context.Context, tx pgx.Tx, schema, table string) (*relation, error) {
-	var r relation
-	err := tx.QueryRow(ctx, `
-		SELECT c.oid, c.relkind::text, c.relispartition, format('%I.%I', n.nspname, c.relname)
-		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1::text AND c.relname = $2::text`, schema, table).
-		Scan(&r.oid, &r.kind, &r.isPartition, &r.qualified)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("look up table %s.%s: %w", schema, table, err)
-	}
-	return &r, nil
-}
-
-// column is a fence column as the catalog has it.
-type column struct {
-	quoted    string // the name quoted for SQL
-	exists    bool
-	attnum    int16
-	typ       string // format_type
-	bigint    bool
-	notNull   bool
-	def       *string // pg_get_expr of the default; nil without one
-	identity  string  // pg_attribute.attidentity: "", "a" or "d"
-	generated string  // pg_attribute.attgenerated: "" or "s"
-}
-
-// lookupColumn returns the column name of rel; column.exists is false when
-// there is none.
-func lookupColumn(ctx context.Context, tx pgx.Tx, rel *relation, name string) (*column, error) {
-	var c column
-	var attnum *int16
-	var typ, identity, generated *string
-	var bigint, notNull *bool
-	err := tx.QueryRow(ctx, `
-		SELECT format('%I', $2::text), a.attnum, format_type(a.atttypid, a.atttypmod),
-			a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype, a.attnotnull,
-			pg_get_expr(d.adbin, d.adrelid), a.attidentity::text, a.attgenerated::text
-		FROM (SELECT) AS one
-		LEFT JOIN pg_catalog.pg_attribute a
-			ON a.attrelid = $1::oid AND a.attname = $2::text AND a.attnum > 0 AND NOT a.attisdropped
-		LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum`, rel.oid, name).
-		Scan(&c.quoted, &attnum, &typ, &bigint, &notNull, &c.def, &identity, &generated)
-	if err != nil {
-		return nil, fmt.Errorf("look up column %s of %s: %w", name, rel.qualified, err)
-	}
-	if attnum == nil {
-		return &c, nil
-	}
-	c.exists, c.attnum, c.typ, c.bigint, c.notNull = true, *attnum, *typ, *bigint, *notNull
-	if identity != nil {
-		c.identity = *identity
-	}
-	if generated != nil {
-		c.generated = *generated
-	}
-	return &c, nil
-}
-
-// zeroDefaults are the ways pg_get_expr prints a default of zero for a
-// bigint column (DEFAULT 0, DEFAULT 0::bigint, DEFAULT '0').
-var zeroDefaults = map[string]bool{"0": true, "0::bigint": true, "(0)::bigint": true, "'0'::bigint": true}
 
 // objects is the state of the fenceproxy schema's objects.
 type objects struct {
@@ -171,31 +85,9 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 // owners' grants and the stored version, so that Setup can tell whether
 // installing objects.sql changed anything.
 func fingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
-	rows, err := tx.Query(ctx, `
-		WITH ns AS (SELECT oid, nspacl FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
-		SELECT 'schema ' || coalesce(ns.nspacl::text, '') FROM ns
-		UNION ALL
-		SELECT format('relation %s %s %s', c.relname, c.relkind, c.relacl)
-		FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid
-		UNION ALL
-		SELECT format('column %s.%s %s %s %s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod),
-			a.attnotnull, pg_get_expr(d.adbin, d.adrelid))
-		FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid
-		JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-		LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-		UNION ALL
-		SELECT format('constraint %s %s', co.conname, pg_get_constraintdef(co.oid))
-		FROM pg_catalog.pg_constraint co JOIN ns ON co.connamespace = ns.oid
-		UNION ALL
-		SELECT format('routine %s %s', pg_get_functiondef(p.oid), p.proacl)
-		FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
-		ORDER BY 1`)
+	fp, err := catalog.SchemaFingerprint(ctx, tx, "fenceproxy")
 	if err != nil {
-		return nil, fmt.Errorf("read the fenceproxy objects: %w", err)
-	}
-	fp, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read the fenceproxy objects: %w", err)
+		return nil, err
 	}
 	o, err := readObjects(ctx, tx)
 	if err != nil {

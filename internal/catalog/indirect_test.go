@@ -1,4 +1,4 @@
-package dbsetup_test
+package catalog_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 )
 
 // indirectWant is one expected IndirectPath: every field but Via exactly,
@@ -34,7 +34,7 @@ func TestIndirectPaths(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		setup  string
-		tables []dbsetup.Rel
+		tables []catalog.Rel
 		want   []indirectWant
 		proofs []indirectProof
 	}{
@@ -55,13 +55,13 @@ func TestIndirectPaths(t *testing.T) {
 				CREATE VIEW over_other AS SELECT * FROM other;
 				CREATE VIEW other_filtered AS SELECT * FROM other WHERE id IN (SELECT id FROM config);
 				CREATE MATERIALIZED VIEW mat AS SELECT * FROM config;`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}},
 			want: []indirectWant{
-				{"public", "barrier", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE", "auto-updatable view public.barrier writes public.config"},
+				{"public", "barrier", catalog.PathView, "public.config", "INSERT UPDATE DELETE", "auto-updatable view public.barrier writes public.config"},
 				// No updatable column: only DELETE works.
-				{"public", "computed", dbsetup.PathView, "public.config", "DELETE", "auto-updatable view public.computed writes public.config"},
-				{"public", "v1", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE", "auto-updatable view public.v1 writes public.config"},
-				{"public", "v2", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE",
+				{"public", "computed", catalog.PathView, "public.config", "DELETE", "auto-updatable view public.computed writes public.config"},
+				{"public", "v1", catalog.PathView, "public.config", "INSERT UPDATE DELETE", "auto-updatable view public.v1 writes public.config"},
+				{"public", "v2", catalog.PathView, "public.config", "INSERT UPDATE DELETE",
 					"auto-updatable view public.v2 writes public.v1; auto-updatable view public.v1 writes public.config"},
 			},
 			proofs: []indirectProof{
@@ -84,9 +84,9 @@ func TestIndirectPaths(t *testing.T) {
 				END $$;
 				CREATE TRIGGER labelled_insert INSTEAD OF INSERT ON labelled
 					FOR EACH ROW EXECUTE FUNCTION labelled_insert();`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}},
 			want: []indirectWant{
-				{"public", "labelled", dbsetup.PathView, "public.config", "INSERT",
+				{"public", "labelled", catalog.PathView, "public.config", "INSERT",
 					"view public.labelled reads public.config and has INSTEAD OF trigger labelled_insert (INSERT, function public.labelled_insert), which runs instead of the write and can write anything"},
 			},
 			proofs: []indirectProof{
@@ -115,11 +115,11 @@ func TestIndirectPaths(t *testing.T) {
 				CREATE RULE quiet_rule AS ON DELETE TO quiet DO ALSO DELETE FROM config;
 				ALTER TABLE quiet DISABLE RULE quiet_rule;
 				INSERT INTO config VALUES (1, 1);`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}},
 			want: []indirectWant{
-				{"public", "config_sum", dbsetup.PathRule, "public.config", "UPDATE", "rule reset on public.config_sum (ON UPDATE DO INSTEAD) runs UPDATE on public.config"},
-				{"public", "purge", dbsetup.PathRule, "public.config", "INSERT", "rule purge_config on public.purge (ON INSERT DO INSTEAD) runs DELETE on public.config"},
-				{"public", "requests", dbsetup.PathRule, "public.config", "INSERT", "rule apply on public.requests (ON INSERT DO ALSO) runs INSERT on public.config"},
+				{"public", "config_sum", catalog.PathRule, "public.config", "UPDATE", "rule reset on public.config_sum (ON UPDATE DO INSTEAD) runs UPDATE on public.config"},
+				{"public", "purge", catalog.PathRule, "public.config", "INSERT", "rule purge_config on public.purge (ON INSERT DO INSTEAD) runs DELETE on public.config"},
+				{"public", "requests", catalog.PathRule, "public.config", "INSERT", "rule apply on public.requests (ON INSERT DO ALSO) runs INSERT on public.config"},
 			},
 			proofs: []indirectProof{
 				{"INSERT INTO requests VALUES (2, 2)", "SELECT count(*) FROM config"},
@@ -139,13 +139,13 @@ func TestIndirectPaths(t *testing.T) {
 				CREATE TABLE events (day int, x int) PARTITION BY RANGE (day);
 				CREATE TABLE events_1 PARTITION OF events FOR VALUES FROM (0) TO (100) PARTITION BY RANGE (day);
 				CREATE TABLE events_1a PARTITION OF events_1 FOR VALUES FROM (0) TO (50);`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "leaf"}, {Schema: "public", Name: "events"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "leaf"}, {Schema: "public", Name: "events"}},
 			want: []indirectWant{
-				{"public", "events_1", dbsetup.PathPartition, "public.events", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.events_1 is a partition of public.events"},
-				{"public", "events_1a", dbsetup.PathPartition, "public.events", "INSERT UPDATE DELETE MERGE TRUNCATE",
+				{"public", "events_1", catalog.PathPartition, "public.events", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.events_1 is a partition of public.events"},
+				{"public", "events_1a", catalog.PathPartition, "public.events", "INSERT UPDATE DELETE MERGE TRUNCATE",
 					"public.events_1a is a partition of public.events_1; public.events_1 is a partition of public.events"},
-				{"public", "mid", dbsetup.PathPartition, "public.leaf", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.leaf is a partition of public.mid"},
-				{"public", "root", dbsetup.PathPartition, "public.leaf", "INSERT UPDATE DELETE MERGE TRUNCATE",
+				{"public", "mid", catalog.PathPartition, "public.leaf", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.leaf is a partition of public.mid"},
+				{"public", "root", catalog.PathPartition, "public.leaf", "INSERT UPDATE DELETE MERGE TRUNCATE",
 					"public.mid is a partition of public.root; public.leaf is a partition of public.mid"},
 			},
 			proofs: []indirectProof{
@@ -166,13 +166,13 @@ func TestIndirectPaths(t *testing.T) {
 				CREATE TABLE drafts (id int);
 				CREATE TABLE history_draft () INHERITS (drafts, history);
 				INSERT INTO config VALUES (1, 1, 1); INSERT INTO history_draft VALUES (1);`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "history"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "history"}},
 			want: []indirectWant{
-				{"public", "base", dbsetup.PathInheritance, "public.config", "UPDATE DELETE MERGE TRUNCATE", "public.config inherits from public.base"},
-				{"public", "drafts", dbsetup.PathInheritance, "public.history", "UPDATE DELETE MERGE TRUNCATE",
+				{"public", "base", catalog.PathInheritance, "public.config", "UPDATE DELETE MERGE TRUNCATE", "public.config inherits from public.base"},
+				{"public", "drafts", catalog.PathInheritance, "public.history", "UPDATE DELETE MERGE TRUNCATE",
 					"public.history_draft inherits from public.drafts; public.history_draft inherits from public.history"},
-				{"public", "history_draft", dbsetup.PathInheritance, "public.history", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.history_draft inherits from public.history"},
-				{"public", "history_old", dbsetup.PathInheritance, "public.history", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.history_old inherits from public.history"},
+				{"public", "history_draft", catalog.PathInheritance, "public.history", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.history_draft inherits from public.history"},
+				{"public", "history_old", catalog.PathInheritance, "public.history", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.history_old inherits from public.history"},
 			},
 			proofs: []indirectProof{
 				{"UPDATE base SET x = 2", "SELECT x FROM config"},
@@ -195,22 +195,22 @@ func TestIndirectPaths(t *testing.T) {
 				INSERT INTO account VALUES (1); INSERT INTO project VALUES (1, 1);
 				INSERT INTO owner VALUES (1); INSERT INTO audit VALUES (1);
 				INSERT INTO config VALUES (1, 1, 1, 1);`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}},
 			want: []indirectWant{
-				{"public", "account", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+				{"public", "account", catalog.PathForeignKey, "public.config", "DELETE MERGE",
 					"ON DELETE CASCADE of foreign key project_account_id_fkey of public.project, which references public.account; ON DELETE CASCADE of foreign key config_project_id_fkey of public.config, which references public.project"},
-				{"public", "account", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+				{"public", "account", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.project, whose foreign key project_account_id_fkey references public.account; TRUNCATE ... CASCADE truncates public.config, whose foreign key config_project_id_fkey references public.project"},
 				// NO ACTION: no foreign key path, but TRUNCATE ... CASCADE.
-				{"public", "audit", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+				{"public", "audit", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_audit_id_fkey references public.audit"},
-				{"public", "owner", dbsetup.PathForeignKey, "public.config", "INSERT UPDATE MERGE",
+				{"public", "owner", catalog.PathForeignKey, "public.config", "INSERT UPDATE MERGE",
 					"ON UPDATE SET NULL of foreign key config_owner_id_fkey of public.config, which references public.owner"},
-				{"public", "owner", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+				{"public", "owner", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey references public.owner"},
-				{"public", "project", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+				{"public", "project", catalog.PathForeignKey, "public.config", "DELETE MERGE",
 					"ON DELETE CASCADE of foreign key config_project_id_fkey of public.config, which references public.project"},
-				{"public", "project", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+				{"public", "project", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_project_id_fkey references public.project"},
 			},
 			proofs: []indirectProof{
@@ -236,20 +236,20 @@ func TestIndirectPaths(t *testing.T) {
 				CREATE TABLE items_a PARTITION OF items FOR VALUES IN (1);
 				INSERT INTO owners VALUES (1); INSERT INTO config VALUES (1, 1);
 				INSERT INTO teams VALUES (1); INSERT INTO items VALUES (1, 1);`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "items_a"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "items_a"}},
 			want: []indirectWant{
-				{"public", "items", dbsetup.PathPartition, "public.items_a", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.items_a is a partition of public.items"},
-				{"public", "owners", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+				{"public", "items", catalog.PathPartition, "public.items_a", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.items_a is a partition of public.items"},
+				{"public", "owners", catalog.PathForeignKey, "public.config", "DELETE MERGE",
 					"ON DELETE CASCADE of foreign key config_owner_id_fkey of public.config, which references public.owners"},
-				{"public", "owners", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+				{"public", "owners", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey references public.owners"},
-				{"public", "owners_1", dbsetup.PathForeignKey, "public.config", "DELETE MERGE",
+				{"public", "owners_1", catalog.PathForeignKey, "public.config", "DELETE MERGE",
 					"ON DELETE CASCADE of foreign key config_owner_id_fkey1 of public.config, which references public.owners_1"},
-				{"public", "owners_1", dbsetup.PathTruncate, "public.config", "TRUNCATE",
+				{"public", "owners_1", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey1 references public.owners_1"},
-				{"public", "teams", dbsetup.PathForeignKey, "public.items_a", "DELETE MERGE",
+				{"public", "teams", catalog.PathForeignKey, "public.items_a", "DELETE MERGE",
 					"ON DELETE SET NULL of foreign key items_team_id_fkey of public.items, which references public.teams; public.items_a is a partition of public.items"},
-				{"public", "teams", dbsetup.PathTruncate, "public.items_a", "TRUNCATE",
+				{"public", "teams", catalog.PathTruncate, "public.items_a", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.items_a, whose foreign key items_team_id_fkey references public.teams"},
 			},
 			proofs: []indirectProof{
@@ -269,14 +269,14 @@ func TestIndirectPaths(t *testing.T) {
 				-- ONLY root: a DELETE through the view reaches no partition,
 				-- but an INSERT still routes.
 				CREATE VIEW root_only AS SELECT * FROM ONLY root;`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "config"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}},
 			want: []indirectWant{
-				{"public", "inbox", dbsetup.PathRule, "public.config", "INSERT",
+				{"public", "inbox", catalog.PathRule, "public.config", "INSERT",
 					"rule forward on public.inbox (ON INSERT DO INSTEAD) runs INSERT on public.recent; auto-updatable view public.recent writes public.root; public.config is a partition of public.root"},
-				{"public", "recent", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE",
+				{"public", "recent", catalog.PathView, "public.config", "INSERT UPDATE DELETE",
 					"auto-updatable view public.recent writes public.root; public.config is a partition of public.root"},
-				{"public", "root", dbsetup.PathPartition, "public.config", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.config is a partition of public.root"},
-				{"public", "root_only", dbsetup.PathView, "public.config", "INSERT",
+				{"public", "root", catalog.PathPartition, "public.config", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.config is a partition of public.root"},
+				{"public", "root_only", catalog.PathView, "public.config", "INSERT",
 					"auto-updatable view public.root_only writes public.root; public.config is a partition of public.root"},
 			},
 			proofs: []indirectProof{
@@ -296,13 +296,13 @@ func TestIndirectPaths(t *testing.T) {
 				CREATE TABLE a$b (id int);
 				CREATE RULE "Rule!" AS ON INSERT TO a$b DO ALSO DELETE FROM "My Schema"."Config";
 				INSERT INTO "Parent" VALUES (1); INSERT INTO "My Schema"."Config" VALUES (1, 1);`,
-			tables: []dbsetup.Rel{{Schema: "My Schema", Name: "Config"}},
+			tables: []catalog.Rel{{Schema: "My Schema", Name: "Config"}},
 			want: []indirectWant{
-				{"My Schema", "V (1)", dbsetup.PathView, `"My Schema"."Config"`, "INSERT UPDATE DELETE", `auto-updatable view "My Schema"."V (1)" writes "My Schema"."Config"`},
-				{"public", "Parent", dbsetup.PathForeignKey, `"My Schema"."Config"`, "DELETE MERGE",
+				{"My Schema", "V (1)", catalog.PathView, `"My Schema"."Config"`, "INSERT UPDATE DELETE", `auto-updatable view "My Schema"."V (1)" writes "My Schema"."Config"`},
+				{"public", "Parent", catalog.PathForeignKey, `"My Schema"."Config"`, "DELETE MERGE",
 					`ON DELETE CASCADE of foreign key "Fk" of "My Schema"."Config", which references public."Parent"`},
-				{"public", "Parent", dbsetup.PathTruncate, `"My Schema"."Config"`, "TRUNCATE", `foreign key "Fk" references public."Parent"`},
-				{"public", "a$b", dbsetup.PathRule, `"My Schema"."Config"`, "INSERT", `rule "Rule!" on public.a$b (ON INSERT DO ALSO) runs DELETE on "My Schema"."Config"`},
+				{"public", "Parent", catalog.PathTruncate, `"My Schema"."Config"`, "TRUNCATE", `foreign key "Fk" references public."Parent"`},
+				{"public", "a$b", catalog.PathRule, `"My Schema"."Config"`, "INSERT", `rule "Rule!" on public.a$b (ON INSERT DO ALSO) runs DELETE on "My Schema"."Config"`},
 			},
 			proofs: []indirectProof{
 				{`UPDATE "My Schema"."V (1)" SET "}{)( \" = 7`, `SELECT "x""y" FROM "My Schema"."Config"`},
@@ -312,14 +312,14 @@ func TestIndirectPaths(t *testing.T) {
 		{
 			name:   "missing table",
 			setup:  `CREATE TABLE t (id int); CREATE VIEW v AS SELECT * FROM t;`,
-			tables: []dbsetup.Rel{{Schema: "public", Name: "nosuch"}, {Schema: "public", Name: "t"}},
-			want:   []indirectWant{{"public", "v", dbsetup.PathView, "public.t", "INSERT UPDATE DELETE", "auto-updatable view public.v writes public.t"}},
+			tables: []catalog.Rel{{Schema: "public", Name: "nosuch"}, {Schema: "public", Name: "t"}},
+			want:   []indirectWant{{"public", "v", catalog.PathView, "public.t", "INSERT UPDATE DELETE", "auto-updatable view public.v writes public.t"}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn := connect(t, newDatabase(t))
 			execSQL(t, conn, tc.setup)
-			got, err := dbsetup.IndirectPaths(t.Context(), conn, tc.tables)
+			got, err := catalog.IndirectPaths(t.Context(), conn, tc.tables)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -339,7 +339,7 @@ func TestIndirectPaths(t *testing.T) {
 			fmt.Fprintf(&b, "CREATE TABLE t%d (id int PRIMARY KEY REFERENCES t%d ON DELETE CASCADE);", i, i-1)
 		}
 		execSQL(t, conn, b.String())
-		got, err := dbsetup.IndirectPaths(t.Context(), conn, []dbsetup.Rel{{Schema: "public", Name: "t10"}})
+		got, err := catalog.IndirectPaths(t.Context(), conn, []catalog.Rel{{Schema: "public", Name: "t10"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,7 +350,7 @@ func TestIndirectPaths(t *testing.T) {
 		if len(got) == 0 {
 			t.Fatal("no paths")
 		}
-		if len(got) != 20 || got[0].Name != "t0" || got[0].Kind != dbsetup.PathForeignKey || got[0].Via != want {
+		if len(got) != 20 || got[0].Name != "t0" || got[0].Kind != catalog.PathForeignKey || got[0].Via != want {
 			t.Fatalf("got %d paths, the first %+v; want 20, the first from t0 with Via %q", len(got), got[0], want)
 		}
 	})
@@ -368,22 +368,22 @@ func TestIndirectPaths(t *testing.T) {
 		if _, err := tx.Exec(t.Context(), "CREATE VIEW v AS SELECT * FROM config"); err != nil {
 			t.Fatal(err)
 		}
-		got, err := dbsetup.IndirectPaths(t.Context(), conn, []dbsetup.Rel{{Schema: "public", Name: "config"}})
+		got, err := catalog.IndirectPaths(t.Context(), conn, []catalog.Rel{{Schema: "public", Name: "config"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkIndirect(t, got, []indirectWant{{"public", "v", dbsetup.PathView, "public.config", "INSERT UPDATE DELETE", "view public.v"}})
+		checkIndirect(t, got, []indirectWant{{"public", "v", catalog.PathView, "public.config", "INSERT UPDATE DELETE", "view public.v"}})
 		if s := conn.PgConn().TxStatus(); s != 'T' {
 			t.Fatalf("transaction status %q after IndirectPaths, want T", s)
 		}
-		if got, err := dbsetup.IndirectPaths(t.Context(), conn, nil); err != nil || len(got) != 0 {
+		if got, err := catalog.IndirectPaths(t.Context(), conn, nil); err != nil || len(got) != 0 {
 			t.Fatalf("no protected tables: got %v, %v; want nothing", got, err)
 		}
 	})
 }
 
 // checkIndirect compares got with want, in order.
-func checkIndirect(t *testing.T, got []dbsetup.IndirectPath, want []indirectWant) {
+func checkIndirect(t *testing.T, got []catalog.IndirectPath, want []indirectWant) {
 	t.Helper()
 	ok := len(got) == len(want)
 	for i := 0; ok && i < len(got); i++ {

@@ -1,4 +1,4 @@
-package dbsetup_test
+package guard_test
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package dbsetup
+package guard
 
 import (
 	"context"
@@ -8,13 +8,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // rowTriggerSQL creates or replaces the row trigger of p (and so its
 // partitions' clones, enabled).
 func rowTriggerSQL(p placedGuard) string {
-	return "CREATE OR REPLACE TRIGGER " + guardRowTrigger + " BEFORE INSERT OR UPDATE OR DELETE ON " + p.rel.qualified +
+	return "CREATE OR REPLACE TRIGGER " + guardRowTrigger + " BEFORE INSERT OR UPDATE OR DELETE ON " + p.rel.Qualified +
 		" FOR EACH ROW EXECUTE FUNCTION " + p.fn.qualified() + "()"
 }
 
@@ -22,15 +24,23 @@ func rowTriggerSQL(p placedGuard) string {
 // relation qualified, a protected table or one of its partitions.
 func truncateTriggerSQL(qualified, display string) string {
 	return "CREATE OR REPLACE TRIGGER " + guardTruncateTrigger + " BEFORE TRUNCATE ON " + qualified +
-		" FOR EACH STATEMENT EXECUTE FUNCTION fenceproxy." + guardTruncateFunc + "(" + quoteLiteral(display) + ")"
+		" FOR EACH STATEMENT EXECUTE FUNCTION fenceproxy." + guardTruncateFunc + "(" + sqllex.QuoteLiteral(display) + ")"
 }
 
-// installGuard brings the guard in line with specs: it installs guard.sql
+// Install brings the guard of the database tx is in in line with specs,
+// the entries that apply in this database, and cfg: it installs guard.sql
 // and the row functions the tables need, sets the exempt roles, creates or
 // replaces the triggers that differ, and removes the guard from tables it
-// no longer belongs on and the functions no table uses.
-func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g guardConfig, rep *Report) error {
-	targets, skipped, err := planGuard(specs, rep.Database, g)
+// no longer belongs on and the functions no table uses. The fenceproxy
+// objects (internal/dbsetup's objects.sql) must be in place.
+func Install(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, cfg Config) (Result, error) {
+	var rep Result
+	err := install(ctx, tx, specs, newGuardConfig(cfg), &rep)
+	return rep, err
+}
+
+func install(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g guardConfig, rep *Result) error {
+	targets, skipped, err := planGuard(specs, g)
 	if err != nil {
 		return err
 	}
@@ -40,7 +50,7 @@ func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g gua
 	}
 	rep.Notes = append(rep.Notes, notes...)
 	for _, u := range skipped {
-		rel, err := lookupTable(ctx, tx, u.spec.Schema, u.spec.Table)
+		rel, err := catalog.LookupTable(ctx, tx, u.spec.Schema, u.spec.Table)
 		if err != nil {
 			return err
 		}
@@ -55,7 +65,7 @@ func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g gua
 	}
 
 	// The shared objects: rolled back when they were already in place, as
-	// installObjects does.
+	// dbsetup does with objects.sql.
 	before, err := guardFingerprint(ctx, tx)
 	if err != nil {
 		return err
@@ -115,8 +125,8 @@ func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g gua
 	on := guardTriggersOn(trigs)
 	keep := map[uint32]bool{}
 	for _, p := range placed {
-		keep[p.rel.oid] = true
-		fresh := len(on[p.rel.oid]) == 0
+		keep[p.rel.OID] = true
+		fresh := len(on[p.rel.OID]) == 0
 		var did bool
 		if st, ok := fstate[p.fn.name]; !ok || !st.is(p.fn.def()) {
 			if _, err := tx.Exec(ctx, p.fn.createSQL()); err != nil {
@@ -126,11 +136,11 @@ func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g gua
 		}
 		if p.rowTriggerIssue(on) != "" {
 			if _, err := tx.Exec(ctx, rowTriggerSQL(p)); err != nil {
-				return fmt.Errorf("create the guard's row trigger on %s: %w", p.rel.qualified, err)
+				return fmt.Errorf("create the guard's row trigger on %s: %w", p.rel.Qualified, err)
 			}
 			did = true
 		}
-		rels := append([]partition{{p.rel.oid, p.rel.qualified}}, p.parts...)
+		rels := append([]partition{{p.rel.OID, p.rel.Qualified}}, p.parts...)
 		for _, r := range rels {
 			keep[r.oid] = true
 			if p.truncateTriggerIssue(on, r.oid, r.qualified) == "" {
@@ -143,19 +153,19 @@ func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g gua
 		}
 		switch {
 		case did && fresh:
-			rep.Actions = append(rep.Actions, "installed the guard on "+p.rel.qualified)
+			rep.Actions = append(rep.Actions, "installed the guard on "+p.rel.Qualified)
 		case did:
-			rep.Actions = append(rep.Actions, "updated the guard on "+p.rel.qualified)
+			rep.Actions = append(rep.Actions, "updated the guard on "+p.rel.Qualified)
 		}
 	}
 	// The guard leaves only the tables the configuration does not guard
 	// here: a target that could not be placed (its fence column is
 	// missing) keeps its guard until that is fixed.
 	for _, t := range targets {
-		if rel, err := lookupTable(ctx, tx, t.spec.Schema, t.spec.Table); err != nil {
+		if rel, err := catalog.LookupTable(ctx, tx, t.spec.Schema, t.spec.Table); err != nil {
 			return err
 		} else if rel != nil {
-			keep[rel.oid] = true
+			keep[rel.OID] = true
 		}
 	}
 	removed, err := dropGuardTriggers(ctx, tx, trigs, func(oid uint32) bool { return !keep[oid] })
@@ -177,7 +187,7 @@ func installGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g gua
 	}
 	slices.Sort(unused)
 	for _, name := range unused {
-		q := "fenceproxy." + quoteIdent(name)
+		q := "fenceproxy." + sqllex.QuoteIdent(name)
 		if _, err := tx.Exec(ctx, "DROP FUNCTION "+q+"()"); err != nil {
 			return fmt.Errorf("drop the unused guard function %s: %w", q, err)
 		}
@@ -194,7 +204,7 @@ func dropGuardTriggers(ctx context.Context, tx pgx.Tx, trigs []guardTrig, drop f
 		if !t.ours || t.clone || !drop(t.rel) {
 			continue
 		}
-		if _, err := tx.Exec(ctx, "DROP TRIGGER "+quoteIdent(t.name)+" ON "+t.relName); err != nil {
+		if _, err := tx.Exec(ctx, "DROP TRIGGER "+sqllex.QuoteIdent(t.name)+" ON "+t.relName); err != nil {
 			return nil, fmt.Errorf("drop the guard's trigger %s on %s: %w", t.name, t.relName, err)
 		}
 		if !slices.Contains(names, t.relName) {
@@ -204,8 +214,15 @@ func dropGuardTriggers(ctx context.Context, tx pgx.Tx, trigs []guardTrig, drop f
 	return names, nil
 }
 
-// removeGuard drops every trigger, function and table of the guard.
-func removeGuard(ctx context.Context, tx pgx.Tx, rep *Report) error {
+// Remove drops every trigger, function and table of the guard in the
+// database tx is in.
+func Remove(ctx context.Context, tx pgx.Tx) (Result, error) {
+	var rep Result
+	err := remove(ctx, tx, &rep)
+	return rep, err
+}
+
+func remove(ctx context.Context, tx pgx.Tx, rep *Result) error {
 	trigs, err := readGuardTriggers(ctx, tx)
 	if err != nil {
 		return err
@@ -240,7 +257,7 @@ func removeGuard(ctx context.Context, tx pgx.Tx, rep *Report) error {
 		return nil
 	}
 	for _, name := range names {
-		if _, err := tx.Exec(ctx, "DROP FUNCTION fenceproxy."+quoteIdent(name)+"()"); err != nil {
+		if _, err := tx.Exec(ctx, "DROP FUNCTION fenceproxy."+sqllex.QuoteIdent(name)+"()"); err != nil {
 			return fmt.Errorf("drop guard function %s: %w", name, err)
 		}
 	}
@@ -251,12 +268,13 @@ func removeGuard(ctx context.Context, tx pgx.Tx, rep *Report) error {
 	return nil
 }
 
-// noteGuard notes, for a setup without --guard, that a guard installed
-// earlier was left as it is.
-func noteGuard(ctx context.Context, tx pgx.Tx, rep *Report) error {
+// Leave changes nothing; for a setup without --guard, it notes where a
+// guard installed earlier was left as it is.
+func Leave(ctx context.Context, tx pgx.Tx) (Result, error) {
+	var rep Result
 	trigs, err := readGuardTriggers(ctx, tx)
 	if err != nil {
-		return err
+		return rep, err
 	}
 	var tables []string
 	for _, t := range trigs {
@@ -265,9 +283,9 @@ func noteGuard(ctx context.Context, tx pgx.Tx, rep *Report) error {
 		}
 	}
 	if len(tables) == 0 {
-		return nil
+		return rep, nil
 	}
 	rep.Notes = append(rep.Notes, Note{Text: fmt.Sprintf("the database guard is installed on %s and was left as it is: setup --guard brings it in line with the configuration, --remove-guard removes it",
 		strings.Join(tables, ", "))})
-	return nil
+	return rep, nil
 }

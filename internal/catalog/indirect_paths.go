@@ -1,4 +1,4 @@
-package dbsetup
+package catalog
 
 // The indirect paths the graph yields, with the chains of steps that
 // name them.
@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // paths searches the graph from every statement that can name an
@@ -181,23 +183,8 @@ func joinSteps(chain []string) string {
 	return strings.Join(chain, "; ")
 }
 
-// pathRelName is schema.name for display.
+// pathRelName is schema.name for display, quoted as rules.TableSpec.Display
+// quotes it.
 func pathRelName(schema, name string) string {
-	return pathIdent(schema) + "." + pathIdent(name)
-}
-
-// pathIdent quotes an identifier for display as rules does (and
-// rules.TableSpec.Display shows): unquoted when it is lower-case letters,
-// digits, _ and $ not starting with a digit or $, quoted otherwise. Keywords
-// are not quoted. The result is for messages, never for SQL.
-func pathIdent(s string) string {
-	plain := s != "" && (s[0] >= 'a' && s[0] <= 'z' || s[0] == '_')
-	for i := 0; plain && i < len(s); i++ {
-		c := s[i]
-		plain = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '$'
-	}
-	if plain {
-		return s
-	}
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+	return sqllex.DisplayIdent(schema) + "." + sqllex.DisplayIdent(name)
 }

@@ -1,4 +1,4 @@
-package dbsetup
+package catalog
 
 // A reader of PostgreSQL's node trees as the catalog stores them
 // (pg_rewrite.ev_action, pg_node_tree text), enough for the path graph.

@@ -1,4 +1,4 @@
-package dbsetup
+package guard
 
 import (
 	"context"
@@ -8,16 +8,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/catalog"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
-// checkGuard checks the guard against specs: where it is installed it
-// must be as setup --guard leaves it, and once it is installed in the
-// database (fenceproxy.meta has its mark, or a table has its triggers)
-// every table it belongs on must have it. It returns the problems and the
-// display names of the tables whose guard is in place and current.
-func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db string, g guardConfig, obj objects) ([]Problem, []string, error) {
-	targets, skipped, err := planGuard(specs, db, g)
+// Check checks the guard in the database tx is in against specs, the
+// entries that apply in this database, and cfg: where it is installed it
+// must be as Install leaves it, and once it is installed in the database
+// (fenceproxy.meta has its mark, or a table has its triggers) every table
+// it belongs on must have it. It changes nothing. It returns the problems
+// and the display names (rules.TableSpec.Display) of the tables whose
+// guard is in place and current.
+func Check(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, cfg Config) ([]Problem, []string, error) {
+	g := newGuardConfig(cfg)
+	targets, skipped, err := planGuard(specs, g)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -25,7 +29,7 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 	if err != nil {
 		return nil, nil, err
 	}
-	marked, err := guardInstalled(ctx, tx, obj)
+	marked, err := guardInstalled(ctx, tx)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -37,7 +41,6 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 		return nil, nil, nil
 	}
 	on := guardTriggersOn(trigs)
-	const fix = " --guard"
 	var ps []Problem
 
 	// The shared functions and the exempt roles.
@@ -49,7 +52,7 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 	for _, f := range sharedFunctions {
 		if st, ok := fstate[f.name]; !ok || !st.is(f) {
 			sharedOK = false
-			ps = append(ps, setupProblem("", fmt.Sprintf("function fenceproxy.%s of the database guard is missing or not this fenceproxy's", f.name), fix, ""))
+			ps = append(ps, setupProblem("", fmt.Sprintf("function fenceproxy.%s of the database guard is missing or not this fenceproxy's", f.name)))
 		}
 	}
 	roles, exemptTable, err := readExempt(ctx, tx)
@@ -59,17 +62,17 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 	switch {
 	case !exemptTable:
 		sharedOK = false
-		ps = append(ps, setupProblem("", "table fenceproxy.guard_exempt of the database guard is missing", fix, ""))
+		ps = append(ps, setupProblem("", "table fenceproxy.guard_exempt of the database guard is missing"))
 	case !slices.Equal(roles, g.exemptRoles):
 		sharedOK = false
 		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard exempts the roles [%s]; guard.exempt_roles lists [%s]",
-			strings.Join(roles, ", "), strings.Join(g.exemptRoles, ", ")), fix, ""))
+			strings.Join(roles, ", "), strings.Join(g.exemptRoles, ", "))))
 	}
 	if missing, err := missingRoles(ctx, tx, g.exemptRoles); err != nil {
 		return nil, nil, err
 	} else if len(missing) > 0 {
-		ps = append(ps, sqlProblem("", fmt.Sprintf("guard.exempt_roles lists roles that do not exist: %s", strings.Join(missing, ", ")),
-			"create the roles, or remove them from guard.exempt_roles, then run fenceproxy setup -c FILE --guard"))
+		ps = append(ps, Problem{Description: fmt.Sprintf("guard.exempt_roles lists roles that do not exist: %s", strings.Join(missing, ", ")),
+			Fix: "create the roles, or remove them from guard.exempt_roles, then run fenceproxy setup -c FILE --guard"})
 	}
 
 	placed, _, err := placeGuard(ctx, tx, targets)
@@ -79,12 +82,12 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 	var guarded []string
 	keep := map[uint32]bool{}
 	for _, p := range placed {
-		keep[p.rel.oid] = true
+		keep[p.rel.OID] = true
 		var issues []string
 		if i := p.rowTriggerIssue(on); i != "" {
 			issues = append(issues, i)
 		}
-		for _, r := range append([]partition{{p.rel.oid, p.rel.qualified}}, p.parts...) {
+		for _, r := range append([]partition{{p.rel.OID, p.rel.Qualified}}, p.parts...) {
 			keep[r.oid] = true
 			if i := p.truncateTriggerIssue(on, r.oid, r.qualified); i != "" {
 				issues = append(issues, i)
@@ -99,30 +102,30 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 			issues = append(issues, fmt.Sprintf("function %s is not this fenceproxy's (replaced by hand, or installed by another build)", p.fn.qualified()))
 		}
 		switch {
-		case len(on[p.rel.oid]) == 0:
-			ps = append(ps, setupProblem(p.spec.Display, "the database guard is installed in this database but not on this table", fix, ""))
+		case len(on[p.rel.OID]) == 0:
+			ps = append(ps, setupProblem(p.spec.Display, "the database guard is installed in this database but not on this table"))
 		case len(issues) > 0:
-			ps = append(ps, setupProblem(p.spec.Display, "the database guard on this table is not as the configuration needs: "+strings.Join(issues, "; "), fix, ""))
+			ps = append(ps, setupProblem(p.spec.Display, "the database guard on this table is not as the configuration needs: "+strings.Join(issues, "; ")))
 		case sharedOK:
 			guarded = append(guarded, p.spec.Display)
 		}
 	}
 	for _, u := range skipped {
-		rel, err := lookupTable(ctx, tx, u.spec.Schema, u.spec.Table)
+		rel, err := catalog.LookupTable(ctx, tx, u.spec.Schema, u.spec.Table)
 		if err != nil {
 			return nil, nil, err
 		}
-		if rel == nil || !slices.ContainsFunc(on[rel.oid], func(t guardTrig) bool { return t.ours && !t.clone }) {
+		if rel == nil || !slices.ContainsFunc(on[rel.OID], func(t guardTrig) bool { return t.ours && !t.clone }) {
 			continue
 		}
-		keep[rel.oid] = true
-		ps = append(ps, setupProblem(u.spec.Display, "the database guard is installed on this table, but "+u.reason, fix, ""))
+		keep[rel.OID] = true
+		ps = append(ps, setupProblem(u.spec.Display, "the database guard is installed on this table, but "+u.reason))
 	}
 	for _, t := range targets {
-		if rel, err := lookupTable(ctx, tx, t.spec.Schema, t.spec.Table); err != nil {
+		if rel, err := catalog.LookupTable(ctx, tx, t.spec.Schema, t.spec.Table); err != nil {
 			return nil, nil, err
 		} else if rel != nil {
-			keep[rel.oid] = true
+			keep[rel.OID] = true
 		}
 	}
 	var stray []string
@@ -132,7 +135,7 @@ func checkGuard(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, db stri
 		}
 	}
 	for _, name := range stray {
-		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard is installed on %s, which no entry in mode enforce protects in this database", name), fix, ""))
+		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard is installed on %s, which no entry in mode enforce protects in this database", name)))
 	}
 	return ps, guarded, nil
 }
