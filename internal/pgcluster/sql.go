@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // URL returns a connection URL for the cluster with sslmode=disable; callers
@@ -116,7 +118,7 @@ func quoteIdent(s string) (string, error) {
 	if strings.ContainsRune(s, 0) {
 		return "", errNUL
 	}
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`, nil
+	return sqllex.QuoteIdent(s), nil
 }
 
 // quoteLiteral quotes an SQL string constant like the server's
@@ -126,9 +128,5 @@ func quoteLiteral(s string) (string, error) {
 	if strings.ContainsRune(s, 0) {
 		return "", errNUL
 	}
-	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
-	if strings.Contains(s, `\`) {
-		q = "E" + strings.ReplaceAll(q, `\`, `\\`)
-	}
-	return q, nil
+	return sqllex.QuoteLiteral(s), nil
 }

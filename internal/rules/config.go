@@ -417,35 +417,11 @@ func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\
 
 // asciiLower folds ASCII letters only, as PostgreSQL does for unquoted
 // identifiers in multi-byte encodings.
-func asciiLower(s string) string {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c >= 'A' && c <= 'Z' {
-			b := []byte(s)
-			for j := i; j < len(b); j++ {
-				if b[j] >= 'A' && b[j] <= 'Z' {
-					b[j] += 'a' - 'A'
-				}
-			}
-			return string(b)
-		}
-	}
-	return s
-}
+func asciiLower(s string) string { return sqllex.Fold(s) }
 
 // quoteIdent quotes an identifier for display when it would not survive
-// being read back unquoted. Keywords are not quoted (there is no keyword list
-// here); the result is for messages, never for SQL.
-func quoteIdent(s string) string {
-	plain := s != "" && s[0] >= 'a' && s[0] <= 'z' || s != "" && s[0] == '_'
-	for i := 0; plain && i < len(s); i++ {
-		c := s[i]
-		plain = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '$'
-	}
-	if plain {
-		return s
-	}
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-}
+// being read back unquoted; the result is for messages, never for SQL.
+func quoteIdent(s string) string { return sqllex.DisplayIdent(s) }
 
 // TableSpec is one validated entry of a configuration, with its names
 // resolved as PostgreSQL resolves them, for tools that prepare or check

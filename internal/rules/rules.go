@@ -353,37 +353,13 @@ func (r *Rules) addPair(n string) {
 	r.pairs[bg>>6] |= 1 << (bg & 63)
 }
 
-// indexFoldASCII returns the index of the first occurrence in s of the
-// ASCII-lowered needle n, folding only ASCII letters of s, or -1.
-func indexFoldASCII(s, n string) int {
-	if len(n) == 0 {
-		return 0
-	}
-	c := n[0]
-	best := indexPrefixFold(s, n, c)
-	if c >= 'a' && c <= 'z' {
-		if i := indexPrefixFold(s, n, c-'a'+'A'); i >= 0 && (best < 0 || i < best) {
-			best = i
-		}
-	}
-	return best
-}
+// The ASCII folding helpers are sqllex's; these names are the ones the
+// rewriter's files use. Needles are in lower case.
 
-// indexPrefixFold returns the first index i where s[i] == c and s[i:]
-// starts with n (folded), or -1.
-func indexPrefixFold(s, n string, c byte) int {
-	for off := 0; off+len(n) <= len(s); {
-		i := strings.IndexByte(s[off:len(s)-len(n)+1], c)
-		if i < 0 {
-			return -1
-		}
-		if hasPrefixFoldASCII(s[off+i+1:], n[1:]) {
-			return off + i
-		}
-		off += i + 1
-	}
-	return -1
-}
+func indexFoldASCII(s, n string) int         { return sqllex.IndexFold(s, n) }
+func containsWordFoldASCII(s, n string) bool { return sqllex.ContainsWordFold(s, n) }
+func hasPrefixFoldASCII(s, n string) bool    { return sqllex.HasPrefixFold(s, n) }
+func lowerASCII(c byte) byte                 { return sqllex.FoldByte(c) }
 
 // mayHideName reports whether sql may be stored code (a DO block, a
 // function or procedure) whose body spells a name the byte scan cannot
@@ -427,17 +403,6 @@ func continuesString(s string) bool {
 	return false
 }
 
-// containsWordFoldASCII reports whether s contains the ASCII-lowered word
-// n, not preceded or followed by an identifier character.
-func containsWordFoldASCII(s, n string) bool {
-	for i := 0; i+len(n) <= len(s); i++ {
-		if hasPrefixFoldASCII(s[i:], n) && (i == 0 || !sqllex.IsIdentCont(s[i-1])) && (i+len(n) == len(s) || !sqllex.IsIdentCont(s[i+len(n)])) {
-			return true
-		}
-	}
-	return false
-}
-
 // containsFoldASCII reports whether s contains the ASCII-lowered needle n,
 // folding only ASCII letters of s.
 func containsFoldASCII(s, n string) bool {
@@ -462,27 +427,6 @@ func (r *Rules) mentioned(s string) []*tableRule {
 		}
 	}
 	return out
-}
-
-func lowerASCII(c byte) byte {
-	if c >= 'A' && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
-
-// hasPrefixFoldASCII reports whether s starts with the ASCII-lowered needle
-// n, folding only ASCII letters of s.
-func hasPrefixFoldASCII(s, n string) bool {
-	if len(s) < len(n) {
-		return false
-	}
-	for i := 0; i < len(n); i++ {
-		if lowerASCII(s[i]) != n[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Decide returns what the proxy must do with sql, a simple-query string (one

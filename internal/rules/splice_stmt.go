@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // This file finds, in the client's text, the places where the fence
@@ -13,7 +15,7 @@ import (
 
 // quoteCol always quotes a column name: a fragment must not depend on which
 // words are keywords.
-func quoteCol(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func quoteCol(s string) string { return sqllex.QuoteIdent(s) }
 
 // exprText returns the text of node, a fragment, parenthesised, and turns
 // node itself into the fragment's placeholder (see verify), so the tree the

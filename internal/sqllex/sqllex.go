@@ -4,6 +4,11 @@
 // and identifiers, nested comments, dollar quotes. Each function takes
 // the text and an index and returns the index after the token; none
 // allocates.
+//
+// It also has the one copy of the small helpers around them: ASCII case
+// folding as the lexer folds unquoted identifiers (fold.go), and quoting
+// of identifiers and string constants for SQL and of identifiers for
+// messages (quote.go).
 package sqllex
 
 import "strings"
