@@ -25,7 +25,7 @@
 // fence.lock beside its token in fence.token and nobody stamps:
 //
 //   - TestLockFencedTimeline: A names the lock in its startup parameters
-//     (Lease.ConfigurePgx), reads and is paused until its lock key is gone;
+//     (pgxlock.Configure), reads and is paused until its lock key is gone;
 //     B takes the lock, names it with set_config and only reads. A's insert
 //     of a new row, update of a row B never touched and delete, and, after
 //     B deletes a row, A's re-insert of it, each get FP001 and change

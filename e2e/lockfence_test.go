@@ -69,7 +69,7 @@ func lockTortureSize() tortureSize {
 // TestTortureLockFenced runs the stamp-less workload of lock fencing:
 // workers take a lock, name it and their token in the session (most with
 // set_config on a kept connection, two in eight as startup parameters of a
-// connection per grant, Lease.ConfigurePgx), read, think, and write, each
+// connection per grant, pgxlock.Configure), read, think, and write, each
 // connection through one of three fenceproxy instances, against a
 // three-member etcd whose leader is killed halfway through. Random workers
 // are paused past their leases as in TestTorture, and a paused holder is
@@ -220,7 +220,7 @@ func killEtcdLeader(t *testing.T, etcd *etcdcluster.Cluster, cli *clientv3.Clien
 // TestLockFencedTimeline plays the stale-holder timeline with lock
 // fencing and no stamp, with real processes: A takes the lock and names it
 // with its token in the startup parameters of a new connection
-// (Lease.ConfigurePgx), reads, and is stopped with SIGSTOP until etcd has
+// (pgxlock.Configure), reads, and is stopped with SIGSTOP until etcd has
 // deleted its lock key. B takes the lock, names it with set_config, and
 // only reads. A resumes and tries an insert of a new row, an update of a
 // row B never touched and a delete; B then deletes a row and A tries to

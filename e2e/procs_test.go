@@ -62,7 +62,7 @@ type workerConfig struct {
 	// and stamps the row before reading it.
 	NameLock bool `json:"name_lock"`
 	// LockViaStartup (with NameLock) hands each grant to PostgreSQL as
-	// startup parameters, with Lease.ConfigurePgx on a fresh connection
+	// startup parameters, with pgxlock.Configure on a fresh connection
 	// per operation, closed after it. Otherwise the worker keeps its
 	// connection and sets both settings with set_config.
 	LockViaStartup bool `json:"lock_via_startup"`

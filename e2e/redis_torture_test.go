@@ -16,11 +16,13 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster/redistest"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/pgxlock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
 // The seed timeline and the lock-fenced torture with tokens from Redis
 // (issue 29): the same processes, proxies and checker as the etcd runs,
-// the workers taking their locks with lock.NewRedis against a real
+// the workers taking their locks with redislock.New against a real
 // redis-server started by the test (internal/rediscluster). The Redis
 // workers are redis_worker_test.go; a worker is told to use Redis by a
 // single redis:// URL in workerConfig.Etcd.
@@ -176,7 +178,7 @@ func TestRedisTortureRestartNoPersistence(t *testing.T) {
 	st := getStack(t)
 	srv := redistest.Start(t, rediscluster.Options{})
 	rdb := redisTestClient(t, srv)
-	locker := lock.NewRedis(rdb, lock.RedisOptions{})
+	locker := redislock.New(rdb, redislock.Options{})
 	var probe redisProbe
 	res := redisTorture(t, st, srv, "Redis without persistence; SIGKILL and restart halfway, counters seeded 2s later", func() string {
 		before := redisCounters(t, rdb)
@@ -332,7 +334,7 @@ func (p probeResult) String() string {
 
 // probeAfterLoss takes the lock with the highest watermark among those
 // Redis had counters for, and reads its row through the proxy.
-func probeAfterLoss(t *testing.T, st *stack, locker *lock.Redis, before map[string]int64) redisProbe {
+func probeAfterLoss(t *testing.T, st *stack, locker *redislock.Locker, before map[string]int64) redisProbe {
 	names := slices.Sorted(func(yield func(string) bool) {
 		for n := range before {
 			if !yield(n) {
@@ -357,7 +359,7 @@ func probeAfterLoss(t *testing.T, st *stack, locker *lock.Redis, before map[stri
 // probeGrant takes lock name from Redis, names it and its token in a
 // session through the proxy, and reads the lock's counter row (the lock
 // fencing's register happens on that read); it releases the lock after.
-func probeGrant(t *testing.T, st *stack, locker *lock.Redis, name string) probeResult {
+func probeGrant(t *testing.T, st *stack, locker *redislock.Locker, name string) probeResult {
 	if name == "" {
 		return probeResult{err: "no lock"}
 	}
@@ -382,7 +384,7 @@ func probeGrant(t *testing.T, st *stack, locker *lock.Redis, name string) probeR
 	}
 	defer conn.Close(ctx)
 	var v int64
-	tx, err := lock.BeginTx(ctx, conn, g.Fence(lock.Settings{}), pgx.TxOptions{})
+	tx, err := pgxlock.BeginTx(ctx, conn, g.Fence(lock.Settings{}), pgx.TxOptions{})
 	if err == nil {
 		err = tx.QueryRow(ctx, "SELECT value FROM public.counters WHERE id = $1", key).Scan(&v)
 		_ = tx.Rollback(ctx)
@@ -399,7 +401,7 @@ func probeGrant(t *testing.T, st *stack, locker *lock.Redis, name string) probeR
 // seedFromWatermarks raises the token counter of every lock in before to
 // its watermark in the database plus redisSeedMargin, the recovery
 // docs/tokens.md describes; it returns how many it seeded.
-func seedFromWatermarks(t *testing.T, st *stack, locker *lock.Redis, before map[string]int64) int {
+func seedFromWatermarks(t *testing.T, st *stack, locker *redislock.Locker, before map[string]int64) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n := 0

@@ -16,10 +16,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/pgxlock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
 // The Redis side of the workers (worker_test.go): a worker whose
-// workerConfig.Etcd is one redis:// URL takes its locks with lock.NewRedis
+// workerConfig.Etcd is one redis:// URL takes its locks with redislock.New
 // instead of etcd, and otherwise speaks the same protocol, so the timeline
 // and the torture drive it, and the checker reads its reports, unchanged.
 // init runs it before TestMain's dispatch, which knows only etcd workers.
@@ -43,7 +45,7 @@ func init() {
 		os.Exit(2)
 	}
 	rdb := redis.NewClient(opt)
-	locker := lock.NewRedis(rdb, lock.RedisOptions{Poll: 200 * time.Millisecond})
+	locker := redislock.New(rdb, redislock.Options{Poll: 200 * time.Millisecond})
 	if role == roleClient {
 		err = runRedisClient(cfg, locker)
 	} else {
@@ -79,7 +81,7 @@ func connectGrant(ctx context.Context, cfg workerConfig, dsn string, g lock.Gran
 	if cfg.SimpleProtocol {
 		pc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	}
-	g.Fence(lock.Settings{}).ConfigurePgx(pc)
+	pgxlock.Configure(pc, g.Fence(lock.Settings{}))
 	return pgx.ConnectConfig(ctx, pc)
 }
 

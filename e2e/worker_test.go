@@ -20,6 +20,8 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
+	"github.com/fenceproxy/fenceproxy/lock/pgxlock"
 )
 
 // The worker side: what a re-executed test binary runs. Workers are the
@@ -83,13 +85,13 @@ func newEtcdClient(cfg workerConfig) (*clientv3.Client, error) {
 
 // connectPG connects to dsn with the session settings every worker uses,
 // and with lease's token and lock name as startup parameters when lease is
-// not nil (Lease.ConfigurePgx). lock_timeout and statement_timeout bound
+// not nil (pgxlock.Configure). lock_timeout and statement_timeout bound
 // the wait behind a paused worker that holds a row lock, or a lock's
 // registration, in an open transaction: such a wait is expected
 // (PostgreSQL keeps the row consistent, the register procedure makes a
 // newer token wait for older ones) and ends either when the paused worker
 // resumes or with an error, which the worker counts as a failed operation.
-func connectPG(ctx context.Context, cfg workerConfig, dsn string, lease *lock.Lease) (*pgx.Conn, error) {
+func connectPG(ctx context.Context, cfg workerConfig, dsn string, lease *etcdlock.Lease) (*pgx.Conn, error) {
 	pc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -101,7 +103,7 @@ func connectPG(ctx context.Context, cfg workerConfig, dsn string, lease *lock.Le
 		pc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	}
 	if lease != nil {
-		lease.ConfigurePgx(pc, lock.Settings{})
+		pgxlock.Configure(pc, lease.Fence(lock.Settings{}))
 	}
 	return pgx.ConnectConfig(ctx, pc)
 }
@@ -115,7 +117,7 @@ func setToken(ctx context.Context, conn *pgx.Conn, token int64) error {
 // written into the statement's text, not passed as parameters: the proxy
 // starts registering a session's token only once it has seen the session
 // mention fence.lock, in its startup parameters or in a statement's text.
-func setLock(ctx context.Context, conn *pgx.Conn, lease *lock.Lease) error {
+func setLock(ctx context.Context, conn *pgx.Conn, lease *etcdlock.Lease) error {
 	_, err := conn.Exec(ctx, "SELECT pg_catalog.set_config('fence.lock', $1, false), pg_catalog.set_config('fence.token', $2, false)",
 		lease.Key(), strconv.FormatInt(lease.Token(), 10))
 	return err
@@ -134,7 +136,7 @@ var sqlState = testutil.SQLState
 //	                      token (the default: set fence.token only),
 //	                      set (set fence.lock and fence.token with
 //	                      set_config) or startup (reconnect with both as
-//	                      startup parameters, Lease.ConfigurePgx)
+//	                      startup parameters, pgxlock.Configure)
 //	stamp TABLE ID        UPDATE TABLE SET payload = payload WHERE id = ID;
 //	                      ok ROWS
 //	read TABLE ID         ok PAYLOAD
@@ -185,7 +187,7 @@ type client struct {
 	conn  *pgx.Conn
 	cli   *clientv3.Client
 	cfg   workerConfig
-	lease *lock.Lease
+	lease *etcdlock.Lease
 }
 
 func (c *client) do(ctx context.Context, cmd string, args []string) []any {
@@ -211,7 +213,7 @@ func (c *client) do(ctx context.Context, cmd string, args []string) []any {
 		if how != "token" && how != "set" && how != "startup" {
 			return []any{"err", "-", fmt.Sprintf("lock: unknown way %q", how)}
 		}
-		l, err := lock.Acquire(ctx, c.cli, args[0], lock.Options{TTL: ttl, Holder: c.cfg.Name})
+		l, err := etcdlock.Acquire(ctx, c.cli, args[0], lock.Options{TTL: ttl, Holder: c.cfg.Name})
 		if err != nil {
 			return errReply(err)
 		}
@@ -411,17 +413,17 @@ type tortureWorker struct {
 // with that probability, the way a worker of a job queue takes other
 // work; otherwise it waits in line: for the holder to release or its
 // lease to end. "stop" cancels the wait; the timeout is only a safety net.
-func (w *tortureWorker) acquire(ctx context.Context, key int) (*lock.Lease, error) {
+func (w *tortureWorker) acquire(ctx context.Context, key int) (*etcdlock.Lease, error) {
 	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
 	defer acancel()
 	name, opts := lockKey(w.cfg.KeyPrefix, key), lock.Options{TTL: w.cfg.TTL, Holder: w.cfg.Name}
 	if w.cfg.SkipBusyOdds > 0 {
-		lease, err := lock.TryAcquire(actx, w.cli, name, opts)
+		lease, err := etcdlock.TryAcquire(actx, w.cli, name, opts)
 		if !errors.Is(err, lock.ErrLocked) || w.rng.Float64() < w.cfg.SkipBusyOdds {
 			return lease, err
 		}
 	}
-	return lock.Acquire(actx, w.cli, name, opts)
+	return etcdlock.Acquire(actx, w.cli, name, opts)
 }
 
 // pickDSN returns one of the configured DSNs at random.
@@ -442,7 +444,7 @@ func (w *tortureWorker) closeConn() {
 // docs/design.md, or with NameLock the lock-fenced one without a stamp. It
 // does not take the stop context: once the lock is held, the operation
 // runs to its end.
-func (w *tortureWorker) readModifyWrite(op string, key int, lease *lock.Lease) {
+func (w *tortureWorker) readModifyWrite(op string, key int, lease *etcdlock.Lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	token := lease.Token()

@@ -3,72 +3,51 @@ package lock_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
-// A read-modify-write under a lock from etcd, through fenceproxy: the
-// token and the lock's name go into the connection's settings, and the
-// proxy fences every statement with them.
-func Example() {
+// The program picks the lock service by configuration; the code that
+// uses the grant stays the same.
+func ExampleLocker() {
 	ctx := context.Background()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+	var locker lock.Locker
+	switch service := "etcd"; service {
+	case "etcd":
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+		if err != nil {
+			return
+		}
+		defer cli.Close()
+		locker = etcdlock.New(cli)
+	case "redis":
+		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+		defer rdb.Close()
+		locker = redislock.New(rdb, redislock.Options{})
+	}
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second) // the wait bound
+	defer cancel()
+	g, err := locker.Acquire(wait, "locks/config/1", lock.Options{TTL: 10 * time.Second})
 	if err != nil {
 		return
 	}
-	defer cli.Close()
-	l, err := lock.Acquire(ctx, cli, "locks/config/1", lock.Options{TTL: 10 * time.Second})
-	if err != nil {
-		return
-	}
-	defer l.Release(ctx)
-	cfg, err := pgx.ParseConfig("postgres://app@fenceproxy:6432/app")
-	if err != nil {
-		return
-	}
-	l.ConfigurePgx(cfg, lock.Settings{}) // fence.token and fence.lock as startup parameters
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return
-	}
-	defer conn.Close(ctx)
-	_, _ = conn.Exec(ctx, "UPDATE config SET payload = payload || 'x' WHERE id = 1")
+	defer g.Release(ctx)
+	_ = g.Fence(lock.Settings{}) // the token and the lock's name, for PostgreSQL
 }
 
 // Behind a transaction pooler in front of fenceproxy, session settings
-// leak between clients: BeginTx sets both inside the transaction.
-func ExampleBeginTx() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://app@pgbouncer:6432/app")
-	if err != nil {
-		return
-	}
-	defer pool.Close()
-	var g lock.Grant // from a Locker: lock.Etcd(cli) or lock.NewRedis(rdb, …)
-	if g == nil {
-		return
-	}
-	tx, err := lock.BeginTx(ctx, pool, g.Fence(lock.Settings{}), pgx.TxOptions{})
-	if err != nil {
-		return
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "UPDATE config SET payload = $1 WHERE id = 1", "new"); err != nil {
-		return
-	}
-	_ = tx.Commit(ctx)
-}
-
-// The same with database/sql.
+// leak between clients: BeginSQL sets both inside the transaction. Any
+// database/sql driver works (lib/pq, pgx's stdlib).
 func ExampleBeginSQL() {
 	ctx := context.Background()
-	var db *sql.DB // sql.Open("pgx", …) or lib/pq
+	var db *sql.DB // sql.Open("postgres", …)
 	var g lock.Grant
 	if db == nil || g == nil {
 		return
@@ -82,19 +61,33 @@ func ExampleBeginSQL() {
 	_ = tx.Commit()
 }
 
-// Redis instead of etcd: the program picks the service, the code that
-// uses the grant stays the same.
-func ExampleNewRedis() {
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	defer rdb.Close()
-	var locker lock.Locker = lock.NewRedis(rdb, lock.RedisOptions{})
-	wait, cancel := context.WithTimeout(ctx, 5*time.Second) // the wait bound
-	defer cancel()
-	g, err := locker.Acquire(wait, "config:1", lock.Options{TTL: 10 * time.Second})
+// A grant's settings as startup parameters, for a driver that takes
+// them as a map.
+func ExampleFence_RuntimeParams() {
+	f := lock.Fence{Token: 42, Lock: "locks/config/1"}
+	fmt.Println(f.RuntimeParams())
+	// Output: map[fence.lock:locks/config/1 fence.token:42]
+}
+
+// A grant's settings for libpq's PGOPTIONS (psql, lib/pq, any libpq
+// program), added to what the environment had.
+func ExampleFence_PGOptions() {
+	f := lock.Fence{Token: 42, Lock: "locks/tenant 7"}
+	fmt.Println(lock.AppendPGOptions("-c work_mem=64MB", f.PGOptions()))
+	// Output: -c work_mem=64MB -c fence.token=42 -c fence.lock=locks/tenant\ 7
+}
+
+// The statement that sets both settings for one transaction, for a driver
+// without a helper here.
+func ExampleFence_SQL() {
+	f := lock.Fence{Token: 42, Lock: "locks/config/1", Settings: lock.Settings{Token: "app.token", Lock: "app.lock"}}
+	q, args, err := f.SQL()
 	if err != nil {
 		return
 	}
-	defer g.Release(ctx)
-	_ = g.Token() // the fencing token, strictly increasing across holders
+	fmt.Println(q)
+	fmt.Println(args...)
+	// Output:
+	// SELECT set_config('app.token', $1, true), set_config('app.lock', $2, true)
+	// 42 locks/config/1
 }

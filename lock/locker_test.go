@@ -8,33 +8,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster/redistest"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
 // backends returns each lock service, fresh for the test, behind the one
 // Locker interface the behavioural tests below run against.
 func backends(t *testing.T) map[string]func(t *testing.T) lock.Locker {
 	return map[string]func(t *testing.T) lock.Locker{
-		"etcd": func(t *testing.T) lock.Locker { return lock.Etcd(newClient(t)) },
+		"etcd": func(t *testing.T) lock.Locker { return etcdlock.New(newClient(t)) },
 		"redis": func(t *testing.T) lock.Locker {
-			return lock.NewRedis(redisClient(t, redistest.Start(t, rediscluster.Options{})), lock.RedisOptions{Poll: 200 * time.Millisecond})
+			return redislock.New(redisClient(t, redistest.Start(t, rediscluster.Options{})), redislock.Options{Poll: 200 * time.Millisecond})
 		},
 	}
-}
-
-func redisClient(t *testing.T, s *rediscluster.Server) *redis.Client {
-	t.Helper()
-	opt, err := redis.ParseURL(s.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opt)
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 func forEachBackend(t *testing.T, test func(t *testing.T, ctx context.Context, lk lock.Locker)) {

@@ -23,6 +23,10 @@ type Settings struct {
 	Lock string
 }
 
+// Names returns the setting names in force: Token and Lock, each or its
+// default when empty.
+func (s Settings) Names() (token, lock string) { return s.token(), s.lock() }
+
 func (s Settings) token() string {
 	if s.Token == "" {
 		return DefaultTokenSetting

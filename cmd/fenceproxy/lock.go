@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
 const lockUsage = `usage: fenceproxy lock [flags] KEY [--] COMMAND [ARGS...]
@@ -216,7 +218,7 @@ func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if err != nil {
 			return fail("redis at %s: %v", addr, err)
 		}
-		rl := lock.NewRedis(rcli, lock.RedisOptions{})
+		rl := redislock.New(rcli, redislock.Options{})
 		if a.seedFrom != "" {
 			if code := seedRedis(ctx, rl, a, stdout, stderr); code != 0 || len(a.command) == 0 {
 				return code
@@ -239,7 +241,7 @@ func lockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if err != nil {
 			return fail("etcd at %s: %v", strings.Join(a.endpoints, ","), err)
 		}
-		locker = lock.Etcd(cli)
+		locker = etcdlock.New(cli)
 	}
 
 	l, code := acquireForCommand(ctx, locker, a, sigs, stderr)
@@ -435,7 +437,7 @@ const defaultSeedMargin = 1_000_000
 
 // seedRedis raises the token counter of a.key to its watermark in the
 // database at a.seedFrom plus a.seedMargin and prints the counter.
-func seedRedis(ctx context.Context, rl *lock.Redis, a *lockArgs, stdout, stderr io.Writer) int {
+func seedRedis(ctx context.Context, rl *redislock.Locker, a *lockArgs, stdout, stderr io.Writer) int {
 	fail := func(format string, v ...any) int {
 		fmt.Fprintf(stderr, "fenceproxy lock: --seed-from: "+format+"\n", v...)
 		return exitFailed

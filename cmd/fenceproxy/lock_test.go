@@ -23,6 +23,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster/redistest"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
 )
 
 // waitFor polls until b contains s.
@@ -94,7 +95,7 @@ func (e lockEnv) assertFree(t *testing.T, key string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := lock.TryAcquire(ctx, e.cli, key, lock.Options{})
+	l, err := etcdlock.TryAcquire(ctx, e.cli, key, lock.Options{})
 	if err != nil {
 		t.Fatalf("lock %q not free after the command: %v", key, err)
 	}
@@ -167,7 +168,7 @@ func TestLockHeldElsewhere(t *testing.T) {
 	const key = "/locks/cli/held"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	holder, err := lock.Acquire(ctx, e.cli, key, lock.Options{KeepAlive: true, Holder: "other-holder"})
+	holder, err := etcdlock.Acquire(ctx, e.cli, key, lock.Options{KeepAlive: true, Holder: "other-holder"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,7 @@ func TestLockLeaseLost(t *testing.T) {
 			stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", trapTerm)
 			waitFor(t, stdout, "ready", 10*time.Second)
 
-			kv, err := e.cli.Get(ctx, lock.Prefix(key), clientv3.WithPrefix())
+			kv, err := e.cli.Get(ctx, etcdlock.Prefix(key), clientv3.WithPrefix())
 			if err != nil || len(kv.Kvs) != 1 {
 				t.Fatalf("get %q: %v %v", key, kv, err)
 			}
@@ -274,7 +275,7 @@ func TestLockKillsChildIgnoringTerm(t *testing.T) {
 
 	stdout, stderr, res := e.start(ctx, key, "--", "sh", "-c", `trap '' TERM; echo ready; while :; do sleep 0.1; done`)
 	waitFor(t, stdout, "ready", 10*time.Second)
-	if _, err := e.cli.Delete(ctx, lock.Prefix(key), clientv3.WithPrefix()); err != nil {
+	if _, err := e.cli.Delete(ctx, etcdlock.Prefix(key), clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
 	r := wait(t, res, killGrace+5*time.Second)
@@ -457,7 +458,7 @@ func TestLockPGOptionsEnv(t *testing.T) {
 	e := newLockEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := lock.Acquire(ctx, e.cli, "locks/env a", lock.Options{})
+	l, err := etcdlock.Acquire(ctx, e.cli, "locks/env a", lock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/service"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
 // Options configure Run.
@@ -296,7 +298,7 @@ func startEtcd(ctx context.Context, n *narrator, res *Result) (lockService, erro
 	res.EtcdEndpoint = etcd.Endpoints()[0]
 	n.detail("etcd at %s", res.EtcdEndpoint)
 	return lockService{
-		locker: lock.Etcd(cli),
+		locker: etcdlock.New(cli),
 		name:   "etcd",
 		token:  "the etcd revision of its grant",
 		flag:   "--etcd " + res.EtcdEndpoint,
@@ -341,7 +343,7 @@ func startRedis(ctx context.Context, n *narrator, how string, res *Result) (lock
 	res.RedisURL = "redis://" + opt.Addr + "/" + strconv.Itoa(opt.DB)
 	n.detail("Redis at %s", opt.Addr)
 	return lockService{
-		locker: lock.NewRedis(cli, lock.RedisOptions{}),
+		locker: redislock.New(cli, redislock.Options{}),
 		name:   "Redis",
 		token:  "drawn from the lock's counter in the script that took the lock",
 		// The URL without a password: set FENCEPROXY_REDIS_PASSWORD.
@@ -355,7 +357,7 @@ func startRedis(ctx context.Context, n *narrator, how string, res *Result) (lock
 	}, nil
 }
 
-// nameLock sets the session's lock name and token (as lock.ConfigurePgx
+// nameLock sets the session's lock name and token (as pgxlock.Configure
 // or fenceproxy lock would at connection time).
 func nameLock(ctx context.Context, c *pgx.Conn, token int64) error {
 	_, err := c.Exec(ctx, "SELECT set_config('fence.lock', $1, false), set_config('fence.token', $2, false)", lockKey, strconv.FormatInt(token, 10))

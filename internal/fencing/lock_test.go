@@ -91,7 +91,7 @@ func newLockDB(t *testing.T, objects bool) string {
 }
 
 // holder connects through the proxy as a holder of lock with token tok,
-// both given as startup parameters (as lock.ConfigurePgx and PGOPTIONS
+// both given as startup parameters (as pgxlock.Configure and PGOPTIONS
 // do), in the given query mode.
 func (e *lockEnv) holder(t *testing.T, db, lock string, tok int64, mode pgx.QueryExecMode) *pgx.Conn {
 	t.Helper()

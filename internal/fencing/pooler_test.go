@@ -17,6 +17,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/pgxlock"
 )
 
 // Fencing through a transaction pooler (issue 26). PgBouncer in
@@ -569,7 +570,7 @@ func checkPoolerWrites(t *testing.T, a, d *pgx.Conn, f poolerForm, before rowSet
 
 // TestPoolerInFront: PgBouncer in transaction mode in front of the proxy,
 // the application setting both settings in each transaction with the lock
-// package's helper (lock.BeginTx, lock.BeginSQL). The proxy's sessions
+// package's helper (pgxlock.BeginTx, lock.BeginSQL). The proxy's sessions
 // are PgBouncer's server connections, each shared by every client; what
 // one client leaves at session level on them must not help another.
 func TestPoolerInFront(t *testing.T) {
@@ -609,7 +610,7 @@ func TestPoolerInFront(t *testing.T) {
 
 			// The new holder (43) writes row 2 and registers L.
 			nw := client()
-			tx, err := lock.BeginTx(ctx, nw, lock.Fence{Token: 43, Lock: "L"}, pgx.TxOptions{})
+			tx, err := pgxlock.BeginTx(ctx, nw, lock.Fence{Token: 43, Lock: "L"}, pgx.TxOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -638,7 +639,7 @@ func TestPoolerInFront(t *testing.T) {
 				{"UPDATE acct SET payload = $1 WHERE id = $2", []any{"stale", 3}},
 				{"UPDATE acct SET payload = $1 WHERE id = $2", []any{"stale", 1}},
 			} {
-				tx, err := lock.BeginTx(ctx, old, lock.Fence{Token: 41, Lock: "L"}, pgx.TxOptions{})
+				tx, err := pgxlock.BeginTx(ctx, old, lock.Fence{Token: 41, Lock: "L"}, pgx.TxOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -653,7 +654,7 @@ func TestPoolerInFront(t *testing.T) {
 			// A fresh holder (44) through the helper: stamped 44, never the
 			// leaked 45 nor 43.
 			fresh := client()
-			tx, err = lock.BeginTx(ctx, fresh, lock.Fence{Token: 44, Lock: "L"}, pgx.TxOptions{})
+			tx, err = pgxlock.BeginTx(ctx, fresh, lock.Fence{Token: 44, Lock: "L"}, pgx.TxOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package lock_test
+package etcdlock_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
 )
 
 // etcdctlMutex stands in for "etcdctl lock NAME", which is exactly a
@@ -60,12 +61,12 @@ func TestKeyLayout(t *testing.T) {
 	if l.Key() != name {
 		t.Errorf("Key() = %q, want %q", l.Key(), name)
 	}
-	resp, err := cli.Get(ctx, lock.Prefix(name), clientv3.WithPrefix())
+	resp, err := cli.Get(ctx, etcdlock.Prefix(name), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resp.Kvs) != 1 {
-		t.Fatalf("%d keys under %q, want 1", len(resp.Kvs), lock.Prefix(name))
+		t.Fatalf("%d keys under %q, want 1", len(resp.Kvs), etcdlock.Prefix(name))
 	}
 	kv := resp.Kvs[0]
 	if string(kv.Key) != l.HolderKey() || kv.CreateRevision != l.Token() ||
@@ -104,7 +105,7 @@ func TestExcludesEtcdctlLock(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err := lock.TryAcquire(ctx, cli, name, lock.Options{})
+	_, err := etcdlock.TryAcquire(ctx, cli, name, lock.Options{})
 	var locked *lock.LockedError
 	if !errors.As(err, &locked) {
 		t.Fatalf("TryAcquire while etcdctl holds the lock: err = %v, want *LockedError", err)
@@ -113,9 +114,9 @@ func TestExcludesEtcdctlLock(t *testing.T) {
 		t.Errorf("LockedError names key %q token %d, want %q %d", locked.HolderKey, locked.Token, m.Key(), mutexToken(m))
 	}
 
-	got := make(chan *lock.Lease, 1)
+	got := make(chan *etcdlock.Lease, 1)
 	go func() {
-		l, err := lock.Acquire(ctx, cli, name, lock.Options{KeepAlive: true})
+		l, err := etcdlock.Acquire(ctx, cli, name, lock.Options{KeepAlive: true})
 		if err != nil {
 			t.Error(err)
 		}
@@ -129,7 +130,7 @@ func TestExcludesEtcdctlLock(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var l *lock.Lease
+	var l *etcdlock.Lease
 	select {
 	case l = <-got:
 	case <-time.After(5 * time.Second):
@@ -203,7 +204,7 @@ func TestMixedContendersNeverOverlap(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range rounds {
-				l, err := lock.Acquire(ctx, cli, name, lock.Options{KeepAlive: true})
+				l, err := etcdlock.Acquire(ctx, cli, name, lock.Options{KeepAlive: true})
 				if err != nil {
 					t.Errorf("lock contender %d: %v", c, err)
 					return
@@ -286,7 +287,7 @@ func TestWaitersFIFO(t *testing.T) {
 		} else {
 			go func() {
 				defer wg.Done()
-				l, err := lock.Acquire(ctx, cli, name, lock.Options{KeepAlive: true, Holder: fmt.Sprintf("waiter-%d", i)})
+				l, err := etcdlock.Acquire(ctx, cli, name, lock.Options{KeepAlive: true, Holder: fmt.Sprintf("waiter-%d", i)})
 				if err != nil {
 					t.Errorf("waiter %d: %v", i, err)
 					return
@@ -319,7 +320,7 @@ func waitKeys(t *testing.T, ctx context.Context, cli *clientv3.Client, name stri
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		resp, err := cli.Get(ctx, lock.Prefix(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := cli.Get(ctx, etcdlock.Prefix(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -343,9 +344,9 @@ func TestWaiterWithoutKeepAliveKeepsPlace(t *testing.T) {
 	const name = "locks/patient"
 
 	holder := mustAcquire(t, ctx, cli, name, lock.Options{KeepAlive: true})
-	res := make(chan *lock.Lease, 1)
+	res := make(chan *etcdlock.Lease, 1)
 	go func() {
-		l, err := lock.Acquire(ctx, cli, name, lock.Options{TTL: time.Second})
+		l, err := etcdlock.Acquire(ctx, cli, name, lock.Options{TTL: time.Second})
 		if err != nil {
 			t.Error(err)
 		}
@@ -354,7 +355,7 @@ func TestWaiterWithoutKeepAliveKeepsPlace(t *testing.T) {
 	waitKeys(t, ctx, cli, name, 2)
 	time.Sleep(3 * time.Second)
 	mustRelease(t, ctx, holder)
-	var l *lock.Lease
+	var l *etcdlock.Lease
 	select {
 	case l = <-res:
 	case <-time.After(5 * time.Second):

@@ -1,4 +1,4 @@
-package lock_test
+package etcdlock_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster"
 	"github.com/fenceproxy/fenceproxy/internal/etcdcluster/etcdtest"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/etcdlock"
 )
 
 func TestMain(m *testing.M) {
@@ -43,16 +44,16 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-func mustAcquire(t *testing.T, ctx context.Context, cli *clientv3.Client, key string, opts lock.Options) *lock.Lease {
+func mustAcquire(t *testing.T, ctx context.Context, cli *clientv3.Client, key string, opts lock.Options) *etcdlock.Lease {
 	t.Helper()
-	l, err := lock.Acquire(ctx, cli, key, opts)
+	l, err := etcdlock.Acquire(ctx, cli, key, opts)
 	if err != nil {
 		t.Fatalf("Acquire(%q): %v", key, err)
 	}
 	return l
 }
 
-func mustRelease(t *testing.T, ctx context.Context, l *lock.Lease) {
+func mustRelease(t *testing.T, ctx context.Context, l *etcdlock.Lease) {
 	t.Helper()
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release(%q, token %d): %v", l.Key(), l.Token(), err)
@@ -72,7 +73,7 @@ func leaseIDs(t *testing.T, ctx context.Context, cli *clientv3.Client) map[clien
 	return ids
 }
 
-func waitDone(t *testing.T, l *lock.Lease, within time.Duration) {
+func waitDone(t *testing.T, l *etcdlock.Lease, within time.Duration) {
 	t.Helper()
 	select {
 	case <-l.Done():
@@ -137,7 +138,7 @@ func TestContendersNeverOverlap(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range rounds {
-				l, err := lock.Acquire(ctx, cli, key, lock.Options{TTL: 5 * time.Second, KeepAlive: true})
+				l, err := etcdlock.Acquire(ctx, cli, key, lock.Options{TTL: 5 * time.Second, KeepAlive: true})
 				if err != nil {
 					t.Errorf("contender %d: %v", c, err)
 					return
@@ -178,14 +179,14 @@ func TestTryAcquireHeld(t *testing.T) {
 	cli := newClient(t)
 	const key = "/locks/try"
 
-	a, err := lock.TryAcquire(ctx, cli, key, lock.Options{Holder: "holder-a"})
+	a, err := etcdlock.TryAcquire(ctx, cli, key, lock.Options{Holder: "holder-a"})
 	if err != nil {
 		t.Fatalf("TryAcquire on a free key: %v", err)
 	}
 	before := leaseIDs(t, ctx, cli)
 
 	start := time.Now()
-	_, err = lock.TryAcquire(ctx, cli, key, lock.Options{Holder: "holder-b"})
+	_, err = etcdlock.TryAcquire(ctx, cli, key, lock.Options{Holder: "holder-b"})
 	if !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("TryAcquire on a held key: err = %v, want ErrLocked", err)
 	}
@@ -220,7 +221,7 @@ func TestReleaseByNonOwner(t *testing.T) {
 		t.Fatalf("stale holder's Release: err = %v, want ErrNotHeld", err)
 	}
 	// b still holds the key.
-	if _, err := lock.TryAcquire(ctx, cli, key, lock.Options{}); !errors.Is(err, lock.ErrLocked) {
+	if _, err := etcdlock.TryAcquire(ctx, cli, key, lock.Options{}); !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("after stale Release, TryAcquire: err = %v, want ErrLocked", err)
 	}
 	if err := b.Err(); err != nil {
@@ -272,7 +273,7 @@ func TestKeepAliveOutlivesTTL(t *testing.T) {
 		t.Fatalf("lease ended despite keep-alive: %v", a.Err())
 	case <-time.After(a.TTL() + time.Second):
 	}
-	if _, err := lock.TryAcquire(ctx, cli, key, lock.Options{}); !errors.Is(err, lock.ErrLocked) {
+	if _, err := etcdlock.TryAcquire(ctx, cli, key, lock.Options{}); !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("TryAcquire: err = %v, want ErrLocked", err)
 	}
 	mustRelease(t, ctx, a)
@@ -285,17 +286,17 @@ func TestDoneWhenKeyTaken(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		take func(l *lock.Lease) error
+		take func(l *etcdlock.Lease) error
 	}{
-		{"delete", func(l *lock.Lease) error {
+		{"delete", func(l *etcdlock.Lease) error {
 			_, err := cli.Delete(ctx, l.HolderKey())
 			return err
 		}},
-		{"revoke", func(l *lock.Lease) error {
+		{"revoke", func(l *etcdlock.Lease) error {
 			_, err := cli.Revoke(ctx, l.LeaseID())
 			return err
 		}},
-		{"overwrite", func(l *lock.Lease) error {
+		{"overwrite", func(l *etcdlock.Lease) error {
 			_, err := cli.Put(ctx, l.HolderKey(), "intruder")
 			return err
 		}},
@@ -325,13 +326,13 @@ func TestAcquireWakesOnRelease(t *testing.T) {
 
 	a := mustAcquire(t, ctx, cli, key, lock.Options{TTL: 30 * time.Second, KeepAlive: true})
 	type result struct {
-		l   *lock.Lease
+		l   *etcdlock.Lease
 		err error
 		at  time.Time
 	}
 	res := make(chan result, 1)
 	go func() {
-		l, err := lock.Acquire(ctx, cli, key, lock.Options{})
+		l, err := etcdlock.Acquire(ctx, cli, key, lock.Options{})
 		res <- result{l, err, time.Now()}
 	}()
 	select {
@@ -372,7 +373,7 @@ func TestAcquireCanceled(t *testing.T) {
 
 	actx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(300*time.Millisecond, cancel)
-	_, err := lock.Acquire(actx, cli, key, lock.Options{})
+	_, err := etcdlock.Acquire(actx, cli, key, lock.Options{})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Acquire with canceled ctx: err = %v, want context.Canceled", err)
 	}
@@ -386,7 +387,7 @@ func TestAcquireCanceled(t *testing.T) {
 	mustRelease(t, ctx, a)
 
 	// A context that is already done fails before touching etcd.
-	_, err = lock.Acquire(actx, cli, key, lock.Options{})
+	_, err = etcdlock.Acquire(actx, cli, key, lock.Options{})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Acquire with done ctx: err = %v, want context.Canceled", err)
 	}
@@ -398,7 +399,7 @@ func TestAcquireCanceled(t *testing.T) {
 func TestBadArguments(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	if _, err := lock.Acquire(ctx, nil, "/k", lock.Options{}); err == nil {
+	if _, err := etcdlock.Acquire(ctx, nil, "/k", lock.Options{}); err == nil {
 		t.Error("nil client: want error")
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}})
@@ -406,10 +407,10 @@ func TestBadArguments(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	if _, err := lock.Acquire(ctx, cli, "", lock.Options{}); err == nil {
+	if _, err := etcdlock.Acquire(ctx, cli, "", lock.Options{}); err == nil {
 		t.Error("empty key: want error")
 	}
-	if _, err := lock.TryAcquire(ctx, cli, "/k", lock.Options{TTL: -time.Second}); err == nil {
+	if _, err := etcdlock.TryAcquire(ctx, cli, "/k", lock.Options{TTL: -time.Second}); err == nil {
 		t.Error("negative TTL: want error")
 	}
 }
@@ -447,7 +448,7 @@ func TestLeaderFailover(t *testing.T) {
 				default:
 				}
 				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				l, err := lock.Acquire(actx, cli, key, lock.Options{TTL: 3 * time.Second, KeepAlive: true})
+				l, err := etcdlock.Acquire(actx, cli, key, lock.Options{TTL: 3 * time.Second, KeepAlive: true})
 				cancel()
 				if err != nil {
 					// Requests in flight when the leader dies fail; retry.

@@ -1,4 +1,4 @@
-package lock_test
+package redislock_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
 // TestRedisWaitersFIFO: Redis waiters get the lock in the order they
@@ -66,7 +67,7 @@ func TestRedisWaitersFIFO(t *testing.T) {
 		} else if !errors.Is(err, lock.ErrLocked) {
 			t.Fatal(err)
 		}
-		if n, _ := c.ZCard(ctx, lock.RedisQueueKey(name)).Result(); n == 0 {
+		if n, _ := c.ZCard(ctx, redislock.QueueKey(name)).Result(); n == 0 {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -85,7 +86,7 @@ func TestRedisWaitersFIFO(t *testing.T) {
 			t.Fatalf("tokens %v after the holder's %d not increasing", tokens, holder.Token())
 		}
 	}
-	if n, err := c.Exists(ctx, lock.RedisQueueKey(name)).Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, redislock.QueueKey(name)).Result(); err != nil || n != 0 {
 		t.Errorf("the line is left behind after every waiter was served (%d, %v)", n, err)
 	}
 }
@@ -109,14 +110,14 @@ func TestRedisDeadWaiterDropped(t *testing.T) {
 		t.Fatalf("waiter with a 300ms bound: %v", err)
 	}
 	cancel()
-	if n, _ := c.ZCard(ctx, lock.RedisQueueKey(name)).Result(); n != 0 {
+	if n, _ := c.ZCard(ctx, redislock.QueueKey(name)).Result(); n != 0 {
 		t.Fatalf("%d waiters in line after the only one gave up", n)
 	}
 	// A dead waiter at the head: in line, with a deadline 3 polls away,
 	// as Acquire writes it, and never back.
 	now := time.Now()
 	dead := "dead:waiter"
-	if err := c.ZAdd(ctx, lock.RedisQueueKey(name), redis.Z{Score: 1, Member: dead}).Err(); err != nil {
+	if err := c.ZAdd(ctx, redislock.QueueKey(name), redis.Z{Score: 1, Member: dead}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.HSet(ctx, "fenceproxy_lock_queue_deadline:{"+name+"}", dead, now.Add(3*poll).UnixMilli()).Err(); err != nil {
@@ -149,7 +150,7 @@ func waitQueue(t *testing.T, ctx context.Context, c *redis.Client, name string, 
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		got, err := c.ZCard(ctx, lock.RedisQueueKey(name)).Result()
+		got, err := c.ZCard(ctx, redislock.QueueKey(name)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

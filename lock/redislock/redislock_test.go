@@ -1,4 +1,4 @@
-package lock_test
+package redislock_test
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster"
 	"github.com/fenceproxy/fenceproxy/internal/rediscluster/redistest"
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/redislock"
 )
 
-func newRedis(t *testing.T, opts rediscluster.Options, poll time.Duration) (*rediscluster.Server, *redis.Client, *lock.Redis) {
+func newRedis(t *testing.T, opts rediscluster.Options, poll time.Duration) (*rediscluster.Server, *redis.Client, *redislock.Locker) {
 	t.Helper()
 	s := redistest.Start(t, opts)
 	c := redisClient(t, s)
-	return s, c, lock.NewRedis(c, lock.RedisOptions{Poll: poll})
+	return s, c, redislock.New(c, redislock.Options{Poll: poll})
 }
 
 func TestRedisKeyLayout(t *testing.T) {
@@ -26,11 +27,11 @@ func TestRedisKeyLayout(t *testing.T) {
 		"report":      "redisson_lock_token:{report}",
 		"{tenant7}:a": "redisson_lock_token:{tenant7}:a",
 	} {
-		if got := lock.RedisTokenKey(name); got != want {
+		if got := redislock.TokenKey(name); got != want {
 			t.Errorf("RedisTokenKey(%q) = %q, want %q", name, got, want)
 		}
 	}
-	if got := lock.RedisChannel("report"); got != "redisson_lock__channel:{report}" {
+	if got := redislock.Channel("report"); got != "redisson_lock__channel:{report}" {
 		t.Errorf("RedisChannel = %q", got)
 	}
 	ctx := testContext(t)
@@ -119,10 +120,10 @@ func TestRedisKeepAlive(t *testing.T) {
 	if pttl := c.PTTL(ctx, "locks/ka").Val(); pttl <= 0 || pttl > 600*time.Millisecond {
 		t.Errorf("lock key PTTL %v", pttl)
 	}
-	if ttl := c.TTL(ctx, lock.RedisTokenKey("locks/ka")).Val(); ttl != -1 {
+	if ttl := c.TTL(ctx, redislock.TokenKey("locks/ka")).Val(); ttl != -1 {
 		t.Errorf("counter TTL %v, want none (-1)", ttl)
 	}
-	if n := c.Get(ctx, lock.RedisTokenKey("locks/ka")).Val(); n != "1" {
+	if n := c.Get(ctx, redislock.TokenKey("locks/ka")).Val(); n != "1" {
 		t.Errorf("counter %q after one grant and renewals, want 1", n)
 	}
 	mustReleaseGrant(t, ctx, g)

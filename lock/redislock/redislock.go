@@ -1,4 +1,4 @@
-package lock
+package redislock
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fenceproxy/fenceproxy/lock"
 )
 
 // Redis key layout, the one Redisson's RFencedLock uses (see the package
@@ -133,50 +135,51 @@ end
 return v
 `)
 
-// DefaultRedisPoll is RedisOptions.Poll's default.
-const DefaultRedisPoll = time.Second
+// DefaultPoll is Options.Poll's default.
+const DefaultPoll = time.Second
 
-// RedisOptions configures NewRedis.
-type RedisOptions struct {
+// Options configures New.
+type Options struct {
 	// Poll bounds how long a waiter waits for a release announcement
 	// before it tries again anyway (an announcement can be missed: a
 	// holder's key that expires announces nothing, and a reconnecting
 	// subscription misses messages), and how often a grant checks that
-	// its key is still its own. Default DefaultRedisPoll.
+	// its key is still its own. Default DefaultPoll.
 	Poll time.Duration
 }
 
-// Redis takes locks in Redis. Its methods are safe for concurrent use.
-type Redis struct {
+// Locker takes locks in Redis; it is a lock.Locker. Its methods are safe
+// for concurrent use.
+type Locker struct {
 	cli  redis.UniversalClient
 	poll time.Duration
 }
 
-// NewRedis returns a Locker that takes locks in Redis through cli: a
+// New returns a Locker that takes locks in Redis through cli: a
 // *redis.Client, a *redis.ClusterClient, or a failover client. See the
 // package documentation for the key layout and what Redis must be
 // configured with for tokens to keep increasing.
-func NewRedis(cli redis.UniversalClient, opts RedisOptions) *Redis {
+func New(cli redis.UniversalClient, opts Options) *Locker {
 	if opts.Poll <= 0 {
-		opts.Poll = DefaultRedisPoll
+		opts.Poll = DefaultPoll
 	}
-	return &Redis{cli: cli, poll: opts.Poll}
+	return &Locker{cli: cli, poll: opts.Poll}
 }
 
-// RedisTokenKey returns the key of the token counter of the lock name:
+// TokenKey returns the key of the token counter of the lock name:
 // "redisson_lock_token:{NAME}", or "redisson_lock_token:NAME" when NAME
 // has a hash tag of its own, so that the counter and the lock hash (the
 // key NAME) are in one hash slot.
-func RedisTokenKey(name string) string { return redisPrefixName(redisTokenPrefix, name) }
+func TokenKey(name string) string { return redisPrefixName(redisTokenPrefix, name) }
 
-// RedisQueueKey returns the key of the line of waiters for the lock name,
-// a sorted set in the lock's hash slot; the waiters' deadlines are a hash
+// QueueKey returns the key of the line of waiters for the lock name, a
+// sorted set in the lock's hash slot; the waiters' deadlines are a hash
 // at the same key with "_deadline" appended to its prefix.
-func RedisQueueKey(name string) string { return redisPrefixName(redisQueuePrefix, name) }
+func QueueKey(name string) string { return redisPrefixName(redisQueuePrefix, name) }
 
-// RedisChannel returns the channel on which releases of the lock name are
+// Channel returns the channel on which releases of the lock name are
 // announced.
-func RedisChannel(name string) string { return redisPrefixName(redisChannelPrefix, name) }
+func Channel(name string) string { return redisPrefixName(redisChannelPrefix, name) }
 
 // redisPrefixName is Redisson's RedissonObject.prefixName.
 func redisPrefixName(prefix, name string) string {
@@ -207,16 +210,15 @@ func checkRedisName(name string) error {
 
 // Acquire takes the lock name, waiting while another holder has it until
 // ctx is done. Waiters are served first come, first served: each joins a
-// line (RedisQueueKey) and takes the lock only from its head. A waiter
-// keeps its place while it tries again at least every
-// 3×RedisOptions.Poll; one that stops trying (a dead or stopped process)
-// is dropped from the line, so it cannot block it. Waiters are woken by
-// the release announcement, or try again after the holder's remaining TTL
-// or RedisOptions.Poll, whichever is sooner. Redisson's RFencedLock does
-// not know the line: a Redisson client takes a free lock ahead of our
-// waiters (exclusion and the token sequence are not affected). The Grant
-// is a *RedisLease.
-func (r *Redis) Acquire(ctx context.Context, name string, opts Options) (Grant, error) {
+// line (QueueKey) and takes the lock only from its head. A waiter keeps
+// its place while it tries again at least every 3×Options.Poll; one that
+// stops trying (a dead or stopped process) is dropped from the line, so it
+// cannot block it. Waiters are woken by the release announcement, or try
+// again after the holder's remaining TTL or Options.Poll, whichever is
+// sooner. Redisson's RFencedLock does not know the line: a Redisson client
+// takes a free lock ahead of our waiters (exclusion and the token sequence
+// are not affected). The Grant is a *Lease.
+func (r *Locker) Acquire(ctx context.Context, name string, opts lock.Options) (lock.Grant, error) {
 	l, err := r.acquire(ctx, name, opts, true)
 	if err != nil {
 		return nil, err
@@ -225,9 +227,9 @@ func (r *Redis) Acquire(ctx context.Context, name string, opts Options) (Grant, 
 }
 
 // TryAcquire takes the lock name if it is free and no waiter of Acquire is
-// in line for it, or returns a *LockedError at once. The Grant is a
-// *RedisLease.
-func (r *Redis) TryAcquire(ctx context.Context, name string, opts Options) (Grant, error) {
+// in line for it, or returns a *lock.LockedError at once. The Grant is a
+// *Lease.
+func (r *Locker) TryAcquire(ctx context.Context, name string, opts lock.Options) (lock.Grant, error) {
 	l, err := r.acquire(ctx, name, opts, false)
 	if err != nil {
 		return nil, err
@@ -235,7 +237,7 @@ func (r *Redis) TryAcquire(ctx context.Context, name string, opts Options) (Gran
 	return l, nil
 }
 
-func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait bool) (_ *RedisLease, err error) {
+func (r *Locker) acquire(ctx context.Context, name string, opts lock.Options, wait bool) (_ *Lease, err error) {
 	if r == nil || r.cli == nil {
 		return nil, errors.New("lock: nil Redis client")
 	}
@@ -247,22 +249,22 @@ func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait boo
 	case ttl < 0:
 		return nil, fmt.Errorf("lock: negative TTL %v", ttl)
 	case ttl == 0:
-		ttl = DefaultTTL
+		ttl = lock.DefaultTTL
 	case ttl < time.Millisecond:
 		ttl = time.Millisecond
 	}
 	ttl = ttl.Round(time.Millisecond)
-	field, err := redisHolderField(opts.holder())
+	field, err := redisHolderField(opts.HolderName())
 	if err != nil {
 		return nil, err
 	}
-	keys := []string{name, RedisTokenKey(name), RedisQueueKey(name), redisPrefixName(redisDeadlinePrefix, name)}
+	keys := []string{name, TokenKey(name), QueueKey(name), redisPrefixName(redisDeadlinePrefix, name)}
 	mode, place := "try", 3*r.poll
 	var sub *redis.PubSub
 	if wait {
 		// Subscribe before the first try, so that a release between a
 		// failed try and the wait is not missed.
-		sub = r.cli.Subscribe(ctx, RedisChannel(name))
+		sub = r.cli.Subscribe(ctx, Channel(name))
 		defer sub.Close()
 		if _, err := sub.Receive(ctx); err != nil {
 			return nil, fmt.Errorf("lock: acquire %q: subscribe: %w", name, err)
@@ -298,7 +300,7 @@ func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait boo
 		}
 		pttl, _ := res[0].(int64)
 		if !wait {
-			e := &LockedError{Key: name, HolderKey: name}
+			e := &lock.LockedError{Key: name, HolderKey: name}
 			e.Holder, _ = res[1].(string)
 			if len(res) > 2 {
 				if s, ok := res[2].(string); ok {
@@ -322,10 +324,10 @@ func (r *Redis) acquire(ctx context.Context, name string, opts Options, wait boo
 // leaveQueue takes field out of the line for name, with a context of its
 // own: the caller's may be done. A failure is left to the place's
 // deadline.
-func (r *Redis) leaveQueue(name string, keys []string, field string) {
+func (r *Locker) leaveQueue(name string, keys []string, field string) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.poll)
 	defer cancel()
-	_ = redisLeaveQueue.Run(ctx, r.cli, []string{keys[2], keys[3], name, RedisChannel(name)}, field, redisUnlockMessage).Err()
+	_ = redisLeaveQueue.Run(ctx, r.cli, []string{keys[2], keys[3], name, Channel(name)}, field, redisUnlockMessage).Err()
 }
 
 // waitRelease waits up to d for a message on sub. Any message, a timeout
@@ -365,21 +367,22 @@ func redisHolderField(holder string) (string, error) {
 // last increments, an eviction), seed it above the highest token the
 // fenced database has seen, so that the next grant's token is larger
 // than every earlier one. It never lowers the counter.
-func (r *Redis) SeedToken(ctx context.Context, name string, atLeast int64) (int64, error) {
+func (r *Locker) SeedToken(ctx context.Context, name string, atLeast int64) (int64, error) {
 	if err := checkRedisName(name); err != nil {
 		return 0, err
 	}
-	v, err := redisSeed.Run(ctx, r.cli, []string{RedisTokenKey(name)}, atLeast).Int64()
+	v, err := redisSeed.Run(ctx, r.cli, []string{TokenKey(name)}, atLeast).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("lock: seed token of %q: %w", name, err)
 	}
 	return v, nil
 }
 
-func (r *Redis) newLease(name, field string, token int64, ttl time.Duration, start time.Time, keepAlive bool) *RedisLease {
+func (r *Locker) newLease(name, field string, token int64, ttl time.Duration, start time.Time, keepAlive bool) *Lease {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &RedisLease{
-		held:      held{name: name, token: token},
+	l := &Lease{
+		name:      name,
+		token:     token,
 		r:         r,
 		field:     field,
 		ttl:       ttl,
@@ -393,11 +396,12 @@ func (r *Redis) newLease(name, field string, token int64, ttl time.Duration, sta
 	return l
 }
 
-// RedisLease is one holder's grant of a Redis lock. Its methods are safe
-// for concurrent use.
-type RedisLease struct {
-	held
-	r     *Redis
+// Lease is one holder's grant of a Redis lock; it is a lock.Grant. Its
+// methods are safe for concurrent use.
+type Lease struct {
+	name  string
+	token int64
+	r     *Locker
 	field string
 	ttl   time.Duration
 
@@ -411,18 +415,42 @@ type RedisLease struct {
 	err     error // set before done is closed
 }
 
+// Key returns the lock's name, as passed to Acquire: the key of the lock
+// hash, and the value for the fence.lock setting.
+func (l *Lease) Key() string { return l.name }
+
+// Token returns the fencing token: the counter's value drawn with the
+// grant, larger than every earlier holder's token of the same lock.
+func (l *Lease) Token() int64 { return l.token }
+
+// Fence returns the token and the lock's name with the setting names s.
+func (l *Lease) Fence(s lock.Settings) lock.Fence {
+	return lock.Fence{Token: l.token, Lock: l.name, Settings: s}
+}
+
+// RuntimeParams returns the token and the lock's name keyed by the setting
+// names in s, for a connection's startup parameters
+// (Fence.RuntimeParams).
+func (l *Lease) RuntimeParams(s lock.Settings) map[string]string {
+	return l.Fence(s).RuntimeParams()
+}
+
+// PGOptions returns the token and the lock's name as libpq command-line
+// options for PGOPTIONS (Fence.PGOptions).
+func (l *Lease) PGOptions(s lock.Settings) string { return l.Fence(s).PGOptions() }
+
 // HolderField returns the field of the lock hash that names this grant.
-func (l *RedisLease) HolderField() string { return l.field }
+func (l *Lease) HolderField() string { return l.field }
 
 // TTL returns the expiry the lock key is given on each grant and renewal.
-func (l *RedisLease) TTL() time.Duration { return l.ttl }
+func (l *Lease) TTL() time.Duration { return l.ttl }
 
 // Done returns a channel that is closed when the grant is lost or released.
-func (l *RedisLease) Done() <-chan struct{} { return l.done }
+func (l *Lease) Done() <-chan struct{} { return l.done }
 
-// Err returns nil while the grant is held, then ErrReleased after Release
-// or a *LostError saying how it was lost.
-func (l *RedisLease) Err() error {
+// Err returns nil while the grant is held, then lock.ErrReleased after
+// Release or a *lock.LostError saying how it was lost.
+func (l *Lease) Err() error {
 	select {
 	case <-l.done:
 		return l.err
@@ -431,7 +459,7 @@ func (l *RedisLease) Err() error {
 	}
 }
 
-func (l *RedisLease) end(err error) {
+func (l *Lease) end(err error) {
 	l.endOnce.Do(func() {
 		l.err = err
 		close(l.done)
@@ -439,14 +467,14 @@ func (l *RedisLease) end(err error) {
 	})
 }
 
-func (l *RedisLease) lost(format string, args ...any) {
-	l.end(&LostError{Key: l.name, Token: l.token, Reason: fmt.Sprintf(format, args...)})
+func (l *Lease) lost(format string, args ...any) {
+	l.end(&lock.LostError{Key: l.name, Token: l.token, Reason: fmt.Sprintf(format, args...)})
 }
 
 // Renew extends the lock key's expiry by TTL, only while the key still
 // holds this grant; the counter is not touched. If the key is gone or
-// another holder's, the grant ends and Renew returns its *LostError.
-func (l *RedisLease) Renew(ctx context.Context) error {
+// another holder's, the grant ends and Renew returns its *lock.LostError.
+func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
@@ -463,8 +491,8 @@ func (l *RedisLease) Renew(ctx context.Context) error {
 }
 
 // renew runs the renewal script; it returns the new local expiry, or the
-// *LostError after ending the grant when the key is no longer its own.
-func (l *RedisLease) renew(ctx context.Context) (time.Time, error) {
+// *lock.LostError after ending the grant when the key is no longer its own.
+func (l *Lease) renew(ctx context.Context) (time.Time, error) {
 	before := time.Now()
 	ok, err := redisRenew.Run(ctx, l.r.cli, []string{l.name}, l.ttl.Milliseconds(), l.field).Int64()
 	if err != nil {
@@ -479,25 +507,25 @@ func (l *RedisLease) renew(ctx context.Context) (time.Time, error) {
 
 // Release deletes the lock key only if it still holds this grant, and
 // announces the release to waiters; the counter is not touched. It
-// returns ErrNotHeld if the key had expired or was another holder's. The
+// returns lock.ErrNotHeld if the key had expired or was another holder's. The
 // grant ends whatever the outcome; if Redis cannot be reached the key
 // expires by itself.
-func (l *RedisLease) Release(ctx context.Context) error {
-	l.end(ErrReleased)
+func (l *Lease) Release(ctx context.Context) error {
+	l.end(lock.ErrReleased)
 	<-l.monitored
-	n, err := redisRelease.Run(ctx, l.r.cli, []string{l.name, RedisChannel(l.name)}, l.field, redisUnlockMessage).Int64()
+	n, err := redisRelease.Run(ctx, l.r.cli, []string{l.name, Channel(l.name)}, l.field, redisUnlockMessage).Int64()
 	switch {
 	case err != nil:
 		return fmt.Errorf("lock: release %q: %w", l.name, err)
 	case n != 1:
-		return fmt.Errorf("%w: lock %q, token %d", ErrNotHeld, l.name, l.token)
+		return fmt.Errorf("%w: lock %q, token %d", lock.ErrNotHeld, l.name, l.token)
 	}
 	return nil
 }
 
 // monitor ends the grant when its local expiry passes, or when a check
 // (with keepAlive, the renewal itself) finds the key is no longer its own.
-func (l *RedisLease) monitor(expiry time.Time, keepAlive bool) {
+func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 	defer close(l.monitored)
 	timer := time.NewTimer(time.Until(expiry))
 	defer timer.Stop()
@@ -540,7 +568,7 @@ func (l *RedisLease) monitor(expiry time.Time, keepAlive bool) {
 
 // check ends the grant if the key no longer holds it; errors are left to
 // the expiry timer.
-func (l *RedisLease) check(ctx context.Context) {
+func (l *Lease) check(ctx context.Context) {
 	ok, err := l.r.cli.HExists(ctx, l.name, l.field).Result()
 	if err == nil && !ok {
 		l.lost("key %q no longer holds this grant", l.name)
@@ -548,3 +576,9 @@ func (l *RedisLease) check(ctx context.Context) {
 		l.lost("key %q replaced", l.name)
 	}
 }
+
+// Check that Locker and Lease implement the lock interfaces.
+var (
+	_ lock.Locker = (*Locker)(nil)
+	_ lock.Grant  = (*Lease)(nil)
+)
