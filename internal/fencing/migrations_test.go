@@ -65,12 +65,12 @@ func TestMigrationsAtStartup(t *testing.T) {
 		{`ALTER TABLE config ALTER COLUMN payload SET NOT NULL; UPDATE config SET n = 1`, proxy.Refuse},
 	} {
 		if d := p.Decide(app, proxy.Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}, tc.sql); d.Action != tc.want {
-			t.Errorf("%s: action %v, want %v (%v)", tc.sql, d.Action, tc.want, d.Refusal)
+			t.Errorf("%s: action %v, want %v (%v)", tc.sql, d.Action, tc.want, d.Err)
 		}
 	}
 	lex := proxy.Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}
 	if d := p.Decide(&proxy.SessionInfo{User: "migrator", Database: db}, lex, `ALTER TABLE config ALTER COLUMN payload DROP NOT NULL`); d.Action != proxy.Forward {
-		t.Errorf("migrations role: action %v (%v)", d.Action, d.Refusal)
+		t.Errorf("migrations role: action %v (%v)", d.Action, d.Err)
 	}
 	if d := p.Decide(&proxy.SessionInfo{User: "migrator", Database: db}, lex, `DROP OWNED BY app`); d.Action != proxy.Refuse {
 		t.Errorf("migrations role, DROP OWNED: action %v", d.Action)

@@ -86,7 +86,7 @@ func TestDecideQuick(t *testing.T) {
 		t.Fatal("a first-seen TRUNCATE of a protected table was answered quickly")
 	}
 	full = pol.Decide(info, lex, trunc)
-	if d, ok := pol.DecideQuick(info, lex, trunc); !ok || d.Action != proxy.Refuse || full.Action != proxy.Refuse || d.Refusal.Message != full.Refusal.Message {
+	if d, ok := pol.DecideQuick(info, lex, trunc); !ok || d.Action != proxy.Refuse || full.Action != proxy.Refuse || d.Err.Message != full.Err.Message {
 		t.Fatalf("TRUNCATE: quick %v (%v), Decide %v", d.Action, ok, full.Action)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // Metrics holds every fenceproxy metric, registered in its own registry.
@@ -191,10 +192,7 @@ type hooks struct {
 	forwarded, rewritten, refused prometheus.Counter
 }
 
-var (
-	_ proxy.AcceptHooks = hooks{}
-	_ proxy.TimingHooks = hooks{}
-)
+var _ proxy.Hooks = hooks{}
 
 func (h hooks) SessionOpened() {
 	h.m.ConnectionsCurrent.Inc()
@@ -211,7 +209,7 @@ func (h hooks) UpstreamConnected(took time.Duration) { h.m.UpstreamConnectSecs.O
 
 func (h hooks) SessionEnded(lasted time.Duration) { h.m.SessionSeconds.Observe(lasted.Seconds()) }
 
-func (h hooks) Statement(_ *proxy.SessionInfo, d proxy.Decision, took time.Duration) {
+func (h hooks) Statement(_ *proxy.SessionInfo, d rules.Decision, took time.Duration) {
 	h.m.DecisionSeconds.Observe(took.Seconds())
 	switch d.Action {
 	case proxy.Rewrite:

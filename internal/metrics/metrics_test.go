@@ -12,6 +12,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 // TestHooksMoveMetrics: each hook moves the metric named for it.
@@ -19,20 +20,20 @@ func TestHooksMoveMetrics(t *testing.T) {
 	m := metrics.New()
 	h := m.Hooks()
 	for _, a := range []proxy.Action{proxy.Forward, proxy.Forward, proxy.Rewrite, proxy.Refuse} {
-		h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: a}, time.Microsecond)
+		h.Statement(&proxy.SessionInfo{}, rules.Decision{Action: a}, time.Microsecond)
 	}
-	h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: proxy.Rewrite, Tables: []string{"public.a", "public.b"}}, 0)
-	h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: proxy.Refuse, Tables: []string{"public.a"}}, 0)
-	h.Statement(&proxy.SessionInfo{}, proxy.Decision{Action: proxy.Refuse, Tables: []string{"public.a"}}, 0)
+	h.Statement(&proxy.SessionInfo{}, rules.Decision{Action: proxy.Rewrite, Tables: []string{"public.a", "public.b"}}, 0)
+	h.Statement(&proxy.SessionInfo{}, rules.Decision{Action: proxy.Refuse, Tables: []string{"public.a"}}, 0)
+	h.Statement(&proxy.SessionInfo{}, rules.Decision{Action: proxy.Refuse, Tables: []string{"public.a"}}, 0)
 	for k, want := range map[[2]string]float64{{"public.a", "rewritten"}: 1, {"public.b", "rewritten"}: 1, {"public.a", "refused"}: 2, {"public.b", "refused"}: 0} {
 		if got := value(t, m.TableStatements.WithLabelValues(k[0], k[1])); got != want {
 			t.Errorf("fenceproxy_table_statements_total{table=%q,action=%q} = %v, want %v", k[0], k[1], got, want)
 		}
 	}
-	th := h.(proxy.TimingHooks)
+	th := h
 	th.UpstreamConnected(3 * time.Millisecond)
 	th.SessionEnded(2 * time.Second)
-	h.(proxy.AcceptHooks).AcceptFailed(nil)
+	h.AcceptFailed(nil)
 
 	for action, want := range map[string]float64{"forwarded": 2, "rewritten": 2, "refused": 3} {
 		if got := value(t, m.Statements.WithLabelValues(action)); got != want {

@@ -177,6 +177,9 @@ func samePaths(a, b []catalog.IndirectPath) bool {
 func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 	out := make([]rules.Indirect, 0, len(paths))
 	for _, p := range paths {
+		if len(p.Ops) == 0 {
+			continue // to a guarded table: DDL only (hierarchyDDL)
+		}
 		out = append(out, rules.Indirect{
 			Schema: p.Schema, Name: p.Name, Ops: p.Ops, Target: p.Target, Via: p.Via,
 			CascadeOnly: p.Kind == catalog.PathTruncate,
@@ -228,7 +231,7 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		// pgbench -M prepared); it is decided once, with a stamp read,
 		// and again when the stamp moves.
 		// With a lock registration the check runs just before it
-		// (proxy.LockRegistration.Pre).
+		// (rules.LockCall.Pre).
 		inBand := !prepared && inBandWrite(sql)
 		if !inBand || st.moved.Load() {
 			if quick {

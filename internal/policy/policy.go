@@ -95,13 +95,7 @@ type Options struct {
 	ConfigFile string
 }
 
-var (
-	_ proxy.Policy         = (*Policy)(nil)
-	_ proxy.MayTouchPolicy = (*Policy)(nil)
-	_ proxy.PreparedPolicy = (*Policy)(nil)
-	_ proxy.LockPolicy     = (*Policy)(nil)
-	_ proxy.QuickPolicy    = (*Policy)(nil)
-)
+var _ proxy.Policy = (*Policy)(nil)
 
 // New returns a Policy enforcing rs (nil: forward everything). notifies
 // says whether rs has tables in audit mode or with missing_token: allow,
@@ -132,10 +126,10 @@ func (p *Policy) Swap(rs *rules.Rules, notifies bool) {
 	p.current.Store(set)
 }
 
-// Generation implements proxy.PreparedPolicy: it counts the Swaps.
+// Generation implements proxy.Policy: it counts the Swaps.
 func (p *Policy) Generation() uint64 { return p.current.Load().gen }
 
-// PreparedOps implements proxy.PreparedPolicy.
+// PreparedOps implements proxy.Policy.
 func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
 	ops, err := rules.PreparedOps(sql)
 	if err != nil {
@@ -163,23 +157,23 @@ func (p *Policy) KnownTable(t string) bool { return p.current.Load().tables[t] }
 func (p *Policy) Rules() *rules.Rules { return p.current.Load().rules }
 
 // Decide implements proxy.Policy.
-func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) proxy.Decision {
+func (p *Policy) Decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string) rules.Decision {
 	d, _ := p.decide(info, lex, sql, false)
 	return d
 }
 
-// DecideQuick implements proxy.QuickPolicy: Decide when the answer needs
+// DecideQuick implements proxy.Policy: Decide when the answer needs
 // no parse and no wait for the database or the audit listener.
-func (p *Policy) DecideQuick(info *proxy.SessionInfo, lex proxy.Lexing, sql string) (proxy.Decision, bool) {
+func (p *Policy) DecideQuick(info *proxy.SessionInfo, lex proxy.Lexing, sql string) (rules.Decision, bool) {
 	return p.decide(info, lex, sql, true)
 }
 
 // decide is Decide; quick, it reports false instead of parsing or waiting.
-func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, quick bool) (proxy.Decision, bool) {
+func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, quick bool) (rules.Decision, bool) {
 	set := p.current.Load()
 	rs := set.rules
 	if rs == nil {
-		return proxy.Decision{}, true
+		return rules.Decision{}, true
 	}
 	// Rules may be scoped to databases, users and application names (as
 	// sent in the startup packet).
@@ -189,11 +183,11 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		// A session the rules do not fence may still drop a database
 		// that holds protected tables.
 		if e := root.DropDatabaseRefusal(sql); e != nil {
-			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}, true
+			return rules.Decision{Action: proxy.Refuse, Err: e}, true
 		}
 	}
 	if e := lexingRefusal(set, rs, lex, sql); e != nil {
-		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e)}, true
+		return rules.Decision{Action: proxy.Refuse, Err: e}, true
 	}
 	// The database's check results: its problems and indirect paths refuse
 	// statements below, and where it has the error raisers the rewrites
@@ -202,7 +196,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	if quick {
 		var ok bool
 		if st, ok = p.dbStateNow(info.Database); !ok {
-			return proxy.Decision{}, false
+			return rules.Decision{}, false
 		}
 	} else {
 		st = p.dbState(info.Database)
@@ -217,22 +211,22 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	if quick {
 		var ok bool
 		if d, ok = rs.DecideCached(sql); !ok {
-			return proxy.Decision{}, false
+			return rules.Decision{}, false
 		}
 	} else {
 		d = rs.Decide(sql)
 	}
 	if !p.migration(info, rs, sql, &d, quick) {
-		return proxy.Decision{}, false
+		return rules.Decision{}, false
 	}
 	var check stampCheck
 	if d.Action != rules.Refuse && st != nil {
 		e, c, ok := p.checkRefusal(st, info, sql, &d, lex.Prepared, quick)
 		if !ok {
-			return proxy.Decision{}, false
+			return rules.Decision{}, false
 		}
 		if e != nil {
-			return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(e), Tables: d.Tables}, true
+			return rules.Decision{Action: proxy.Refuse, Err: e, Tables: d.Tables}, true
 		}
 		check = c
 	}
@@ -243,7 +237,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	case reports && quick:
 		// Ready is what Ensure would find at once: nothing more to do.
 		if !p.auditorReady(set, info) {
-			return proxy.Decision{}, false
+			return rules.Decision{}, false
 		}
 	case reports:
 		p.ensureAuditor(set, info)
@@ -255,21 +249,21 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	switch {
 	case d.Action == rules.Refuse:
-		return proxy.Decision{Action: proxy.Refuse, Refusal: errorResponse(d.Err), Tables: d.Tables}, true
+		return rules.Decision{Action: proxy.Refuse, Err: d.Err, Tables: d.Tables}, true
 	case check.on && d.Lock != nil:
 		// The catalog check goes first, then the lock registration, in
 		// the statement's transaction.
-		return proxy.Decision{Action: proxy.Action(d.Action), SQL: d.SQL, Tables: d.Tables, Lock: checkedRegistration(check, d.Lock), Preparable: d.Preparable}, true
+		return rules.Decision{Action: d.Action, SQL: d.SQL, Tables: d.Tables, Lock: checkedRegistration(check, d.Lock), Preparable: d.Preparable}, true
 	case check.on && d.Action == rules.Rewrite:
 		// The catalog check goes before the statement, in its
 		// transaction.
-		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable}, true
+		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable}, true
 	case check.on:
-		return proxy.Decision{Tables: d.Tables, Lock: catalogCheck(check, sql)}, true
+		return rules.Decision{Tables: d.Tables, Lock: catalogCheck(check, sql)}, true
 	case d.Action == rules.Rewrite:
-		return proxy.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lockRegistration(d.Lock), Preparable: d.Preparable}, true
+		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: d.Lock, Preparable: d.Preparable}, true
 	default:
-		return proxy.Decision{Tables: d.Tables, Lock: lockRegistration(d.Lock)}, true
+		return rules.Decision{Tables: d.Tables, Lock: d.Lock}, true
 	}
 }
 
@@ -291,17 +285,7 @@ func (p *Policy) ensureAuditor(set *ruleSet, info *proxy.SessionInfo) {
 	}
 }
 
-// lockRegistration converts the rewriter's registration for the relay.
-// Decisions are cached, so the conversion allocates once per decision
-// only when there is a registration.
-func lockRegistration(l *rules.LockCall) *proxy.LockRegistration {
-	if l == nil {
-		return nil
-	}
-	return &proxy.LockRegistration{Call: l.Call, Query: l.Query, Calls: l.Calls, Required: l.Required, Audit: l.Audit}
-}
-
-// NamesLock implements proxy.LockPolicy: text mentions the lock setting's
+// NamesLock implements proxy.Policy: text mentions the lock setting's
 // name (ASCII case ignored), so it may set it.
 func (p *Policy) NamesLock(info *proxy.SessionInfo, text string) bool {
 	rs := p.current.Load().rules
@@ -311,7 +295,7 @@ func (p *Policy) NamesLock(info *proxy.SessionInfo, text string) bool {
 	return rules.ContainsFold(text, rs.LockSetting())
 }
 
-// MayTouch implements proxy.MayTouchPolicy: whether sql may concern a
+// MayTouch implements proxy.Policy: whether sql may concern a
 // protected table for this session, so that its exact lexing matters.
 func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
 	set := p.current.Load()
@@ -322,6 +306,15 @@ func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
 		return true // a name MayTouch cannot find in non-UTF-8 text
 	}
 	return set.rules.ForSession(info.Database, info.User, info.ApplicationName).MayTouch(sql)
+}
+
+// DecisionCost implements proxy.Policy: 0 for a text MayTouch clears,
+// otherwise what the rules' decision may hold (rules.DecisionCost).
+func (p *Policy) DecisionCost(info *proxy.SessionInfo, sql string) int64 {
+	if !p.MayTouch(info, sql) {
+		return 0
+	}
+	return p.current.Load().rules.ForSession(info.Database, info.User, info.ApplicationName).DecisionCost(sql)
 }
 
 // TranslateError implements proxy.Policy.
@@ -386,14 +379,4 @@ func lexingRefusal(set *ruleSet, rs *rules.Rules, lex proxy.Lexing, sql string) 
 			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
 	}
 	return nil
-}
-
-func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {
-	if e == nil {
-		return &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: rules.CodeRefused, Message: "fenceproxy: statement refused"}
-	}
-	return &pgproto3.ErrorResponse{
-		Severity: "ERROR", SeverityUnlocalized: "ERROR",
-		Code: e.Code, Message: e.Message, Detail: e.Detail, Hint: e.Hint,
-	}
 }

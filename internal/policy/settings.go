@@ -5,9 +5,7 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
-var _ proxy.SettingsPolicy = (*Policy)(nil)
-
-// FenceSettings implements proxy.SettingsPolicy: the rules' token and lock
+// FenceSettings implements proxy.Policy: the rules' token and lock
 // settings, when rules are in force.
 func (p *Policy) FenceSettings() (token, lock string) {
 	rs := p.current.Load().rules
@@ -17,7 +15,7 @@ func (p *Policy) FenceSettings() (token, lock string) {
 	return rs.TokenSetting(), rs.LockSetting()
 }
 
-// SettingOps implements proxy.SettingsPolicy.
+// SettingOps implements proxy.Policy.
 func (p *Policy) SettingOps(sql string) (rules.SettingText, error) {
 	rs := p.current.Load().rules
 	if rs == nil {
@@ -26,7 +24,7 @@ func (p *Policy) SettingOps(sql string) (rules.SettingText, error) {
 	return rs.SettingOps(sql)
 }
 
-// SettingsEverywhere implements proxy.SettingsPolicy: in a database where
+// SettingsEverywhere implements proxy.Policy: in a database where
 // the guard protects a table, its triggers read the settings for writes
 // the proxy cannot see (a function called in a SELECT, a cascade), so
 // every statement that may write gets the session's values.

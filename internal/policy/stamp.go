@@ -107,19 +107,19 @@ var firstCall = []int{0}
 // Required in every session and swallows its CommandComplete. Audit: it
 // registers no lock, so its success must not spare a later statement's
 // lock registration in the transaction.
-func catalogCheck(c stampCheck, text string) *proxy.LockRegistration {
+func catalogCheck(c stampCheck, text string) *rules.LockCall {
 	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
 	// The call is ASCII and ends at its semicolon: the server reads the
 	// text after it as it would read it alone.
-	return &proxy.LockRegistration{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true}
+	return &rules.LockCall{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true}
 }
 
 // checkedRegistration is the lock registration l with the catalog check
 // for c before it: Pre for the relay, which runs it also where it spares
 // or skips the registration, and in front of the registrations of a
 // Query's text.
-func checkedRegistration(c stampCheck, l *rules.LockCall) *proxy.LockRegistration {
-	r := lockRegistration(l)
+func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
+	r := l
 	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
 	out := *r
 	out.Pre = call
@@ -170,7 +170,7 @@ func inBandWrite(sql string) bool {
 }
 
 // bumpGeneration makes the relay decide every prepared statement again
-// before it next runs (proxy.PreparedPolicy), with the rules in force.
+// before it next runs (proxy.Policy.Generation), with the rules in force.
 func (p *Policy) bumpGeneration() {
 	p.swapMu.Lock()
 	defer p.swapMu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 )
@@ -144,7 +146,7 @@ func (a *autoState) touches(name string) bool {
 // the session's own prepared statement once the session has sent it
 // often enough. It reports whether it did; if not, the caller sends the
 // Query.
-func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error) {
+func (s *session) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool, error) {
 	if len(sql) > maxAutoTextBytes || lex.Uncertain {
 		return false, nil
 	}
@@ -168,7 +170,7 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *Decision) (bool, error)
 	plex.Prepared = true
 	pd := s.decide(plex, sql)
 	// The registration the Query would have run, the statement runs too.
-	needs := func(l *LockRegistration) bool { return l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) }
+	needs := func(l *rules.LockCall) bool { return l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) }
 	if pd.Action != Rewrite || !pd.Preparable || needs(pd.Lock) != needs(d.Lock) || len(pd.SQL) > maxAutoSentBytes {
 		return false, nil
 	}

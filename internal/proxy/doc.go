@@ -15,7 +15,7 @@
 // Errors the server raises on behalf of a rewritten statement (stale or
 // missing fencing tokens) are translated the same way, by Policy.TranslateError.
 //
-// When the Policy's rules can change (PreparedPolicy), the relay also reads
+// When the Policy's rules can change (Policy.Generation), the relay also reads
 // the names in Bind, Describe, Execute and Close, and keeps for each prepared
 // statement and portal the rules generation it was decided under, so that
 // none runs under rules that a reload replaced (prepared.go, prepared_relay.go).

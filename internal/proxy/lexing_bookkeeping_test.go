@@ -10,22 +10,24 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
 type lexRec struct {
+	proxy.BasePolicy
 	mu  sync.Mutex
 	got map[string]proxy.Lexing
 }
 
-func (r *lexRec) Decide(_ *proxy.SessionInfo, lex proxy.Lexing, sql string) proxy.Decision {
+func (r *lexRec) Decide(_ *proxy.SessionInfo, lex proxy.Lexing, sql string) rules.Decision {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.got == nil {
 		r.got = map[string]proxy.Lexing{}
 	}
 	r.got[sql] = lex
-	return proxy.Decision{}
+	return rules.Decision{}
 }
 func (r *lexRec) TranslateError(*proxy.SessionInfo, *pgproto3.ErrorResponse) bool { return false }
 func (r *lexRec) get(sql string) (proxy.Lexing, bool) {

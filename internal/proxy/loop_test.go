@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -45,8 +46,9 @@ func TestSessionsOnEventLoops(t *testing.T) {
 
 // slowPolicy blocks its decision on statements that mention
 // "slow_decision" until release is closed, and panics on "panic_decision";
-// as a QuickPolicy (quick set) it answers the other statements quickly.
+// as a quickPolicy it answers the other statements quickly.
 type slowPolicy struct {
+	proxy.BasePolicy
 	entered chan struct{}
 	quicks  atomic.Int64
 
@@ -84,7 +86,7 @@ func (p *slowPolicy) block(t *testing.T) func() {
 	return release
 }
 
-func (p *slowPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) proxy.Decision {
+func (p *slowPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) rules.Decision {
 	switch {
 	case strings.Contains(sql, "slow_decision"):
 		p.entered <- struct{}{}
@@ -92,7 +94,7 @@ func (p *slowPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) pr
 	case strings.Contains(sql, "panic_decision"):
 		panic("policy bug")
 	}
-	return proxy.Decision{}
+	return rules.Decision{}
 }
 
 func (p *slowPolicy) TranslateError(*proxy.SessionInfo, *pgproto3.ErrorResponse) bool {
@@ -119,31 +121,29 @@ func (p preparedSlowPolicy) PreparedOps(sql string) ([]proxy.PreparedOp, error) 
 
 // tookHooks records the longest decision time reported.
 type tookHooks struct {
+	proxy.NopHooks
 	mu      sync.Mutex
 	longest time.Duration
 }
 
-func (*tookHooks) SessionOpened()         {}
-func (*tookHooks) SessionClosed()         {}
-func (*tookHooks) UpstreamConnectFailed() {}
-func (h *tookHooks) Statement(_ *proxy.SessionInfo, _ proxy.Decision, took time.Duration) {
+func (h *tookHooks) Statement(_ *proxy.SessionInfo, _ rules.Decision, took time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.longest = max(h.longest, took)
 }
 
-// quickPolicy is a slowPolicy that is also a QuickPolicy.
+// quickPolicy is a slowPolicy that answers quickly where it can.
 type quickPolicy struct{ *slowPolicy }
 
-func (p quickPolicy) DecideQuick(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) (proxy.Decision, bool) {
+func (p quickPolicy) DecideQuick(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) (rules.Decision, bool) {
 	if strings.Contains(sql, "slow_decision") || strings.Contains(sql, "panic_decision") {
-		return proxy.Decision{}, false
+		return rules.Decision{}, false
 	}
 	if strings.Contains(sql, "panic_quick") {
 		panic("policy bug")
 	}
 	p.quicks.Add(1)
-	return proxy.Decision{}, true
+	return rules.Decision{}, true
 }
 
 // TestLoopYields: a loop kept busy passes through Go's scheduler every

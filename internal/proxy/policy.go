@@ -10,32 +10,37 @@ import (
 
 // Hooks let a caller observe what the relay does without the relay knowing
 // about Prometheus. Every method must be safe for concurrent use and cheap.
+// NopHooks implements them all; embed it to observe only some.
 type Hooks interface {
 	SessionOpened()
 	SessionClosed()
+	// SessionEnded is called when a session that SessionOpened announced
+	// ends, with the time since it was accepted.
+	SessionEnded(lasted time.Duration)
+	// UpstreamConnected is called after each successful connection to the
+	// upstream (dial and TLS negotiation, before the startup packet is
+	// sent); UpstreamConnectFailed after each failed one.
+	UpstreamConnected(took time.Duration)
 	UpstreamConnectFailed()
+	// AcceptFailed is called for each failed Accept that Serve retries
+	// (out of file descriptors, for instance).
+	AcceptFailed(err error)
 	// Statement is called once for each Query or Parse message with the
 	// decision taken for it and the time the decision took. d is passed by
 	// value so that no decision escapes to the heap on the relay's path.
-	Statement(info *SessionInfo, d Decision, took time.Duration)
+	Statement(info *SessionInfo, d rules.Decision, took time.Duration)
 }
 
-// AcceptHooks is an optional Hooks extension: AcceptFailed is called for
-// each failed Accept that Serve retries (out of file descriptors, for
-// instance).
-type AcceptHooks interface {
-	AcceptFailed(err error)
-}
+// NopHooks observes nothing.
+type NopHooks struct{}
 
-// TimingHooks is an optional Hooks extension for durations.
-// UpstreamConnected is called after each successful connection to the
-// upstream (dial and TLS negotiation, before the startup packet is sent);
-// SessionEnded when a session that SessionOpened announced ends, with the
-// time since it was accepted.
-type TimingHooks interface {
-	UpstreamConnected(took time.Duration)
-	SessionEnded(lasted time.Duration)
-}
+func (NopHooks) SessionOpened()                                        {}
+func (NopHooks) SessionClosed()                                        {}
+func (NopHooks) SessionEnded(time.Duration)                            {}
+func (NopHooks) UpstreamConnected(time.Duration)                       {}
+func (NopHooks) UpstreamConnectFailed()                                {}
+func (NopHooks) AcceptFailed(error)                                    {}
+func (NopHooks) Statement(*SessionInfo, rules.Decision, time.Duration) {}
 
 // Action is what the relay does with a statement: the rewriter's own
 // (rules.Forward sends the client's message unchanged, rules.Rewrite sends
@@ -50,123 +55,107 @@ const (
 	Refuse  = rules.Refuse
 )
 
-// Decision is a Policy's verdict on one statement.
-type Decision struct {
-	Action  Action
-	SQL     string                  // for Rewrite
-	Refusal *pgproto3.ErrorResponse // for Refuse: ERROR severity, with a SQLSTATE
-	Tables  []string                // protected tables involved, for logs
-	// Lock, on a Forward or Rewrite, is the lock registration the
-	// statement needs in sessions that name a lock (see LockPolicy).
-	Lock *LockRegistration
-	// Preparable, on a Rewrite of a Query's text, says that the text is
-	// one statement that returns no rows and has no parameters (nor
-	// constants fixed at analysis from the clock or the catalogs), so that
-	// a named prepared statement of what the policy decides for the text
-	// with Lexing.Prepared answers Bind and Execute as the Query would be
-	// answered. The relay then runs a text a session repeats that way
-	// (Options.AutoPrepare).
-	Preparable bool
-}
-
-// LockRegistration is a statement that must run in the same transaction
-// just before the client's statement, in sessions that may have named a
-// lock (LockPolicy.NamesLock) or always when Required. Its results are not
-// relayed; its error, if it fails, is the client's statement's error.
-type LockRegistration struct {
-	// Call is the statement to run before a single statement (a Parse's,
-	// at each Bind of it), without a semicolon.
-	Call string
-	// Query is the whole text to send instead of a simple Query's, with
-	// the registration statements in place, at the indexes Calls of its
-	// list of statements; each answers with one CommandComplete. With no
-	// Calls the text needs no registration now (it only prepares a
-	// statement that needs Call when it is executed).
-	Query string
-	Calls []int
-	// Required: the registration runs in every session.
-	Required bool
-	// Audit: a registration in audit mode, which may return without
-	// registering (so it does not spare a later one, settings.go).
-	Audit bool
-	// Catalog: not a lock registration but a check of the catalog stamp,
-	// which reads no fence setting (the session's values need not go
-	// before it).
-	Catalog bool
-	// Pre, with a lock registration, is the catalog stamp's check: a
-	// statement that runs just before it (Query has it in front of the
-	// registrations, at Calls[0]) and also where the registration is
-	// spared or not needed.
-	Pre string
-}
-
-// LockPolicy is an optional Policy extension for lock fencing: a session
-// registers its lock only once it may have named one, which NamesLock
-// tells from the statement texts and startup parameters it sends.
-type LockPolicy interface {
-	// NamesLock reports, conservatively, whether text may set the
-	// session variable holding the lock's name (it mentions its name).
-	NamesLock(info *SessionInfo, text string) bool
-}
+// A Policy's verdict on one statement is the rewriter's rules.Decision:
+// the relay sends the client's message (Forward), Decision.SQL instead
+// (Rewrite), or executes nothing and answers with Decision.Err (Refuse).
+// Its Lock, on a Forward or Rewrite, is the registration (rules.LockCall)
+// the statement needs in sessions that may have named a lock, or always
+// when Required: a statement that runs in the same transaction just before
+// the client's, whose results are not relayed and whose error, if it
+// fails, is the client's statement's error. Preparable, on a Rewrite of a
+// Query's text, lets the relay run a text a session repeats as a named
+// prepared statement of what the policy decides for it with
+// Lexing.Prepared (Options.AutoPrepare). Decisions may be shared: the
+// relay never changes one it is given, and keeps parts of it (the
+// registration, the refusal) past the message.
 
 // Policy is the hook where statements are inspected. Implementations must
 // be safe for concurrent use; Decide is called for every Query and Parse
 // message, so it must be fast for statements it does not care about.
+// BasePolicy answers every method but Decide conservatively: embed it to
+// write a policy that only decides.
 //
-// The SQL texts passed to Policy and its extensions (Decide, MayTouch,
-// PreparedOps, NamesLock) may alias the relay's read buffer, to spare a
-// copy per message: they are valid only during the call, and an
+// The SQL texts passed to a Policy may alias the relay's read buffer, to
+// spare a copy per message: they are valid only during the call, and an
 // implementation that keeps one (in a cache, say) must copy it first
-// (strings.Clone). PreparedOps' results may alias the text
-// (PreparedOp.Text does): the relay copies what it keeps of them. A
-// Decision must not: the relay keeps parts of it (the lock registration,
-// the refusal) past the message.
+// (strings.Clone). PreparedOps' results may alias the text (PreparedOp.Text
+// does): the relay copies what it keeps of them. A Decision must not: the
+// relay keeps parts of it (the lock registration, the refusal) past the
+// message.
 type Policy interface {
 	// Decide returns the decision for one SQL text (a Query's string,
 	// possibly several statements, or a Parse's statement), which the
 	// server will tokenize as lex says.
-	Decide(info *SessionInfo, lex Lexing, sql string) Decision
+	Decide(info *SessionInfo, lex Lexing, sql string) rules.Decision
+	// DecideQuick returns Decide's answer when it costs little (no parse,
+	// no wait for the network or the database), and false otherwise. On an
+	// event loop, where one session's wait holds up every session of its
+	// loop, the relay then runs Decide in a goroutine of its own while the
+	// session waits.
+	DecideQuick(info *SessionInfo, lex Lexing, sql string) (rules.Decision, bool)
+	// MayTouch reports, cheaply and conservatively, whether Decide could
+	// do anything but forward sql unchanged whatever the Lexing. The relay
+	// does not wait for the server's exact lexing settings before deciding
+	// on statements that cannot matter.
+	MayTouch(info *SessionInfo, sql string) bool
+	// DecisionCost returns the memory, in bytes, that deciding sql may
+	// hold while it is decided: 0 for a text it forwards without a look,
+	// up to many times its size for one it parses. The relay charges it
+	// to the large-message budget for texts over 64 KiB.
+	DecisionCost(info *SessionInfo, sql string) int64
 	// TranslateError may rewrite an upstream ErrorResponse in place (e.g.
 	// the error a rewritten statement raised on purpose) and reports
 	// whether it did. It is only called for errors whose raw form mentions
 	// "fenceproxy", so it need not be fast.
 	TranslateError(info *SessionInfo, e *pgproto3.ErrorResponse) bool
-}
 
-// QuickPolicy is an optional Policy extension for sessions relayed on an
-// event loop, where one session's wait holds up every session of its loop.
-// DecideQuick returns Decide's answer when it costs little (no parse, no
-// wait for the network or the database), and false otherwise; then the
-// relay runs Decide in a goroutine of its own while the session waits. A
-// policy without it has every decision made off the loop.
-type QuickPolicy interface {
-	DecideQuick(info *SessionInfo, lex Lexing, sql string) (Decision, bool)
-}
-
-// MayTouchPolicy is an optional Policy extension: MayTouch reports, cheaply
-// and conservatively, whether Decide could do anything but forward sql
-// unchanged whatever the Lexing. The relay then does not wait for the
-// server's exact lexing settings before deciding on statements that cannot
-// matter.
-type MayTouchPolicy interface {
-	MayTouch(info *SessionInfo, sql string) bool
-}
-
-// PreparedPolicy is an optional Policy extension for a policy whose rules
-// can change while sessions run (a reload). A statement prepared under
-// older rules must not run under them: the relay remembers, per prepared
-// statement and portal, the generation of the rules it was decided under,
-// and decides again when the generation has changed since.
-type PreparedPolicy interface {
-	// Generation identifies the rules in force. It changes at every
-	// reload and never goes back; a Decide that starts after Generation
-	// returned g decides under rules of generation g or later.
+	// Generation identifies the rules in force, for rules that can change
+	// while sessions run (a reload). It changes at every reload and never
+	// goes back; a Decide that starts after Generation returned g decides
+	// under rules of generation g or later. A statement prepared under
+	// older rules must not run under newer ones: the relay remembers, per
+	// prepared statement and portal, the generation it was decided under,
+	// and decides again when it has changed since.
 	Generation() uint64
 	// PreparedOps lists the statements of sql that define, run or remove
 	// SQL-level prepared statements (PREPARE, EXECUTE, DEALLOCATE, DISCARD
 	// ALL). An error means sql does not parse.
 	PreparedOps(sql string) ([]PreparedOp, error)
+
+	// NamesLock reports, conservatively, whether text may set the session
+	// variable holding the lock's name (it mentions its name): a session
+	// registers its lock only once it may have named one.
+	NamesLock(info *SessionInfo, text string) bool
+	// FenceSettings returns the token and lock settings' names, "" when
+	// the rules fence nothing (then the proxy keeps no record of them).
+	FenceSettings() (token, lock string)
+	// SettingOps returns what sql does to the fence settings.
+	SettingOps(sql string) (rules.SettingText, error)
+	// SettingsEverywhere reports whether every statement that may write
+	// needs the session's values in this session's database (the database
+	// guard reads them on the server for writes the proxy cannot see).
+	SettingsEverywhere(info *SessionInfo) bool
 }
+
+// BasePolicy forwards everything and answers the other methods of Policy
+// conservatively: nothing is quick, every text may matter, the rules never
+// change, no text prepares statements, names a lock or sets a fence
+// setting.
+type BasePolicy struct{}
+
+func (BasePolicy) Decide(*SessionInfo, Lexing, string) rules.Decision { return rules.Decision{} }
+func (BasePolicy) DecideQuick(*SessionInfo, Lexing, string) (rules.Decision, bool) {
+	return rules.Decision{}, false
+}
+func (BasePolicy) MayTouch(*SessionInfo, string) bool                        { return true }
+func (BasePolicy) DecisionCost(_ *SessionInfo, sql string) int64             { return int64(len(sql)) }
+func (BasePolicy) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
+func (BasePolicy) Generation() uint64                                        { return 0 }
+func (BasePolicy) PreparedOps(string) ([]PreparedOp, error)                  { return nil, nil }
+func (BasePolicy) NamesLock(*SessionInfo, string) bool                       { return false }
+func (BasePolicy) FenceSettings() (token, lock string)                       { return "", "" }
+func (BasePolicy) SettingOps(string) (rules.SettingText, error)              { return rules.SettingText{}, nil }
+func (BasePolicy) SettingsEverywhere(*SessionInfo) bool                      { return false }
 
 // PreparedOpKind and PreparedOp are the rewriter's: a SQL-level
 // prepared-statement operation of a text (PREPARE, EXECUTE, DEALLOCATE),
@@ -208,16 +197,21 @@ type Lexing struct {
 	Prepared bool
 }
 
-// forwardAll is the Policy used when none is configured.
-type forwardAll struct{}
+// forwardAll is the Policy used when none is configured: it forwards
+// everything at once, and a session under it keeps no record of prepared
+// statements or settings.
+type forwardAll struct{ BasePolicy }
 
-func (forwardAll) Decide(*SessionInfo, Lexing, string) Decision              { return Decision{} }
-func (forwardAll) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
-
-// DecideQuick implements QuickPolicy: forwarding needs no work.
-func (forwardAll) DecideQuick(*SessionInfo, Lexing, string) (Decision, bool) {
-	return Decision{}, true
+// DecideQuick: forwarding needs no work.
+func (forwardAll) DecideQuick(*SessionInfo, Lexing, string) (rules.Decision, bool) {
+	return rules.Decision{}, true
 }
+
+// MayTouch: nothing is ever changed.
+func (forwardAll) MayTouch(*SessionInfo, string) bool { return false }
+
+// DecisionCost: nothing is looked at.
+func (forwardAll) DecisionCost(*SessionInfo, string) int64 { return 0 }
 
 // SessionInfo describes a client session for logging and metrics. It is set
 // once the startup packet is read and not changed afterwards.
@@ -231,10 +225,3 @@ type SessionInfo struct {
 	// BackendKeyData.
 	BackendPID uint32
 }
-
-type nopHooks struct{}
-
-func (nopHooks) SessionOpened()                                  {}
-func (nopHooks) SessionClosed()                                  {}
-func (nopHooks) UpstreamConnectFailed()                          {}
-func (nopHooks) Statement(*SessionInfo, Decision, time.Duration) {}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -20,23 +21,23 @@ import (
 // it refuses any SQL mentioning "forbidden_table", rewrites the literal
 // 'rewrite-me' to 'rewritten', rewrites "SELECT stale()" into a statement
 // that raises a fenceproxy error, and translates that error.
-type stubPolicy struct{}
+type stubPolicy struct{ proxy.BasePolicy }
 
 const staleSQL = `DO $$ BEGIN RAISE EXCEPTION 'fenceproxy-stale: token 7 is stale' USING ERRCODE = 'P0001'; END $$`
 
-func (stubPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) proxy.Decision {
+func (stubPolicy) Decide(_ *proxy.SessionInfo, _ proxy.Lexing, sql string) rules.Decision {
 	switch {
 	case strings.Contains(sql, "forbidden_table"):
-		return proxy.Decision{Action: proxy.Refuse, Tables: []string{"forbidden_table"}, Refusal: &pgproto3.ErrorResponse{
-			Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42501",
+		return rules.Decision{Action: proxy.Refuse, Tables: []string{"forbidden_table"}, Err: &rules.Error{
+			Code:    "42501",
 			Message: "fenceproxy: forbidden_table is protected", Hint: "ask nicely",
 		}}
 	case strings.Contains(sql, "'rewrite-me'"):
-		return proxy.Decision{Action: proxy.Rewrite, SQL: strings.ReplaceAll(sql, "'rewrite-me'", "'rewritten'")}
+		return rules.Decision{Action: proxy.Rewrite, SQL: strings.ReplaceAll(sql, "'rewrite-me'", "'rewritten'")}
 	case strings.TrimSpace(sql) == "SELECT stale()":
-		return proxy.Decision{Action: proxy.Rewrite, SQL: staleSQL}
+		return rules.Decision{Action: proxy.Rewrite, SQL: staleSQL}
 	}
-	return proxy.Decision{}
+	return rules.Decision{}
 }
 
 func (stubPolicy) TranslateError(_ *proxy.SessionInfo, e *pgproto3.ErrorResponse) bool {
@@ -50,6 +51,7 @@ func (stubPolicy) TranslateError(_ *proxy.SessionInfo, e *pgproto3.ErrorResponse
 
 // countingHooks counts what the relay reports.
 type countingHooks struct {
+	proxy.NopHooks
 	opened, closed, failed atomic.Int64
 	mu                     sync.Mutex
 	actions                map[proxy.Action]int
@@ -58,7 +60,7 @@ type countingHooks struct {
 func (h *countingHooks) SessionOpened()         { h.opened.Add(1) }
 func (h *countingHooks) SessionClosed()         { h.closed.Add(1) }
 func (h *countingHooks) UpstreamConnectFailed() { h.failed.Add(1) }
-func (h *countingHooks) Statement(info *proxy.SessionInfo, d proxy.Decision, _ time.Duration) {
+func (h *countingHooks) Statement(info *proxy.SessionInfo, d rules.Decision, _ time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.actions == nil {

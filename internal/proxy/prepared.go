@@ -70,7 +70,7 @@ type stmtDef struct {
 	ops []PreparedOp
 	// lock is the lock registration the statement needs when it runs
 	// (for a SQL-level definition, that of the statement it prepares).
-	lock *LockRegistration
+	lock *rules.LockCall
 	// fence: what the statement does to the fence settings when it runs
 	// (set_config with parameters is resolved at each Bind).
 	fence []rules.SettingOp
@@ -129,7 +129,7 @@ type pendingResp struct {
 
 // preparedState is guarded by session.mu.
 type preparedState struct {
-	pol PreparedPolicy
+	pol Policy
 
 	stmts     map[string]*stmtEntry
 	portals   map[string]*portalEntry
@@ -170,7 +170,7 @@ type preparedState struct {
 
 // newPreparedState makes a session's state; names is the random part of
 // the names of the proxy's own statements.
-func newPreparedState(pol PreparedPolicy, names string) *preparedState {
+func newPreparedState(pol Policy, names string) *preparedState {
 	return &preparedState{
 		pol:          pol,
 		stmts:        make(map[string]*stmtEntry),
@@ -215,7 +215,7 @@ func hashText(s string) [32]byte {
 }
 
 // decisionHash identifies what a decision sends for sql.
-func decisionHash(d *Decision, sql string) [32]byte {
+func decisionHash(d *rules.Decision, sql string) [32]byte {
 	if d.Action == Refuse {
 		return hashText("\x00refused")
 	}
@@ -373,7 +373,7 @@ func (ps *preparedState) keepText(n int) bool {
 // so that one is recorded again: a client that parses the same unnamed
 // statement for every execution (pgbench -M extended, drivers without a
 // statement cache) costs no new definition.
-func (ps *preparedState) repeatDef(name, sql string, dec *Decision, gen uint64, oids []uint32, ops []PreparedOp) *stmtDef {
+func (ps *preparedState) repeatDef(name, sql string, dec *rules.Decision, gen uint64, oids []uint32, ops []PreparedOp) *stmtDef {
 	e := ps.stmts[serverKey(name)]
 	if e == nil || len(ops) > 0 {
 		return nil
@@ -394,9 +394,9 @@ func (ps *preparedState) repeatDef(name, sql string, dec *Decision, gen uint64, 
 
 // plainDecision reports whether d forwards the text unchanged without a
 // lock registration (decisionHash is then the text's own hash).
-func plainDecision(d *Decision) bool { return d.Action == Forward && d.Lock == nil }
+func plainDecision(d *rules.Decision) bool { return d.Action == Forward && d.Lock == nil }
 
-func sameLock(a, b *LockRegistration) bool {
+func sameLock(a, b *rules.LockCall) bool {
 	if a == nil || b == nil {
 		return a == b
 	}

@@ -1,22 +1,26 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+)
 
 // TestRepeatDef checks when a Parse may record the definition its name
 // already has instead of a new one: only when every field of the new one
 // would be equal.
 func TestRepeatDef(t *testing.T) {
 	const sql = "UPDATE t SET v = $1"
-	lock := func() *LockRegistration {
-		return &LockRegistration{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{0}}
+	lock := func() *rules.LockCall {
+		return &rules.LockCall{Call: "CALL r()", Query: "CALL r();" + sql, Calls: []int{0}}
 	}
-	rewrite := &Decision{Action: Rewrite, SQL: "rewritten", Lock: lock()}
+	rewrite := &rules.Decision{Action: Rewrite, SQL: "rewritten", Lock: lock()}
 	ps := newPreparedState(nil, "n")
 	def := ps.newDef(sql, decisionHash(rewrite, sql), 7, []uint32{23}, false)
 	def.lock = rewrite.Lock
 	ps.addStmtOp("", def, true, 0, false, 0)
 
-	same := &Decision{Action: Rewrite, SQL: "rewritten", Lock: lock()}
+	same := &rules.Decision{Action: Rewrite, SQL: "rewritten", Lock: lock()}
 	if got := ps.repeatDef("", sql, same, 7, []uint32{23}, nil); got != def {
 		t.Fatalf("the same Parse again: got %p, want the recorded definition %p", got, def)
 	}
@@ -26,22 +30,22 @@ func TestRepeatDef(t *testing.T) {
 	otherCalls.Calls = []int{1}
 	for name, c := range map[string]struct {
 		name, sql string
-		d         *Decision
+		d         *rules.Decision
 		gen       uint64
 		oids      []uint32
 		ops       []PreparedOp
 	}{
 		"other name":     {"s1", sql, same, 7, []uint32{23}, nil},
 		"other text":     {"", sql + " ", same, 7, []uint32{23}, nil},
-		"other rewrite":  {"", sql, &Decision{Action: Rewrite, SQL: "other", Lock: lock()}, 7, []uint32{23}, nil},
-		"forwarded":      {"", sql, &Decision{Action: Forward, Lock: lock()}, 7, []uint32{23}, nil},
+		"other rewrite":  {"", sql, &rules.Decision{Action: Rewrite, SQL: "other", Lock: lock()}, 7, []uint32{23}, nil},
+		"forwarded":      {"", sql, &rules.Decision{Action: Forward, Lock: lock()}, 7, []uint32{23}, nil},
 		"other rules":    {"", sql, same, 8, []uint32{23}, nil},
 		"other types":    {"", sql, same, 7, []uint32{25}, nil},
 		"no types":       {"", sql, same, 7, nil, nil},
 		"ops":            {"", sql, same, 7, []uint32{23}, []PreparedOp{{Kind: OpExecute, Name: "x"}}},
-		"no lock":        {"", sql, &Decision{Action: Rewrite, SQL: "rewritten"}, 7, []uint32{23}, nil},
-		"required lock":  {"", sql, &Decision{Action: Rewrite, SQL: "rewritten", Lock: otherLock}, 7, []uint32{23}, nil},
-		"other lock use": {"", sql, &Decision{Action: Rewrite, SQL: "rewritten", Lock: otherCalls}, 7, []uint32{23}, nil},
+		"no lock":        {"", sql, &rules.Decision{Action: Rewrite, SQL: "rewritten"}, 7, []uint32{23}, nil},
+		"required lock":  {"", sql, &rules.Decision{Action: Rewrite, SQL: "rewritten", Lock: otherLock}, 7, []uint32{23}, nil},
+		"other lock use": {"", sql, &rules.Decision{Action: Rewrite, SQL: "rewritten", Lock: otherCalls}, 7, []uint32{23}, nil},
 	} {
 		if got := ps.repeatDef(c.name, c.sql, c.d, c.gen, c.oids, c.ops); got != nil {
 			t.Errorf("%s: reused the recorded definition", name)
@@ -50,23 +54,23 @@ func TestRepeatDef(t *testing.T) {
 
 	// A plain definition (forwarded as sent, no lock) is reused for a
 	// plain decision without hashing, and not for a rewrite of its text.
-	forward := &Decision{Action: Forward}
+	forward := &rules.Decision{Action: Forward}
 	plain := ps.newDef(sql, decisionHash(forward, sql), 7, nil, false)
 	plain.plain = true
 	ps.addStmtOp("", plain, true, 0, false, 0)
-	if got := ps.repeatDef("", sql, &Decision{Action: Forward}, 7, nil, nil); got != plain {
+	if got := ps.repeatDef("", sql, &rules.Decision{Action: Forward}, 7, nil, nil); got != plain {
 		t.Fatal("a plain Parse again: not reused")
 	}
-	if got := ps.repeatDef("", sql, &Decision{Action: Rewrite, SQL: "fenced " + sql}, 7, nil, nil); got != nil {
+	if got := ps.repeatDef("", sql, &rules.Decision{Action: Rewrite, SQL: "fenced " + sql}, 7, nil, nil); got != nil {
 		t.Fatal("a plain definition reused for a rewrite")
 	}
 
 	// A rewrite without a lock is not reused for the text forwarded as
 	// sent.
 	ps3 := newPreparedState(nil, "o")
-	fenced := &Decision{Action: Rewrite, SQL: "fenced " + sql}
+	fenced := &rules.Decision{Action: Rewrite, SQL: "fenced " + sql}
 	ps3.addStmtOp("", ps3.newDef(sql, decisionHash(fenced, sql), 7, nil, false), true, 0, false, 0)
-	if got := ps3.repeatDef("", sql, &Decision{Action: Forward}, 7, nil, nil); got != nil {
+	if got := ps3.repeatDef("", sql, &rules.Decision{Action: Forward}, 7, nil, nil); got != nil {
 		t.Fatal("a rewrite's definition reused for the text forwarded as sent")
 	}
 

@@ -38,7 +38,7 @@ func (s *session) relayBind(body []byte) error {
 // nil when its parameter values are streamed past (bindNeedsValues is
 // false): then they are not read.
 func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err error) {
-	refuse := func(e *pgproto3.ErrorResponse) (bool, error) { return false, s.sendRefusedInstead(e) }
+	refuse := func(e *rules.Error) (bool, error) { return false, s.sendRefusedInstead(e) }
 	gen := s.ps.pol.Generation()
 	v, err := s.checkStatement(stmt, gen, false)
 	if err != nil {
@@ -59,7 +59,7 @@ func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err err
 			return refuse(refuseFenceUnknown("a Bind whose parameters for set_config cannot be read"))
 		}
 		everywhere := v.def.plain && len(v.def.ops) == 0 && (!v.def.kept || mayWrite(v.def.sql)) &&
-			s.srv.opts.Policy.(SettingsPolicy).SettingsEverywhere(&s.info)
+			s.srv.opts.Policy.SettingsEverywhere(&s.info)
 		if !v.def.plain || len(v.def.ops) > 0 || everywhere {
 			// A statement on a protected table: the session's own values
 			// first, transaction-locally; the registration follows them.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 )
@@ -40,14 +42,14 @@ func (s *session) preparedResponse(typ byte, status byte) bool {
 }
 
 // refusePrepared builds an FP003 error.
-func refusePrepared(msg, hint string) *pgproto3.ErrorResponse {
-	return &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "FP003", Message: "fenceproxy: " + msg, Hint: hint}
+func refusePrepared(msg, hint string) *rules.Error {
+	return &rules.Error{Code: rules.CodeRefused, Message: "fenceproxy: " + msg, Hint: hint}
 }
 
 // sendRefusedInstead sends, in place of a client's Bind, Describe or
 // Execute, a Parse that fails with e: the client gets e where it expects
 // the message's response, and the server skips to the next Sync.
-func (s *session) sendRefusedInstead(e *pgproto3.ErrorResponse) error {
+func (s *session) sendRefusedInstead(e *rules.Error) error {
 	s.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
 	sql := s.refusalSQL(e)
 	if !s.track('P') {
@@ -58,7 +60,7 @@ func (s *session) sendRefusedInstead(e *pgproto3.ErrorResponse) error {
 
 // redecide decides a statement's text again under the rules in force and
 // reports whether it would send the same as def, with the decision taken.
-func (s *session) redecide(def *stmtDef) (same bool, d Decision, err error) {
+func (s *session) redecide(def *stmtDef) (same bool, d rules.Decision, err error) {
 	lexing := s.lexingFor
 	if def.sqlLevel {
 		lexing = s.lexingNoWait // as in sqlOpDefs
@@ -104,7 +106,7 @@ const hintPrepareAgain = "Prepare the statement again (DEALLOCATE it, then PREPA
 
 // stmtVerdict is what to do with a message that runs a prepared statement.
 type stmtVerdict struct {
-	refuse    *pgproto3.ErrorResponse
+	refuse    *rules.Error
 	reprepare *stmtDef // prepare this definition again before the message
 	newSQL    string
 	def       *stmtDef // the definition the message runs (nil: none known)
@@ -123,7 +125,7 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 		// prepare again on 26000). One the server may have without the
 		// proxy knowing (prepared in a function) gets it too: the proxy
 		// cannot tell what rules it was decided under.
-		return stmtVerdict{refuse: &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "26000",
+		return stmtVerdict{refuse: &rules.Error{Code: "26000",
 			Message: fmt.Sprintf("prepared statement \"%s\" does not exist", name),
 			Hint:    "fenceproxy: prepare statements through the proxy (PREPARE or a Parse message), not in functions."}}, nil
 	}
@@ -160,7 +162,7 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 		return stmtVerdict{def: def}, nil
 	}
 	if d.Action == Refuse && !def.sqlLevel {
-		return stmtVerdict{refuse: d.Refusal}, nil
+		return stmtVerdict{refuse: d.Err}, nil
 	}
 	if def.sqlLevel || sqlExec {
 		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules that have since been reloaded, and the rules in force treat it differently; it was not executed", name), hintPrepareAgain)}, nil

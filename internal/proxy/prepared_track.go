@@ -17,7 +17,7 @@ import (
 // earlier in the same text (definedHere, updated as ops go). It returns a
 // refusal if one runs a statement decided under older rules that the rules
 // in force decide differently.
-func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, error) {
+func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*rules.Error, error) {
 	e, _, err := s.checkExecutesLock(ops, gen)
 	return e, err
 }
@@ -25,8 +25,8 @@ func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*pgproto3.ErrorRe
 // checkExecutesLock is checkExecutes that also returns the lock
 // registration the executed statements need in this session, if any; a
 // text that executes several such statements is refused.
-func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*pgproto3.ErrorResponse, *LockRegistration, error) {
-	var lock *LockRegistration
+func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error, *rules.LockCall, error) {
+	var lock *rules.LockCall
 	definedHere := make(map[string]bool)
 	for _, op := range ops {
 		key := serverKey(op.Name)
@@ -77,7 +77,7 @@ func (s *session) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
 		}
 		lex, err := s.lexingNoWait(op.Text)
 		sent := hashText("\x00unknown")
-		var lock *LockRegistration
+		var lock *rules.LockCall
 		if err == nil {
 			d := s.decide(lex, op.Text)
 			sent = decisionHash(&d, op.Text)
@@ -263,7 +263,7 @@ func cloneOps(ops []PreparedOp) []PreparedOp {
 // and what the text defines or removes is recorded; preparedForm is
 // whether d was decided with Lexing.Prepared, words what mentionsPrepared
 // found in sql.
-func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *Decision, preparedForm bool, words prepWords, ft *fenceText) error {
+func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *rules.Decision, preparedForm bool, words prepWords, ft *fenceText) error {
 	var ops []PreparedOp
 	if d.Action != Refuse {
 		if words.any {
@@ -273,18 +273,18 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			case errors.Is(err, errPolicyPanicked):
 				*d = internalRefusal()
 			case err != nil && words.execute:
-				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
+				*d = rules.Decision{Action: Refuse, Err: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
 			case err != nil:
 				ops = nil
 			case d.Action == Rewrite && len(ops) > 0 && !s.sameOps(ops, d.SQL):
-				*d = Decision{Action: Refuse, Refusal: refusePrepared("cannot track the prepared statements of this text once rewritten", "Send PREPARE, EXECUTE and DEALLOCATE as statements of their own.")}
+				*d = rules.Decision{Action: Refuse, Err: refusePrepared("cannot track the prepared statements of this text once rewritten", "Send PREPARE, EXECUTE and DEALLOCATE as statements of their own.")}
 			}
 		}
 	}
 	var calls []int
 	spare := s.fence.on && s.spare(d.Lock)
-	var regLock *LockRegistration // the registration sent, if any
-	checkFirst := 0               // the catalog check in front of the registrations
+	var regLock *rules.LockCall // the registration sent, if any
+	checkFirst := 0             // the catalog check in front of the registrations
 	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) && !spare {
 		regLock = d.Lock
 		if d.Lock.Pre != "" {
@@ -292,7 +292,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 		// Send the text with the lock registrations in place.
 		calls = d.Lock.Calls
-		*d = Decision{Action: Rewrite, SQL: d.Lock.Query, Tables: d.Tables, Lock: d.Lock}
+		*d = rules.Decision{Action: Rewrite, SQL: d.Lock.Query, Tables: d.Tables, Lock: d.Lock}
 	} else if typ == 'Q' && d.Action != Refuse && d.Lock != nil && d.Lock.Pre != "" {
 		// No registration (spared, or none needed): the catalog check
 		// still goes first.
@@ -301,7 +301,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			base = d.SQL
 		}
 		calls = []int{0}
-		*d = Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
+		*d = rules.Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
 	}
 	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
 		e, lock, err := s.checkExecutesLock(ops, gen)
@@ -310,9 +310,9 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 		switch {
 		case e != nil:
-			*d = Decision{Action: Refuse, Refusal: e}
+			*d = rules.Decision{Action: Refuse, Err: e}
 		case lock != nil && (calls != nil || ops[0].Stmts != 1):
-			*d = Decision{Action: Refuse, Refusal: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
+			*d = rules.Decision{Action: Refuse, Err: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
 				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
 		case lock != nil && s.fence.on && s.spare(lock):
 		case lock != nil:
@@ -324,7 +324,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			// One statement: the registration goes before it, as the
 			// rewriter does for a single statement.
 			calls = []int{0}
-			*d = Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
+			*d = rules.Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
 		}
 	}
 	if typ == 'Q' && d.Action != Refuse && s.fence.on && ft.prelude {
@@ -337,7 +337,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		if d.Action == Rewrite {
 			base = d.SQL
 		}
-		*d = Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
+		*d = rules.Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
 		shifted := []int{0, 1}
 		for _, c := range calls {
 			shifted = append(shifted, c+2)
@@ -355,7 +355,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d.Action != Refuse && s.ps.wouldOverflow(typ, p.Name, ops) {
-		*d = Decision{Action: Refuse, Refusal: refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+		*d = rules.Decision{Action: Refuse, Err: refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
 			"Deallocate prepared statements you no longer need.")}
 		ops, defs = nil, nil
 	}

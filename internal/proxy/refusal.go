@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
@@ -14,7 +15,7 @@ const refusalMarkerPrefix = "fenceproxy-refusal:"
 // upstream's parser (the cast of an unknown literal is evaluated during
 // parse analysis) and executes nothing. The error comes back in the right
 // place of the response stream and is replaced by e there.
-func (s *session) refusalSQL(e *pgproto3.ErrorResponse) string {
+func (s *session) refusalSQL(e *rules.Error) string {
 	s.mu.Lock()
 	s.nextRef++
 	id := s.nextRef
@@ -54,7 +55,18 @@ func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
 	defer s.mu.Unlock()
 	r := s.refusals[id]
 	delete(s.refusals, id)
-	return r
+	if r == nil {
+		return nil
+	}
+	return errorResponse(r)
+}
+
+// errorResponse is the ErrorResponse a client gets for a refusal.
+func errorResponse(e *rules.Error) *pgproto3.ErrorResponse {
+	return &pgproto3.ErrorResponse{
+		Severity: "ERROR", SeverityUnlocalized: "ERROR",
+		Code: e.Code, Message: e.Message, Detail: e.Detail, Hint: e.Hint,
+	}
 }
 
 func (s *session) protocolViolation(err error) error {

@@ -2,13 +2,16 @@ package proxy
 
 // The lock registration before a Bind (docs/design.md, "Lock fencing").
 
-import "github.com/jackc/pgx/v5/pgproto3"
+import (
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
 
 // bindVerdict is the lock registration a Bind needs.
 type bindVerdict struct {
 	call   string
-	reg    *LockRegistration // the registration call is from
-	refuse *pgproto3.ErrorResponse
+	reg    *rules.LockCall // the registration call is from
+	refuse *rules.Error
 }
 
 // bindLock returns the lock registration to run before a Bind of def:
@@ -42,7 +45,7 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 // the same transaction as the client's statement: nothing in between ends
 // it. If it fails, its error is the first the client sees, and the server
 // skips the client's messages up to the Sync.
-func (s *session) register(call string, l *LockRegistration) error {
+func (s *session) register(call string, l *rules.LockCall) error {
 	ps := s.ps
 	s.mu.Lock()
 	if s.state.finishing {

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
@@ -222,9 +224,9 @@ func (s *session) copyInEnded() {
 
 // noBudgetRefusal is the error a client gets for a message the proxy had
 // no memory budget for (MessageBudget).
-func noBudgetRefusal(err error) *pgproto3.ErrorResponse {
-	return &pgproto3.ErrorResponse{
-		Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "53200",
+func noBudgetRefusal(err error) *rules.Error {
+	return &rules.Error{
+		Code:    "53200",
 		Message: "fenceproxy: out of memory for large messages; the message was not executed",
 		Detail:  strings.TrimPrefix(err.Error(), "proxy: ") + " (limits.large_message_budget, limits.large_message_wait)",
 		Hint:    "Retry later, send smaller messages, or raise limits.large_message_budget.",
@@ -246,7 +248,7 @@ func (s *session) refuseUnheld(typ byte, start []byte, err error) error {
 		}
 		p.Name = name
 	}
-	d := Decision{Action: Refuse, Refusal: e}
+	d := rules.Decision{Action: Refuse, Err: e}
 	if s.ps != nil {
 		if err := s.trackPrepared(typ, &p, "", s.ps.pol.Generation(), &d, false, prepWords{}, &fenceText{}); err != nil {
 			return err
@@ -255,7 +257,7 @@ func (s *session) refuseUnheld(typ byte, start []byte, err error) error {
 	if !s.track(typ) {
 		return errSessionDone
 	}
-	sql := s.refusalSQL(d.Refusal)
+	sql := s.refusalSQL(d.Err)
 	var msg encoder = &pgproto3.Query{String: sql}
 	if typ == 'P' {
 		msg = &pgproto3.Parse{Name: p.Name, Query: sql}
@@ -263,26 +265,16 @@ func (s *session) refuseUnheld(typ byte, start []byte, err error) error {
 	return upstreamErr(writeMsg(s.uw, msg))
 }
 
-// decisionCost is what deciding a large text that may touch a protected
-// table costs the policy, in multiples of the text's size. A text over
-// max_check_bytes is decided in place, neither copied nor lower-cased
-// (rules.TestDecideTooLargeAllocates: about 1 KiB allocated deciding
-// 16 MiB, was 5 times its size); 1 rounds that up. A text at or under
-// max_check_bytes is parsed, which allocates 4 to 70 times its size
-// (bulk rows and IN lists the most), mostly short-lived: a multiple
-// charged to every large text cannot fit both, so the parse is bounded
-// by max_check_bytes, not by this charge (docs/design.md, "Memory of
-// large messages").
-const decisionCost = 1
-
 // chargeDecision charges the budget of the message being handled for
-// deciding sql, if the policy may act on it: so that the budget bounds the
-// memory of large statements being decided too.
+// deciding sql (Policy.DecisionCost: a parse holds many times the text),
+// so that the budget bounds the memory of large statements being decided
+// too (docs/design.md, "Memory of large messages").
 func (s *session) chargeDecision(sql string) error {
-	if m, ok := s.srv.opts.Policy.(MayTouchPolicy); !ok || !m.MayTouch(&s.info, sql) {
+	n := s.srv.opts.Policy.DecisionCost(&s.info, sql)
+	if n <= 0 {
 		return nil
 	}
-	return s.cr.charge(decisionCost * int64(len(sql)))
+	return s.cr.charge(n)
 }
 
 // relaySQL takes the rules decision for a Query or Parse message and
@@ -325,7 +317,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		// change of generation later.
 		gen = s.ps.pol.Generation()
 	}
-	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok && !s.fence.on && !s.lockNamed && lp.NamesLock(&s.info, sql) {
+	if !s.fence.on && !s.lockNamed && s.srv.opts.Policy.NamesLock(&s.info, sql) {
 		s.lockNamed = true
 	}
 	lex, err := s.lexingFor(sql)
@@ -358,7 +350,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		}
 	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {
 		// The registration's results could not be told apart.
-		d = Decision{Action: Refuse, Refusal: refusePrepared("lock fencing needs a policy that tracks prepared statements", "")}
+		d = rules.Decision{Action: Refuse, Err: refusePrepared("lock fencing needs a policy that tracks prepared statements", "")}
 	}
 	if !s.track(typ) {
 		return errSessionDone
@@ -380,11 +372,11 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 			ce.Write(zap.String("sql", d.SQL), zap.Strings("tables", d.Tables))
 		}
 	case Refuse:
-		if d.Refusal == nil {
-			d.Refusal = &pgproto3.ErrorResponse{Code: "XX000", Message: "fenceproxy: statement refused"}
+		if d.Err == nil {
+			d.Err = &rules.Error{Code: "XX000", Message: "fenceproxy: statement refused"}
 		}
-		out = s.refusalSQL(d.Refusal)
-		s.logger().Info("statement refused", zap.String("sqlstate", d.Refusal.Code), zap.String("reason", d.Refusal.Message))
+		out = s.refusalSQL(d.Err)
+		s.logger().Info("statement refused", zap.String("sqlstate", d.Err.Code), zap.String("reason", d.Err.Message))
 	default:
 		return fmt.Errorf("proxy: unknown policy action %d", d.Action)
 	}
@@ -411,15 +403,13 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 // parse, the first wait for a database's check) is made off the loop's
 // thread while the session's task waits, so that the loop's other sessions
 // go on.
-func (s *session) decide(lex Lexing, sql string) Decision {
+func (s *session) decide(lex Lexing, sql string) rules.Decision {
 	if s.loop != nil && s.loop.inTask() {
-		if q, ok := s.srv.opts.Policy.(QuickPolicy); ok {
-			if d, ok := s.quickDecide(q, lex, sql); ok {
-				return d
-			}
+		if d, ok := s.quickDecide(lex, sql); ok {
+			return d
 		}
 	}
-	var d Decision
+	var d rules.Decision
 	s.offLoop(func() { d = s.policyDecide(lex, sql) })
 	return d
 }
@@ -444,18 +434,19 @@ func (s *session) offLoop(f func()) {
 	})
 }
 
-// quickDecide asks q, refusing the statement if q panics.
-func (s *session) quickDecide(q QuickPolicy, lex Lexing, sql string) (d Decision, ok bool) {
+// quickDecide asks the policy for a quick decision, refusing the
+// statement if it panics.
+func (s *session) quickDecide(lex Lexing, sql string) (d rules.Decision, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			d, ok = s.policyPanicked(r), true
 		}
 	}()
-	return q.DecideQuick(&s.info, lex, sql)
+	return s.srv.opts.Policy.DecideQuick(&s.info, lex, sql)
 }
 
 // policyDecide asks the policy, refusing the statement if it panics.
-func (s *session) policyDecide(lex Lexing, sql string) (d Decision) {
+func (s *session) policyDecide(lex Lexing, sql string) (d rules.Decision) {
 	defer func() {
 		if r := recover(); r != nil {
 			d = s.policyPanicked(r)
@@ -466,7 +457,7 @@ func (s *session) policyDecide(lex Lexing, sql string) (d Decision) {
 
 // policyPanicked logs a panic of the policy and returns the refusal of the
 // statement it was deciding.
-func (s *session) policyPanicked(r any) Decision {
+func (s *session) policyPanicked(r any) rules.Decision {
 	s.logPolicyPanic("policy panicked; statement refused", r)
 	return internalRefusal()
 }
@@ -477,9 +468,9 @@ func (s *session) logPolicyPanic(msg string, r any) {
 }
 
 // internalRefusal refuses a statement the policy failed on.
-func internalRefusal() Decision {
-	return Decision{Action: Refuse, Refusal: &pgproto3.ErrorResponse{
-		Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000",
+func internalRefusal() rules.Decision {
+	return rules.Decision{Action: Refuse, Err: &rules.Error{
+		Code:    "XX000",
 		Message: "fenceproxy: internal error while inspecting the statement; it was not executed",
 	}}
 }
@@ -506,7 +497,7 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 	if sensitive {
 		// Only statements the policy may act on need the server's exact
 		// reading; the others are forwarded as sent anyway.
-		if m, ok := s.srv.opts.Policy.(MayTouchPolicy); ok && !m.MayTouch(&s.info, sql) {
+		if !s.srv.opts.Policy.MayTouch(&s.info, sql) {
 			sensitive = false
 		}
 	}

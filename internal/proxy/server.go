@@ -70,7 +70,7 @@ type Options struct {
 	// proxy's own (autoprepare.go), which costs the server less per
 	// execution but fixes what PostgreSQL fixes when it analyses a
 	// statement. 0 (the default): never. Needs a policy that tracks
-	// prepared statements (PreparedPolicy).
+	// prepared statements (Policy.Generation).
 	AutoPrepare int
 	// DisableSettingsCarry turns off the record of each session's fence
 	// settings and their transaction-local application before statements
@@ -200,7 +200,7 @@ func NewServer(opts Options) (*Server, error) {
 		opts.StartupTimeout = 30 * time.Second
 	}
 	if opts.Hooks == nil {
-		opts.Hooks = nopHooks{}
+		opts.Hooks = NopHooks{}
 	}
 	if opts.ClientTLS != nil && len(opts.ClientTLS.NextProtos) == 0 {
 		// libpq 17+ with sslnegotiation=direct requires the "postgresql"
@@ -259,9 +259,7 @@ func (s *Server) Serve(l net.Listener) error {
 				// clients are served again.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
-				if h, ok := s.opts.Hooks.(AcceptHooks); ok {
-					h.AcceptFailed(err)
-				}
+				s.opts.Hooks.AcceptFailed(err)
 				time.Sleep(backoff)
 				continue
 			}
@@ -316,9 +314,7 @@ func (s *Server) startSession(c net.Conn) {
 		defer func() {
 			s.active.Add(-1)
 			s.opts.Hooks.SessionClosed()
-			if h, ok := s.opts.Hooks.(TimingHooks); ok {
-				h.SessionEnded(time.Since(sess.since))
-			}
+			s.opts.Hooks.SessionEnded(time.Since(sess.since))
 			s.forget(sess)
 		}()
 		sess.run()

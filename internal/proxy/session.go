@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -60,7 +62,7 @@ type session struct {
 
 	mu       sync.Mutex
 	state    relayState
-	refusals map[uint64]*pgproto3.ErrorResponse
+	refusals map[uint64]*rules.Error
 	nextRef  uint64
 
 	closing bool  // close has begun; guarded by mu
@@ -70,7 +72,7 @@ type session struct {
 	// idleCond is signalled (with mu) at each ReadyForQuery and at close;
 	// relaySQL waits on it for the server to catch up (see lexing).
 	idleCond *sync.Cond
-	// lockNamed: the session may have named a lock (LockPolicy), from its
+	// lockNamed: the session may have named a lock (Policy.NamesLock), from its
 	// startup parameters or a statement it sent; from then on statements
 	// that need a lock registration get it. Written before the relay
 	// starts and then by the client-to-upstream goroutine only.
@@ -87,7 +89,7 @@ type session struct {
 	// idleWaiter is the task parked in waitLocked; guarded by mu.
 	idleWaiter *task
 	// ps tracks prepared statements and portals across rules reloads, when
-	// the policy's rules can change (PreparedPolicy); guarded by mu.
+	// the policy's rules can change (Policy.Generation); guarded by mu.
 	ps *preparedState
 }
 
@@ -128,10 +130,10 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 		info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c)},
 		since:    time.Now(),
 		nonce:    hex.EncodeToString(n[:]),
-		refusals: make(map[uint64]*pgproto3.ErrorResponse),
+		refusals: make(map[uint64]*rules.Error),
 	}
 	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
-	if pp, ok := srv.opts.Policy.(PreparedPolicy); ok {
+	if pp := srv.opts.Policy; pp != (forwardAll{}) {
 		// The proxy's statement names show in pg_prepared_statements: they
 		// get a random part of their own, not the nonce.
 		var m [8]byte
@@ -549,7 +551,7 @@ func (s *session) cancelUpstream() {
 
 // decided counts a decision for the session's snapshot and reports it to
 // the hooks.
-func (s *session) decided(d *Decision, took time.Duration) {
+func (s *session) decided(d *rules.Decision, took time.Duration) {
 	switch d.Action {
 	case Rewrite:
 		s.fenced.Add(1)

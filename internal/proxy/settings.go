@@ -14,27 +14,13 @@ import (
 // The proxy keeps, for each client session, the values of the token and
 // lock settings that PostgreSQL holds for it: the defaults from the
 // startup packet and the role's and database's settings, then every
-// statement that changes them (SettingsPolicy.SettingOps, on PostgreSQL's
+// statement that changes them (Policy.SettingOps, on PostgreSQL's
 // parse), each applied when its response says it ran, with PostgreSQL's
 // transaction rules (a rollback undoes SET, SET LOCAL ends with its
 // transaction, savepoints). Before each statement on a protected table,
 // the session's own values are applied transaction-locally (fencePrelude),
 // so the statement never runs with what its server connection carries
 // from another client behind a transaction pooler.
-
-// SettingsPolicy is an optional Policy extension: the policy names the
-// fence settings and reads what a text does to them.
-type SettingsPolicy interface {
-	// FenceSettings returns the token and lock settings' names, "" when
-	// the rules fence nothing (then the proxy keeps no record).
-	FenceSettings() (token, lock string)
-	// SettingOps returns what sql does to the fence settings.
-	SettingOps(sql string) (rules.SettingText, error)
-	// SettingsEverywhere reports whether every statement that may write
-	// needs the session's values in this session's database (the database
-	// guard reads them on the server for writes the proxy cannot see).
-	SettingsEverywhere(info *SessionInfo) bool
-}
 
 // spareRegistration reports whether a statement of the open transaction
 // needs no lock registration: one for the same lock and token succeeded
@@ -51,7 +37,7 @@ func (s *session) spareRegistration() bool {
 }
 
 // spare is spareRegistration, taking s.mu.
-func (s *session) spare(l *LockRegistration) bool {
+func (s *session) spare(l *rules.LockCall) bool {
 	if l != nil && l.Catalog {
 		return false // the catalog check is never spared
 	}
@@ -62,7 +48,7 @@ func (s *session) spare(l *LockRegistration) bool {
 
 // registered returns the callback for a registration's response (nil
 // when it proves nothing: audit mode). Callers hold session.mu.
-func (s *session) registeredDone(l *LockRegistration) func(outcome) {
+func (s *session) registeredDone(l *rules.LockCall) func(outcome) {
 	if !s.fence.on || l == nil || l.Audit {
 		return nil
 	}
@@ -82,7 +68,7 @@ func (s *session) registeredDone(l *LockRegistration) func(outcome) {
 
 // errFenceUnknown refuses a statement whose effect on the settings cannot
 // be known.
-func refuseFenceUnknown(why string) *pgproto3.ErrorResponse {
+func refuseFenceUnknown(why string) *rules.Error {
 	return refusePrepared("cannot tell what this statement sets the fence settings to: "+why,
 		"Set the token and the lock with SET, SET LOCAL, RESET, or SELECT set_config(…) with constants or parameters, in a statement of their own.")
 }
@@ -122,7 +108,7 @@ type fenceText struct {
 
 // fenceOps reads what sql does to the fence settings; a refusal when it
 // cannot be known.
-func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *pgproto3.ErrorResponse) {
+func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *rules.Error) {
 	var ft fenceText
 	if !s.fence.on || !mayChangeFence(sql, lex) {
 		return ft, nil
@@ -132,7 +118,7 @@ func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *pgproto3.ErrorRe
 		// does, in UTF-8.
 		return ft, refuseFenceUnknown("backslashes in a statement that may change them, where the server may read them as escapes (standard_conforming_strings off, or a client encoding whose characters contain the byte)")
 	}
-	sp := s.srv.opts.Policy.(SettingsPolicy)
+	sp := s.srv.opts.Policy
 	var err error
 	var panicked bool
 	s.offLoop(func() {
@@ -387,20 +373,20 @@ func (s *session) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApp
 // fencedDecision reports whether a text decided d runs something on a
 // protected table that reads the fence settings: a rewrite, a lock
 // registration, or an EXECUTE of a prepared statement (which may be one).
-func fencedDecision(d *Decision, words prepWords) bool {
+func fencedDecision(d *rules.Decision, words prepWords) bool {
 	return d.Action == Rewrite || (d.Action != Refuse && d.Lock != nil) || words.execute
 }
 
 // registers reports whether a decision's lock registration is sent in a
 // session that names a lock as lockNamed says.
-func registers(l *LockRegistration, lockNamed bool) bool {
+func registers(l *rules.LockCall, lockNamed bool) bool {
 	return l != nil && len(l.Calls) > 0 && (lockNamed || l.Required)
 }
 
 // readsSettings reports whether the statement a registration precedes
 // runs with the fence settings read: a lock registration does, the
 // catalog stamp's check does not.
-func readsSettings(l *LockRegistration, lockNamed bool) bool {
+func readsSettings(l *rules.LockCall, lockNamed bool) bool {
 	return registers(l, lockNamed) && !l.Catalog
 }
 
@@ -409,8 +395,8 @@ func readsSettings(l *LockRegistration, lockNamed bool) bool {
 // protected table, waits until the record is what the server holds, so
 // that the values applied before it and the decision to register the
 // lock are the session's own.
-func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, lex Lexing, words prepWords) error {
-	var refusal *pgproto3.ErrorResponse
+func (s *session) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql string, lex Lexing, words prepWords) error {
+	var refusal *rules.Error
 	*ft, refusal = s.fenceOps(sql, lex)
 	fenced := fencedDecision(d, words)
 	switch {
@@ -418,7 +404,7 @@ func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, 
 	case typ == 'Q' && fenced && ft.statementAfterEnd():
 		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
 			"Send the statements after the end of the transaction in a Query of their own.")
-	case typ == 'Q' && !fenced && mayWrite(sql) && s.srv.opts.Policy.(SettingsPolicy).SettingsEverywhere(&s.info):
+	case typ == 'Q' && !fenced && mayWrite(sql) && s.srv.opts.Policy.SettingsEverywhere(&s.info):
 		_, ok, err := s.fenceReady()
 		if err != nil {
 			return err
@@ -441,7 +427,7 @@ func (s *session) fenceDecide(typ byte, d *Decision, ft *fenceText, sql string, 
 		ft.prelude = d.Action == Rewrite || words.execute || readsSettings(d.Lock, s.lockNamed)
 	}
 	if refusal != nil {
-		*d = Decision{Action: Refuse, Refusal: refusal, Tables: d.Tables}
+		*d = rules.Decision{Action: Refuse, Err: refusal, Tables: d.Tables}
 		*ft = fenceText{}
 	}
 	return nil

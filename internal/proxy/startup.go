@@ -268,7 +268,7 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		s.info.Database = s.info.User
 	}
 	s.info.ApplicationName = params["application_name"]
-	if sp, ok := s.srv.opts.Policy.(SettingsPolicy); ok && !s.srv.opts.DisableSettingsCarry {
+	if sp := s.srv.opts.Policy; !s.srv.opts.DisableSettingsCarry {
 		if tok, lk := sp.FenceSettings(); tok != "" && s.ps != nil {
 			f := &s.fence
 			f.on, f.tokenName, f.lockName = true, tok, lk
@@ -276,7 +276,7 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 			f.sess, f.pend, f.cur = f.defaults, f.defaults, f.defaults
 		}
 	}
-	if lp, ok := s.srv.opts.Policy.(LockPolicy); ok && !s.fence.on {
+	if lp := s.srv.opts.Policy; !s.fence.on {
 		// options (-c fence.lock=...), PGOPTIONS, or the setting itself.
 		for k, v := range params {
 			if lp.NamesLock(&s.info, k) || lp.NamesLock(&s.info, v) {
@@ -307,9 +307,7 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		s.sendFatal(fatal("08006", "fenceproxy: cannot connect to the upstream server"))
 		return upstreamErr(err)
 	}
-	if h, ok := s.srv.opts.Hooks.(TimingHooks); ok {
-		h.UpstreamConnected(time.Since(dialStart))
-	}
+	s.srv.opts.Hooks.UpstreamConnected(time.Since(dialStart))
 	s.mu.Lock()
 	if s.closed {
 		// Closed (drain timeout) while dialling: do not leak the backend.

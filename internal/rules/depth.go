@@ -344,6 +344,27 @@ func (r *Rules) tooLarge(sql string) bool {
 	return r.maxCheck > 0 && len(sql) > r.maxCheck
 }
 
+// ParseCost is how many times its size deciding a text that is parsed is
+// charged for: what a long VALUES list of plain rows, the largest batch
+// drivers and ORMs send, allocates while it is parsed, rewritten and
+// proven (about 66 times; a long string about 10), rounded up. Long IN
+// lists and texts of many small statements allocate more over their
+// decision (up to about 200 and 1,600 times), mostly short-lived;
+// max_check_bytes bounds those.
+const ParseCost = 80
+
+// DecisionCost returns the memory, in bytes, that deciding sql may hold
+// while it is decided, for a text that may touch a protected table
+// (MayTouch): a text over Config.MaxCheckBytes is decided in place,
+// neither copied nor parsed (about its own size, rounded up); one at or
+// under it is parsed (ParseCost times its size).
+func (r *Rules) DecisionCost(sql string) int64 {
+	if r.tooLarge(sql) {
+		return int64(len(sql))
+	}
+	return ParseCost * int64(len(sql))
+}
+
 // refuseTooLarge refuses a statement larger than Config.MaxCheckBytes that
 // may touch a protected table: parsing and rewriting it would take memory
 // in proportion to its size, many times over. The tables it names are

@@ -49,6 +49,14 @@ type LockCall struct {
 	// mode audit): it may return without registering, so its success does
 	// not prove the session registered.
 	Audit bool
+	// Catalog and Pre are the policy's, never the rewriter's. Catalog: the
+	// call is not a lock registration but a check of the catalog stamp,
+	// which reads no fence setting and is never spared. Pre, with a lock
+	// registration, is the catalog check that runs just before it (Query
+	// has it in front of the registrations, at Calls[0]), also where the
+	// registration is spared or not needed.
+	Catalog bool
+	Pre     string
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int
