@@ -42,6 +42,9 @@ type Config struct {
 	// TLS configures TLS between clients and the proxy. Default: off
 	// (SSLRequest is answered 'N').
 	TLS ClientTLS `yaml:"tls"`
+	// Auth says who authenticates clients: the server (relayed, the
+	// default) or the proxy, by TLS client certificate.
+	Auth Auth `yaml:"auth"`
 	// Limits bound what a client may cost the proxy.
 	Limits Limits `yaml:"limits"`
 	// Shutdown controls graceful shutdown.
@@ -162,6 +165,32 @@ type UpstreamTLS struct {
 	// ServerName overrides the name verified in verify-full mode. Default:
 	// the host part of upstream.address.
 	ServerName string `yaml:"server_name"`
+	// FollowClient uses TLS (as Mode says) only for clients that
+	// negotiated TLS with the proxy, and plaintext for the others, so that
+	// the server's hostssl and hostnossl lines see the client's choice.
+	// Default false: every upstream connection as Mode says.
+	FollowClient bool `yaml:"follow_client"`
+	// CertFile and KeyFile are the proxy's own client certificate (PEM),
+	// presented to the server, e.g. for a cert line of pg_hba.conf that
+	// maps it to the users with pg_ident.conf. Default: none.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Auth configures client authentication.
+type Auth struct {
+	// Method is relay (the default: the server authenticates the client,
+	// the proxy relays the exchange) or cert (the proxy verifies the
+	// client's TLS certificate against tls.client_ca_file, requires its
+	// Common Name to be the user name, and logs in to the server as that
+	// user itself).
+	Method string `yaml:"method"`
+	// File is a PgBouncer-style auth file ("user" "password" lines) with
+	// the passwords the proxy answers the server with under method cert:
+	// the password, or for md5 the md5 hash PostgreSQL stores. Read at
+	// start. Default: none (only servers that ask no password, such as a
+	// cert line for upstream.tls.cert_file, admit the users).
+	File string `yaml:"file"`
 }
 
 // ClientTLS configures TLS offered to clients.
@@ -172,6 +201,9 @@ type ClientTLS struct {
 	KeyFile  string `yaml:"key_file"`
 	// Require refuses clients that do not negotiate TLS. Default false.
 	Require bool `yaml:"require"`
+	// ClientCAFile is a PEM bundle of the CAs that sign client
+	// certificates; required with auth.method cert, only used then.
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // maxAutoPrepare bounds auto_prepare.
@@ -266,6 +298,7 @@ func Defaults() Config {
 	return Config{
 		Listen:              "127.0.0.1:6432",
 		Upstream:            Upstream{ConnectTimeout: 5 * time.Second, TLS: UpstreamTLS{Mode: "disable"}},
+		Auth:                Auth{Method: "relay"},
 		Limits:              Limits{MaxConnections: 1000, MaxMessageBytes: 64 << 20, StartupTimeout: 30 * time.Second, LargeMessageBudget: 256 << 20, LargeMessageWait: 30 * time.Second},
 		Shutdown:            Shutdown{DrainTimeout: 30 * time.Second},
 		Log:                 Log{Format: "json", Level: "info"},
@@ -421,6 +454,7 @@ func (c *Config) Validate() error {
 	if c.TLS.Require && c.TLS.CertFile == "" {
 		bad("tls.require", "needs tls.cert_file and tls.key_file")
 	}
+	c.validateAuth(bad)
 	if c.Limits.MaxConnections <= 0 {
 		bad("limits.max_connections", "must be positive, got %d", c.Limits.MaxConnections)
 	}

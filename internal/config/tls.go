@@ -13,6 +13,19 @@ import (
 // upstream server under upstream.tls, or nil for mode disable. The relay's
 // connections and the audit listener's both use it, so they cannot drift.
 func (c *Config) UpstreamTLSConfig() (*tls.Config, error) {
+	tc, err := c.upstreamTLSConfig()
+	if err != nil || tc == nil || c.Upstream.TLS.CertFile == "" {
+		return tc, err
+	}
+	cert, err := tls.LoadX509KeyPair(c.Upstream.TLS.CertFile, c.Upstream.TLS.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("upstream.tls.cert_file/upstream.tls.key_file: %w", err)
+	}
+	tc.Certificates = []tls.Certificate{cert}
+	return tc, nil
+}
+
+func (c *Config) upstreamTLSConfig() (*tls.Config, error) {
 	t := c.Upstream.TLS
 	switch t.Mode {
 	case "require":

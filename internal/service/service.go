@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/admin"
 	"github.com/fenceproxy/fenceproxy/internal/audit"
+	"github.com/fenceproxy/fenceproxy/internal/authfile"
 	"github.com/fenceproxy/fenceproxy/internal/config"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/metrics"
@@ -306,6 +308,7 @@ var restartOnly = []struct {
 	{"listen_port", func(r, o *config.Config) bool { return keep(&r.ListenPort, o.ListenPort) }},
 	{"upstream", func(r, o *config.Config) bool { return keep(&r.Upstream, o.Upstream) }},
 	{"tls", func(r, o *config.Config) bool { return keep(&r.TLS, o.TLS) }},
+	{"auth", func(r, o *config.Config) bool { return keep(&r.Auth, o.Auth) }},
 	{"limits", func(r, o *config.Config) bool { return keep(&r.Limits, o.Limits) }},
 	{"log", func(r, o *config.Config) bool { return keep(&r.Log, o.Log) }},
 	{"admin", func(r, o *config.Config) bool { return keep(&r.Admin, o.Admin) }},
@@ -405,7 +408,31 @@ func ProxyOptions(cfg *config.Config) (proxy.Options, error) {
 		return opts, err
 	}
 	opts.UpstreamTLS = up
+	opts.UpstreamTLSFollowsClient = cfg.Upstream.TLS.FollowClient
+	if cfg.Auth.Method == "cert" {
+		if opts.ClientCertAuth, err = certAuth(cfg); err != nil {
+			return opts, err
+		}
+	}
 	return opts, nil
+}
+
+// certAuth loads tls.client_ca_file and auth.file for auth.method cert.
+func certAuth(cfg *config.Config) (*proxy.CertAuth, error) {
+	pem, err := os.ReadFile(cfg.TLS.ClientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.client_ca_file: %w", err)
+	}
+	ca := &proxy.CertAuth{CAs: x509.NewCertPool()}
+	if !ca.CAs.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("tls.client_ca_file: no PEM certificates in %s", cfg.TLS.ClientCAFile)
+	}
+	if cfg.Auth.File != "" {
+		if ca.Passwords, err = authfile.Load(cfg.Auth.File); err != nil {
+			return nil, fmt.Errorf("auth.file: %w", err)
+		}
+	}
+	return ca, nil
 }
 
 // checkOptions are the settings of cfg the database check compares the
