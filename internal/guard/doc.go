@@ -12,5 +12,5 @@
 // caller's, internal/dbsetup's Setup and Check, on the entries that apply
 // in its database; their results go into dbsetup's Report. The guard
 // imports internal/catalog for its catalog reads, never internal/dbsetup,
-// which imports it. See docs/design.md, "The database guard".
+// which imports it. docs/protecting-tables.md says when to install it.
 package guard
