@@ -180,7 +180,10 @@ type Result struct {
 	Problems map[string][]Problem
 	// Indirect are the relations through which writes reach a table in
 	// mode enforce without naming it, except those whose target the
-	// database guard protects. The slice must not be modified.
+	// database guard protects. Of those, the steps through inheritance or
+	// partitioning are kept with no Ops: the guard fences the writes, not
+	// the DDL (DROP TABLE of a partitioned parent drops its partitions).
+	// The slice must not be modified.
 	Indirect []catalog.IndirectPath
 	// Raisers: the error raisers are current and callable by all
 	// (Report.Raisers), so the rewrites there may call them.
@@ -292,6 +295,9 @@ func (c *Checker) run(database string, d *checkedDB) {
 		close(d.ended)
 		d.ended = make(chan struct{})
 		for _, p := range indirect {
+			if len(p.Ops) == 0 {
+				continue // DDL only (a guarded target)
+			}
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", p.Relation()),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
 		}
@@ -353,7 +359,8 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 }
 
 // paths finds the indirect paths to the tables in mode enforce of
-// database whose target the guard does not protect.
+// database whose target the guard does not protect, and those through
+// inheritance or partitioning to the tables it does, with no Ops.
 func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, specs []rules.TableSpec, rep Report) ([]catalog.IndirectPath, error) {
 	var rels []catalog.Rel
 	for _, s := range specs {
@@ -369,14 +376,20 @@ func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, sp
 		return nil, err
 	}
 	// The guard fences writes to its tables inside PostgreSQL, whatever
-	// path they take: those paths need no refusal.
+	// path they take: those paths need no refusal. Its triggers do not
+	// stop DDL on a parent or partition, which the policy refuses
+	// (HierarchySet) from the paths through inheritance or partitioning.
 	guarded := make(map[string]bool, len(rep.Guarded))
 	for _, g := range rep.Guarded {
 		guarded[g] = true
 	}
 	kept := paths[:0]
 	for _, p := range paths {
-		if !guarded[p.Target] {
+		switch {
+		case !guarded[p.Target]:
+			kept = append(kept, p)
+		case p.Kind == catalog.PathPartition || p.Kind == catalog.PathInheritance:
+			p.Ops = nil
 			kept = append(kept, p)
 		}
 	}
