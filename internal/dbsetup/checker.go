@@ -198,7 +198,7 @@ type Result struct {
 	// Guarded: the database guard protects some table here. Its
 	// triggers read the fence settings on the server, also for writes
 	// the proxy cannot see, so the proxy applies the session's values to
-	// every statement that may write (proxy.SettingsPolicy).
+	// every statement that may write (proxy.Policy.SettingsEverywhere).
 	Guarded bool
 }
 
