@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,18 +20,21 @@ import (
 func ExampleLocker() {
 	ctx := context.Background()
 	var locker lock.Locker
-	switch service := "etcd"; service {
-	case "etcd":
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		locker = redislock.New(rdb, redislock.Options{})
+	} else {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
 		if err != nil {
 			return
 		}
 		defer cli.Close()
 		locker = etcdlock.New(cli)
-	case "redis":
-		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-		defer rdb.Close()
-		locker = redislock.New(rdb, redislock.Options{})
 	}
 	wait, cancel := context.WithTimeout(ctx, 5*time.Second) // the wait bound
 	defer cancel()

@@ -28,11 +28,11 @@ func TestRedisKeyLayout(t *testing.T) {
 		"{tenant7}:a": "redisson_lock_token:{tenant7}:a",
 	} {
 		if got := redislock.TokenKey(name); got != want {
-			t.Errorf("RedisTokenKey(%q) = %q, want %q", name, got, want)
+			t.Errorf("TokenKey(%q) = %q, want %q", name, got, want)
 		}
 	}
 	if got := redislock.Channel("report"); got != "redisson_lock__channel:{report}" {
-		t.Errorf("RedisChannel = %q", got)
+		t.Errorf("Channel = %q", got)
 	}
 	ctx := testContext(t)
 	_, _, r := newRedis(t, rediscluster.Options{}, time.Second)
