@@ -3,14 +3,18 @@
 //
 //	go run ./bench [-duration 5s] [-clients 1,8] [-modes simple,extended,prepared]
 //
-// What it measures:
-//   - select-only (pgbench -S) directly, through fenceproxy and through
-//     PgBouncer in session mode;
+// What it measures, each table with its targets and whether each holds:
+//   - select-only (pgbench -S) directly, through fenceproxy (also with the
+//     session's fence settings set) and through PgBouncer in session mode
+//     (selectonly.go), then the relay's targets from the same runs;
 //   - fenced writes: one config row per client, UPDATE through the proxy
 //     (rewritten, token from PGOPTIONS; row fencing, and lock fencing with
 //     fence.lock set too) versus the hand-written conditional UPDATE of
-//     docs/design.md sent directly;
-//   - what a fenced statement costs PostgreSQL itself (servercpu.go);
+//     docs/design.md sent directly and relayed, then fencing against
+//     relaying alone from the same runs (fenced.go);
+//   - what a fenced statement costs PostgreSQL itself against the
+//     hand-written statements, in CPU time (servercpu.go) and in
+//     instructions (instructions.go);
 //   - the rewriter's and the relay's Go benchmarks (gobench.go).
 //
 // bench/run.sh installs PgBouncer if it is missing and runs this.
@@ -161,11 +165,15 @@ func run() error {
 		u := cl.URL("postgres", "", "postgres")
 		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(proxyAutoPort))
 		proxyDSN := u.String()
-		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN); err != nil {
+		forms, err := newFencedForms()
+		if err != nil {
+			return err
+		}
+		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN, forms); err != nil {
 			return err
 		}
 		// Last: it stops the server for a while.
-		if err := serverInstructionsTable(ctx, cl); err != nil {
+		if err := serverInstructionsTable(ctx, cl, forms); err != nil {
 			return err
 		}
 	}

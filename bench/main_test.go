@@ -9,15 +9,15 @@ import (
 )
 
 // TestBenchPrintsEveryTable runs the whole benchmark as bench/run.sh does,
-// as briefly as it goes (one client, one mode, one run of a second per
-// cell), and checks that it prints every table with its targets and a
+// as briefly as it goes (eight clients, the count the fencing-on-relay
+// target applies to; one mode; one run of a second per cell), and checks that it prints every table with its targets and a
 // figure in every cell: PgBouncer and valgrind must be installed
 // (scripts/install-deps.sh --bench), or cells say n/a and the test fails.
 func TestBenchPrintsEveryTable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the whole benchmark (a few minutes)")
 	}
-	cmd := exec.Command("go", "run", "./bench", "-duration", "1s", "-clients", "1", "-modes", "simple",
+	cmd := exec.Command("go", "run", "./bench", "-duration", "1s", "-clients", "8", "-modes", "simple",
 		"-reps", "1", "-gobench-count", "1", "-gobench-time", "1x")
 	cmd.Dir = ".."
 	cmd.Stderr = os.Stderr
@@ -29,12 +29,17 @@ func TestBenchPrintsEveryTable(t *testing.T) {
 	for _, want := range []string{
 		"## rewriter and relay, Go benchmarks",
 		"## select-only (pgbench -S)",
-		"(target: fenceproxy's ratio ≥ pgbouncer (session)'s in every row, and its CPU per transaction no higher)",
+		"## select-only: the relay's targets",
+		"(target: fenceproxy's ratio to direct ≥ pgbouncer (session)'s in every row, and its CPU per transaction no higher;",
 		"## fenced writes",
 		"target ≥ 0.85x",
+		"## fencing on the relay",
+		"(target at -c 8: row ≥ 0.95, lock ≥ 0.90,",
 		"## server CPU per statement",
 		"## instructions per statement",
 		"prepared (PREPARE once, then EXECUTE",
+		"## what the server executes: fencing against the hand-written statements",
+		"(target: ≤ 1.10× for row fencing after setup and for lock fencing,",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in the output:\n%s", want, out)
@@ -44,29 +49,40 @@ func TestBenchPrintsEveryTable(t *testing.T) {
 		t.Errorf("a figure is missing (PgBouncer or valgrind not installed?):\n%s", out)
 	}
 	rows := func(re string) int { return len(regexp.MustCompile(re).FindAllString(out, -1)) }
-	// Every select-only cell: TPS, ratio and CPU per transaction.
-	if n := rows(`(?m)^\| simple +\|  1 \|[^\n]*( +[0-9]+ [0-9.]+x +[0-9.]+ µs/tx +\|){6}$`); n != 1 {
+	const verdict = `(holds|misses by [0-9.]+)`
+	// Every select-only cell: TPS, ratio and CPU per transaction; and the
+	// row's targets with their verdicts.
+	if n := rows(`(?m)^\| simple +\|  8 \|[^\n]*( +[0-9]+ [0-9.]+x +[0-9.]+ µs/tx +\|){7}$`); n != 1 {
 		t.Errorf("%d complete select-only rows, want 1:\n%s", n, out)
 	}
-	// Fenced writes: synchronous_commit on and off, simple and prepared.
-	if n := rows(`(?m)^\| (on |off) +\| (simple|prepared) +\|  1 \|[^\n]*( +[0-9]+ tps [0-9.]+x +[0-9.]+ µs/tx +\|){7}$`); n != 4 {
+	if n := rows(`(?m)^\| simple \| 8 \| [0-9.]+x \| [0-9.]+x \| ` + verdict + ` \| [0-9.]+ \| [0-9.]+ \| ` + verdict + `( µs)? \| [0-9.]+x \([0-9.]+x\) \| [0-9.]+ \([0-9.]+\) \| (holds|TPS [^|]+|CPU [^|]+) \|$`); n != 1 {
+		t.Errorf("%d select-only target rows, want 1:\n%s", n, out)
+	}
+	// Fenced writes: synchronous_commit on and off, simple and prepared;
+	// then row and lock fencing against the relay, with the target.
+	if n := rows(`(?m)^\| (on |off) +\| (simple|prepared) +\|  8 \|[^\n]*( +[0-9]+ tps [0-9.]+x +[0-9.]+ µs/tx +\|){7}$`); n != 4 {
 		t.Errorf("%d complete fenced-write rows, want 4:\n%s", n, out)
 	}
-	// Server cost: six statements in CPU time and in instructions, with
-	// the ≤ 1.10 target on three of each; in CPU time two more sent
-	// through fenceproxy, with the target; six prepared forms, and the
-	// target for the repeated simple Query above their table.
-	if n := rows(`(?m)^\| [^|]+ \| [0-9.]+ µs \| [0-9.]+ \| (≤ 1.10)? \|$`); n != 8 {
+	if n := rows(`(?m)^\| (on|off) \| (simple|prepared) \| 8 \| [0-9]+ tps \| [0-9.]+ \| ≥ 0.95: ` + verdict + ` \| [0-9.]+ \| ≥ 0.90: ` + verdict + ` \|$`); n != 4 {
+		t.Errorf("%d fencing-on-relay rows, want 4:\n%s", n, out)
+	}
+	// Server cost: six statements in CPU time, two more sent through
+	// fenceproxy, the target on four; six statements in instructions,
+	// eight prepared, and the target's four comparisons.
+	if n := rows(`(?m)^\| [^|]+ \| [0-9.]+ µs \| [0-9.]+ \| (≤ 1.10: ` + verdict + `)? \|$`); n != 8 {
 		t.Errorf("%d server CPU rows, want 8:\n%s", n, out)
 	}
-	if n := rows(`(?m)^\| [^|]+ \| [0-9]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| (≤ 1.10)? \|$`); n != 6 {
+	if n := strings.Count(out, "| ≤ 1.10: "); n != 8 {
+		t.Errorf("the server cost target has %d verdicts, want 8", n)
+	}
+	if n := rows(`(?m)^\| [^|]+ \| [0-9]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \|$`); n != 6 {
 		t.Errorf("%d instruction rows, want 6:\n%s", n, out)
 	}
-	if n := rows(`(?m)^\| [^|]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| [0-9.]+ \|$`); n != 6 {
-		t.Errorf("%d prepared instruction rows, want 6:\n%s", n, out)
+	if n := rows(`(?m)^\| [^|]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| [0-9.]+ \|$`); n != 8 {
+		t.Errorf("%d prepared instruction rows, want 8:\n%s", n, out)
 	}
-	if n := strings.Count(out, "≤ 1.10"); n != 9 {
-		t.Errorf("the server cost target appears %d times, want 9", n)
+	if n := rows(`(?m)^\| (row \(after setup\)|lock) \| (first|repeated) [^|]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| ≤ 1.10: ` + verdict + ` \|$`); n != 4 {
+		t.Errorf("%d server-cost target rows, want 4:\n%s", n, out)
 	}
 	if n := rows(`(?m)^\| [^|]+ \(\x60Benchmark\w+\x60\) \| [0-9.]+ (ns|µs|ms)[^|]* \| [0-9]+ \| [^|]* \| (holds|missed)? \|$`); n != len(goBenchCases) {
 		t.Errorf("%d Go benchmark rows, want %d:\n%s", n, len(goBenchCases), out)

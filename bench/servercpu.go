@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
-	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
@@ -96,45 +93,99 @@ func procCPU(pid int) (int64, error) {
 	return (ut + st) * 10000, nil
 }
 
-// serverCPUTable prints the server's CPU per fenced statement against the
-// hand-written conditional statement: the rewritten UPDATE as the proxy
-// sends it (row fencing), and with the lock registration before it (lock
-// fencing, as one simple Query).
-func serverCPUTable(ctx context.Context, dsn, proxyDSN string) error {
+// handCall is the registration written by hand: the call of
+// fenceproxy.register (internal/dbsetup/objects.sql) that the proxy runs
+// before a lock-fenced statement of public.config, with the session's
+// lock name and token read from fence.lock and fence.token.
+const handCall = "CALL fenceproxy.register('fence.lock', 'fence.token', false, false, '', 'public.config')"
+
+// handUpdate is the hand-written conditional UPDATE (token 42).
+const handUpdate = "UPDATE config SET counter = counter + 1, last_fence = 42 WHERE id = 7 AND last_fence <= 42"
+
+// fencedForms are the statements whose cost to the server the bench
+// compares: the client's UPDATE in the forms fenceproxy sends it, and the
+// hand-written statements they are held against.
+type fencedForms struct {
+	client string
+	// hand is handUpdate; handLock the registration and it in one simple
+	// Query, which PostgreSQL runs as one transaction, as the proxy sends
+	// lock.
+	hand, handLock string
+	// inline and raisers: row fencing without and after fenceproxy setup;
+	// lock: the registration and raisers in one simple Query; lockCall the
+	// registration alone, as the proxy sends it before a prepared
+	// statement.
+	inline, raisers, lock, lockCall string
+	// The forms a named prepared statement gets (rules.Prepared).
+	inlinePrepared, raisersPrepared string
+	// noop is raisers calling functions of the same signatures that only
+	// return a constant (setupObjects): what the two calls cost whatever
+	// the functions do.
+	noop string
+}
+
+// newFencedForms decides the client's UPDATE of public.config as the
+// proxy does.
+func newFencedForms() (fencedForms, error) {
 	rs, err := rules.Compile(rules.Config{Tables: []rules.Table{{Table: "public.config"}}})
 	if err != nil {
-		return err
+		return fencedForms{}, err
 	}
-	client := "UPDATE config SET counter = counter + 1 WHERE id = 7"
-	d := rs.Decide(client)
+	f := fencedForms{client: "UPDATE config SET counter = counter + 1 WHERE id = 7", hand: handUpdate}
+	f.handLock = handCall + "; " + handUpdate
+	d := rs.Decide(f.client)
 	if d.Action != rules.Rewrite || d.Lock == nil {
-		return fmt.Errorf("server CPU: unexpected decision %v", d.Action)
+		return f, fmt.Errorf("server cost: unexpected decision %v", d.Action)
 	}
-	fd := rs.ServerFunctions().Decide(client)
+	fd := rs.ServerFunctions().Decide(f.client)
 	if fd.Action != rules.Rewrite || fd.Lock == nil {
-		return fmt.Errorf("server CPU: unexpected decision %v", fd.Action)
+		return f, fmt.Errorf("server cost: unexpected decision %v", fd.Action)
 	}
-	pd, pi := rs.ServerFunctions().Prepared().Decide(client), rs.Prepared().Decide(client)
+	pd, pi := rs.ServerFunctions().Prepared().Decide(f.client), rs.Prepared().Decide(f.client)
 	if pd.Action != rules.Rewrite || pd.SQL == fd.SQL || pi.Action != rules.Rewrite || pi.SQL == d.SQL {
-		return fmt.Errorf("server CPU: no prepared form (%v, %v)", pd.Action, pi.Action)
+		return f, fmt.Errorf("server cost: no prepared form (%v, %v)", pd.Action, pi.Action)
 	}
-	lastPreparedForms = []cpuStatement{
-		{"row fencing, inline form, prepared form (a named prepared statement, no fenceproxy setup)", pi.SQL},
-		{"row fencing, prepared form (a named prepared statement, after fenceproxy setup)", pd.SQL},
+	if pd.Lock == nil || pd.Lock.Call == "" {
+		return f, fmt.Errorf("server cost: no registration for the prepared form")
 	}
-	hand := "UPDATE config SET counter = counter + 1, last_fence = 42 WHERE id = 7 AND last_fence <= 42"
-	stmts := []cpuStatement{
-		{"hand-written conditional UPDATE", hand},
-		{"row fencing, inline form (no fenceproxy setup)", d.SQL},
-		{"row fencing, with the error raisers (after fenceproxy setup)", fd.SQL},
-		{"lock fencing (registration + rewritten UPDATE)", fd.Lock.Query},
-		{"hand-written registration + conditional UPDATE", "SELECT 1 FROM fenceproxy.locks WHERE name = 'bench' AND token <= 42 FOR SHARE; " + hand},
-		// The raisers' statement with functions of the same signatures
-		// that only return a constant (setupObjects): what the two calls
-		// cost whatever the functions do.
-		{"row fencing's statement calling no-op functions (the calls alone)", strings.ReplaceAll(fd.SQL, "fenceproxy.", noopSchema+".")},
+	f.inline, f.raisers, f.lock, f.lockCall = d.SQL, fd.SQL, fd.Lock.Query, pd.Lock.Call
+	f.inlinePrepared, f.raisersPrepared = pi.SQL, pd.SQL
+	f.noop = strings.ReplaceAll(fd.SQL, "fenceproxy.", noopSchema+".")
+	if f.lockCall != handCall {
+		// Still measured: the hand-written baseline is what a client
+		// writes, whatever the proxy's call has become.
+		fmt.Printf("\n(the proxy's registration is now %s; the hand-written one is %s)\n", f.lockCall, handCall)
 	}
-	lastServerStatements = stmts
+	return f, nil
+}
+
+// serverTarget is the server-cost target: a fenced form against its
+// hand-written statement.
+const serverTarget = 1.10
+
+// serverCPUTable prints the server's CPU per fenced statement against its
+// hand-written statement: the rewritten UPDATE as the proxy sends it (row
+// fencing) against the conditional UPDATE, and with the lock registration
+// before it (lock fencing, as one simple Query) against the registration
+// written by hand and the conditional UPDATE.
+func serverCPUTable(ctx context.Context, dsn, proxyDSN string, f fencedForms) error {
+	type row struct {
+		cpuStatement
+		base   int  // the row compared with (itself for a baseline)
+		target bool // whether serverTarget applies
+	}
+	rows := []row{
+		{cpuStatement{"hand-written conditional UPDATE", f.hand}, 0, false},
+		{cpuStatement{"hand-written registration + conditional UPDATE (one simple Query, one transaction)", f.handLock}, 1, false},
+		{cpuStatement{"row fencing, inline form (no fenceproxy setup)", f.inline}, 0, false},
+		{cpuStatement{"row fencing, with the error raisers (after fenceproxy setup)", f.raisers}, 0, true},
+		{cpuStatement{"lock fencing (registration + rewritten UPDATE)", f.lock}, 1, true},
+		{cpuStatement{"row fencing's statement calling no-op functions (the calls alone)", f.noop}, 0, false},
+	}
+	stmts := make([]cpuStatement, len(rows))
+	for i, r := range rows {
+		stmts[i] = r.cpuStatement
+	}
 	us, err := serverCPU(ctx, dsn, map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}, stmts, 5000, 3)
 	if err != nil {
 		return err
@@ -142,15 +193,14 @@ func serverCPUTable(ctx context.Context, dsn, proxyDSN string) error {
 	// The client's statement sent through fenceproxy, again and again in
 	// one session, as pgbench -M simple does, through a proxy with
 	// auto_prepare: from the second time on the proxy runs it as its own
-	// prepared statement, so the server executes the prepared form without
-	// analysing it.
+	// prepared statement.
 	viaProxy := []struct {
-		cpuStatement
+		row
 		settings map[string]string
 	}{
-		{cpuStatement{"row fencing through fenceproxy with auto_prepare, the same simple Query again (the proxy's prepared statement)", client},
+		{row{cpuStatement{"row fencing through fenceproxy with auto_prepare, the same simple Query again (the proxy's prepared statement)", f.client}, 0, true},
 			map[string]string{"fence.token": "42", "synchronous_commit": "off"}},
-		{cpuStatement{"lock fencing through fenceproxy with auto_prepare, the same simple Query again (registration + the proxy's prepared statement)", client},
+		{row{cpuStatement{"lock fencing through fenceproxy with auto_prepare, the same simple Query again (registration + the proxy's prepared statement)", f.client}, 1, true},
 			map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}},
 	}
 	for _, v := range viaProxy {
@@ -158,102 +208,22 @@ func serverCPUTable(ctx context.Context, dsn, proxyDSN string) error {
 		if err != nil {
 			return err
 		}
-		stmts = append(stmts, v.cpuStatement)
+		rows = append(rows, v.row)
 		us = append(us, u[0])
 	}
 	fmt.Println()
 	fmt.Println("## server CPU per statement (PostgreSQL backend utime+stime, simple protocol, synchronous_commit off, median of 3)")
 	fmt.Println()
+	fmt.Println("(each row against its hand-written statement: row fencing against the conditional UPDATE, lock fencing against the registration and the conditional UPDATE; CPU times move with the machine's load: the instruction counts below are the target's measure)")
+	fmt.Println()
 	fmt.Println("| statement | CPU per statement | vs hand-written | target |")
 	fmt.Println("|---|---|---|---|")
-	for i, st := range stmts {
+	for i, r := range rows {
 		target := ""
-		if i >= 1 && i <= 3 || i >= len(lastServerStatements) {
-			target = "≤ 1.10"
+		if r.target {
+			target = fmt.Sprintf("≤ %.2f: %s", serverTarget, atMost(us[i]/us[r.base], serverTarget, 2, ""))
 		}
-		fmt.Printf("| %s | %.1f µs | %.2f | %s |\n", st.name, us[i], us[i]/us[0], target)
-	}
-	return nil
-}
-
-// lastServerStatements are the statements serverCPUTable measured, which
-// serverInstructionsTable counts; lastPreparedForms are row fencing's
-// statement in the forms a named prepared statement gets (rules.Prepared),
-// which preparedInstructions counts too.
-var lastServerStatements, lastPreparedForms []cpuStatement
-
-// serverInstructionsTable counts, with callgrind, the instructions the
-// statements of serverCPUTable cost PostgreSQL (see package pgcost), which
-// the machine's load does not change. The server is stopped meanwhile.
-func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster) error {
-	valgrind, err := pgcost.Valgrind()
-	if err != nil {
-		fmt.Printf("\n(instructions per statement not counted: %v)\n", err)
-		return nil
-	}
-	if err := cl.StopServer(); err != nil {
-		return err
-	}
-	defer func() { _ = cl.StartServer(ctx) }()
-	c := pgcost.Counter{Valgrind: valgrind, BinDir: cl.BinDir(), DataDir: cl.DataDir()}
-	perByte, err := c.ReadCost()
-	if err != nil {
-		return err
-	}
-	setup := []string{"SET fence.token = '42';", "SET fence.lock = 'bench';"}
-	fmt.Println()
-	fmt.Println("## instructions per statement (callgrind, single-user postgres, simple query and commit)")
-	fmt.Println()
-	fmt.Printf("(single-user mode reads its input at %.0f instructions per byte, which a server reading a message does not spend: taken out below as \"net\")\n\n", perByte)
-	fmt.Println("| statement | bytes | instructions | net | net vs hand-written | target |")
-	fmt.Println("|---|---|---|---|---|---|")
-	var ref float64
-	for i, st := range lastServerStatements {
-		n, err := c.PerStatement(setup, func(int) string { return st.sql })
-		if err != nil {
-			return fmt.Errorf("%s: %w", st.name, err)
-		}
-		net := n - perByte*float64(len(st.sql))
-		if i == 0 {
-			ref = net
-		}
-		target := ""
-		if i >= 1 && i <= 3 {
-			target = "≤ 1.10"
-		}
-		fmt.Printf("| %s | %d | %.0fk | %.0fk | %.2f | %s |\n", st.name, len(st.sql), n/1000, net/1000, net/ref, target)
-	}
-	return preparedInstructions(c, setup, perByte, ref)
-}
-
-// preparedInstructions counts what executing the row fencing statements of
-// serverCPUTable costs once they are prepared (PREPARE in the session,
-// then EXECUTE, as an extended-protocol client's prepared statement runs):
-// the analysis and planning that the simple protocol repeats are paid once,
-// and what remains is the execution of the checks. simpleRef is the
-// hand-written statement's net count as a simple Query.
-func preparedInstructions(c pgcost.Counter, setup []string, perByte, simpleRef float64) error {
-	const exec = "EXECUTE p"
-	fmt.Println()
-	fmt.Println("prepared (PREPARE once, then EXECUTE; the statement's analysis and planning are not repeated):")
-	fmt.Println()
-	fmt.Println("(last column: against the hand-written statement sent as a simple Query, above; with auto_prepare, a simple Query that fenceproxy has seen before in the session runs as the prepared form's EXECUTE — target ≤ 1.10)")
-	fmt.Println()
-	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written | net vs hand-written simple Query |")
-	fmt.Println("|---|---|---|---|---|")
-	var ref float64
-	stmts := slices.Concat(lastServerStatements[:2], lastPreparedForms[:1], lastServerStatements[2:3],
-		lastPreparedForms[1:], lastServerStatements[5:])
-	for i, st := range stmts {
-		n, err := c.PerStatement(append(append([]string(nil), setup...), "PREPARE p AS "+st.sql+";"), func(int) string { return exec })
-		if err != nil {
-			return fmt.Errorf("%s, prepared: %w", st.name, err)
-		}
-		net := n - perByte*float64(len(exec))
-		if i == 0 {
-			ref = net
-		}
-		fmt.Printf("| %s | %.0fk | %.0fk | %.2f | %.2f |\n", st.name, n/1000, net/1000, net/ref, net/simpleRef)
+		fmt.Printf("| %s | %.1f µs | %.2f | %s |\n", r.name, us[i], us[i]/us[r.base], target)
 	}
 	return nil
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
+	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
+)
+
+// What the server executes, in instructions: callgrind counts what the
+// statements of fencedForms cost PostgreSQL (see package pgcost), which
+// the machine's load does not change.
+
+// countedStatement is one row of an instruction table: a line sent to
+// single-user postgres after the lines of setup.
+type countedStatement struct {
+	name  string
+	setup []string // after the session's fence settings
+	sql   string
+	base  int // the row compared with (itself for a baseline)
+}
+
+// counted is a row's net instructions (the reading of its line taken out).
+type counted struct {
+	countedStatement
+	total, net float64
+}
+
+// countAll counts each statement of stmts.
+func countAll(c pgcost.Counter, settings []string, perByte float64, stmts []countedStatement) ([]counted, error) {
+	out := make([]counted, len(stmts))
+	for i, st := range stmts {
+		n, err := c.PerStatement(append(append([]string(nil), settings...), st.setup...), func(int) string { return st.sql })
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", st.name, err)
+		}
+		out[i] = counted{st, n, n - perByte*float64(len(st.sql))}
+	}
+	return out, nil
+}
+
+// serverInstructionsTable prints the instructions of f's statements, sent
+// once as simple Queries and executed as prepared statements, and then
+// the server-cost target: row fencing after setup and lock fencing
+// against their hand-written statements, for a first sending and for a
+// repeated one. The server is stopped meanwhile.
+func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fencedForms) error {
+	valgrind, err := pgcost.Valgrind()
+	if err != nil {
+		fmt.Printf("\n(instructions per statement not counted: %v)\n", err)
+		return nil
+	}
+	if err := cl.StopServer(); err != nil {
+		return err
+	}
+	defer func() { _ = cl.StartServer(ctx) }()
+	c := pgcost.Counter{Valgrind: valgrind, BinDir: cl.BinDir(), DataDir: cl.DataDir()}
+	perByte, err := c.ReadCost()
+	if err != nil {
+		return err
+	}
+	settings := []string{"SET fence.token = '42';", "SET fence.lock = 'bench';"}
+
+	simple, err := countAll(c, settings, perByte, []countedStatement{
+		{"hand-written conditional UPDATE", nil, f.hand, 0},
+		{"hand-written registration + conditional UPDATE (one simple Query, one transaction)", nil, f.handLock, 1},
+		{"row fencing, inline form (no fenceproxy setup)", nil, f.inline, 0},
+		{"row fencing, with the error raisers (after fenceproxy setup)", nil, f.raisers, 0},
+		{"lock fencing (registration + rewritten UPDATE)", nil, f.lock, 1},
+		{"row fencing's statement calling no-op functions (the calls alone)", nil, f.noop, 0},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Println("## instructions per statement (callgrind, single-user postgres, simple query and commit)")
+	fmt.Println()
+	fmt.Printf("(single-user mode reads its input at %.0f instructions per byte, which a server reading a message does not spend: taken out below as \"net\"; each row against its hand-written statement)\n\n", perByte)
+	fmt.Println("| statement | bytes | instructions | net | net vs hand-written |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, r := range simple {
+		fmt.Printf("| %s | %d | %.0fk | %.0fk | %.2f |\n", r.name, len(r.sql), r.total/1000, r.net/1000, r.net/simple[r.base].net)
+	}
+
+	// Prepared: PREPARE once, then EXECUTE, as an extended-protocol
+	// client's prepared statement runs: the analysis and planning that the
+	// simple protocol repeats are paid once. Lock fencing registers before
+	// each EXECUTE, as the proxy does before a prepared statement's Bind.
+	const exec = "EXECUTE p"
+	prep := func(sql string) []string { return []string{"PREPARE p AS " + sql + ";"} }
+	prepared, err := countAll(c, settings, perByte, []countedStatement{
+		{"hand-written conditional UPDATE", prep(f.hand), exec, 0},
+		{"hand-written registration + conditional UPDATE", prep(f.hand), handCall + "; " + exec, 1},
+		{"row fencing, inline form (no fenceproxy setup)", prep(f.inline), exec, 0},
+		{"row fencing, inline form, prepared form (a named prepared statement, no fenceproxy setup)", prep(f.inlinePrepared), exec, 0},
+		{"row fencing, with the error raisers (after fenceproxy setup)", prep(f.raisers), exec, 0},
+		{"row fencing, prepared form (a named prepared statement, after fenceproxy setup)", prep(f.raisersPrepared), exec, 0},
+		{"lock fencing, prepared form (registration + EXECUTE)", prep(f.raisersPrepared), f.lockCall + "; " + exec, 1},
+		{"row fencing's statement calling no-op functions (the calls alone)", prep(f.noop), exec, 0},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Println("prepared (PREPARE once, then EXECUTE; the statement's analysis and planning are not repeated):")
+	fmt.Println()
+	fmt.Println("(last column: against the hand-written statement sent as a simple Query, above, which a simple-protocol client's repeated statement costs)")
+	fmt.Println()
+	fmt.Println("| statement | instructions per EXECUTE | net | net vs hand-written | net vs hand-written simple Query |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, r := range prepared {
+		fmt.Printf("| %s | %.0fk | %.0fk | %.2f | %.2f |\n", r.name, r.total/1000, r.net/1000, r.net/prepared[r.base].net, r.net/simple[r.base].net)
+	}
+
+	fmt.Println()
+	fmt.Println("## what the server executes: fencing against the hand-written statements (net instructions, from the tables above)")
+	fmt.Println()
+	fmt.Printf("(target: ≤ %.2f× for row fencing after setup and for lock fencing, each against its hand-written statement; first sending: a simple Query; repeated: a prepared statement's EXECUTE, both sides prepared — fenceproxy parses its own prepared statement (auto_prepare) and the registration again at every use, which this does not count: the CPU table's rows through fenceproxy do)\n\n", serverTarget)
+	fmt.Println("| fencing | sending | fenceproxy | hand-written | ratio | target |")
+	fmt.Println("|---|---|---|---|---|---|")
+	for _, t := range []struct {
+		fencing, sending string
+		fenced, hand     counted
+	}{
+		{"row (after setup)", "first (simple Query)", simple[3], simple[0]},
+		{"row (after setup)", "repeated (EXECUTE of the prepared form)", prepared[5], prepared[0]},
+		{"lock", "first (simple Query)", simple[4], simple[1]},
+		{"lock", "repeated (registration + EXECUTE of the prepared form)", prepared[6], prepared[1]},
+	} {
+		ratio := t.fenced.net / t.hand.net
+		fmt.Printf("| %s | %s | %.0fk | %.0fk | %.2f | ≤ %.2f: %s |\n", t.fencing, t.sending, t.fenced.net/1000, t.hand.net/1000,
+			ratio, serverTarget, atMost(ratio, serverTarget, 2, ""))
+	}
+	return nil
+}
