@@ -175,23 +175,10 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	if rs == nil {
 		return rules.Decision{}, true
 	}
-	// Rules may be scoped to databases, users and application names (as
-	// sent in the startup packet).
-	root := rs
-	rs = rs.ForSession(info.Database, info.User, info.ApplicationName)
-	if !rs.Fences() {
-		// A session the rules do not fence may still drop a database
-		// that holds protected tables.
-		if e := root.DropDatabaseRefusal(sql); e != nil {
-			return rules.Decision{Action: proxy.Refuse, Err: e}, true
-		}
-	}
-	if e := lexingRefusal(set, rs, lex, sql); e != nil {
-		return rules.Decision{Action: proxy.Refuse, Err: e}, true
-	}
 	// The database's check results: its problems and indirect paths refuse
 	// statements below, and where it has the error raisers the rewrites
-	// call them.
+	// call them (so they are read before the rules decide, even for a
+	// text the rules then refuse without looking at the database).
 	var st *dbChecks
 	if quick {
 		var ok bool
@@ -201,22 +188,33 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	} else {
 		st = p.dbState(info.Database)
 	}
-	if st != nil && st.raisers {
-		rs = rs.ServerFunctions()
+	// The rules' decision for this session (its scope, the server's
+	// lexing, the form of the rewrite), in one call.
+	d, final, ok := rs.DecideFor(rules.Session{
+		Database: info.Database, User: info.User, ApplicationName: info.ApplicationName,
+		Lexing: rules.Lexing{
+			StandardConformingStrings: lex.StandardConformingStrings, ClientEncoding: lex.ClientEncoding,
+			Uncertain: lex.Uncertain, Backslash: lex.Backslash, NonASCII: lex.NonASCII,
+		},
+		Raisers:  st != nil && st.raisers,
+		Prepared: lex.Prepared,
+		Quick:    quick,
+	}, sql)
+	switch {
+	case !ok:
+		return rules.Decision{}, false
+	case final:
+		// Refused before the rules decide (a DROP DATABASE from a session
+		// they do not fence, a text the server may read otherwise): no
+		// step below may lift it.
+		return d, true
 	}
-	if lex.Prepared {
-		rs = rs.Prepared()
+	// The migrations judge the text against the session's tables.
+	var session *rules.Rules
+	if p.migrations != nil {
+		session = rs.ForSession(info.Database, info.User, info.ApplicationName)
 	}
-	var d rules.Decision
-	if quick {
-		var ok bool
-		if d, ok = rs.DecideCached(sql); !ok {
-			return rules.Decision{}, false
-		}
-	} else {
-		d = rs.Decide(sql)
-	}
-	if !p.migration(info, rs, sql, &d, quick) {
+	if !p.migration(info, session, sql, &d, quick) {
 		return rules.Decision{}, false
 	}
 	var check stampCheck
@@ -348,35 +346,4 @@ func (p *Policy) recordAuditRefusal(set *ruleSet, info *proxy.SessionInfo, e *ru
 	if p.metrics != nil {
 		p.metrics.AuditWouldReject.WithLabelValues(set.tableLabel(e.Table), "refused").Inc()
 	}
-}
-
-// lexingRefusal fails closed when the server may tokenize sql differently
-// from pg_query, which always reads it as UTF-8 with
-// standard_conforming_strings on. Only backslashes and bytes >= 0x80 can be
-// read differently, and only statements that may touch a protected table
-// matter.
-func lexingRefusal(set *ruleSet, rs *rules.Rules, lex proxy.Lexing, sql string) *rules.Error {
-	backslash, high := lex.Backslash, lex.NonASCII // scanned once by the relay
-	if !backslash && !high {
-		return nil
-	}
-	utf8 := lex.ClientEncoding == "UTF8"
-	if !rs.MayTouch(sql) && !(high && !utf8 && set.nonASCII) {
-		return nil
-	}
-	refuse := func(why, hint string) *rules.Error {
-		return &rules.Error{Code: rules.CodeRefused, Message: "fenceproxy: " + why, Hint: hint}
-	}
-	switch {
-	case lex.Uncertain:
-		return refuse("cannot tell how the server will read this statement on a protected table: earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
-			"Send a Sync before this statement, or avoid backslashes and non-ASCII bytes in its text (use parameters).")
-	case backslash && !lex.StandardConformingStrings:
-		return refuse("statements on protected tables with backslashes need standard_conforming_strings = on",
-			"SET standard_conforming_strings = on (PostgreSQL's default), or pass the value as a parameter.")
-	case high && !utf8:
-		return refuse("statements on protected tables with non-ASCII bytes need client_encoding UTF8, got "+lex.ClientEncoding,
-			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
-	}
-	return nil
 }

@@ -336,14 +336,16 @@ func (s *HierarchySet) hit(schema, rel, what string) *Error {
 	return nil
 }
 
-// DropDatabaseRefusal refuses, in any session, a DROP DATABASE of a
+// dropDatabaseRefusal refuses, in any session, a DROP DATABASE of a
 // database in which some table of the configuration is protected (an
 // entry in mode enforce or audit whose scope includes the database, or
 // has no database scope): a session the rules do not fence may still drop
-// another database that holds protected tables. Call it on the root rule
-// set (before ForSession). It parses only texts with the words DROP and
-// DATABASE. (A session the rules fence gets the refusal from Decide.)
-func (r *Rules) DropDatabaseRefusal(sql string) *Error {
+// another database that holds protected tables. Any set of the
+// configuration answers alike (the root's or a derived one's). It parses
+// only texts with the words DROP and DATABASE. DecideFor calls it for
+// sessions the rules do not fence; a session they fence gets the refusal
+// from Decide.
+func (r *Rules) dropDatabaseRefusal(sql string) *Error {
 	if !containsWordFoldASCII(sql, "database") || !containsWordFoldASCII(sql, "drop") {
 		return nil
 	}
@@ -363,9 +365,9 @@ func (r *Rules) DropDatabaseRefusal(sql string) *Error {
 	return nil
 }
 
-// Fences reports whether the set fences some table (in mode enforce or
+// fences reports whether the set fences some table (in mode enforce or
 // audit).
-func (r *Rules) Fences() bool { return len(r.tables) > 0 }
+func (r *Rules) fences() bool { return len(r.tables) > 0 }
 
 // protectsDatabase reports whether some entry of the configuration
 // fences a table in database db.

@@ -26,6 +26,11 @@
 // one session, first matching entry first. Stored code and DDL on protected
 // tables are judged on their parse trees (body.go, ddl.go).
 //
+// A proxy calls DecideFor once per text, with what it knows of the session
+// (Session: who it is, how the server will tokenize the text, the form the
+// rewrite may take); it picks the session's set, makes the refusals that
+// need those facts, and decides.
+//
 // The shapes of the rewrites, and why they are safe under concurrency, are
 // described in docs/rewrite.md; the design behind them in docs/design.md.
 package rules

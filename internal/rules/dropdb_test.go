@@ -15,6 +15,9 @@ func TestDropDatabaseRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A session in database other: the scoped rules do not fence it, the
+	// unscoped ones do (their refusal is Decide's).
+	s := rules.Session{Database: "other", User: "u"}
 	for _, c := range []struct {
 		rs   *rules.Rules
 		sql  string
@@ -28,8 +31,9 @@ func TestDropDatabaseRefusal(t *testing.T) {
 		{unscoped, "DROP DATABASE anything", true},
 		{unscoped, "CREATE DATABASE x", false},
 	} {
-		got := c.rs.DropDatabaseRefusal(c.sql)
-		if (got != nil) != c.want {
+		d, _, _ := c.rs.DecideFor(s, c.sql)
+		got := d.Err
+		if (d.Action == rules.Refuse) != c.want {
 			t.Errorf("%q: refusal %v, want %v", c.sql, got, c.want)
 		}
 		if got != nil && got.Code != rules.CodeRefused {

@@ -441,7 +441,7 @@ func (r *Rules) mentioned(s string) []*tableRule {
 // decision made of its length and the protected tables' names only, so
 // that deciding it costs no memory in proportion to its size.
 func (r *Rules) Decide(sql string) Decision {
-	if d, ok := r.DecideCached(sql); ok {
+	if d, ok := r.decideCached(sql); ok {
 		return d
 	}
 	cache := r.cache != nil && len(sql) <= maxCachedSQLLen
@@ -455,10 +455,11 @@ func (r *Rules) Decide(sql string) Decision {
 	return d
 }
 
-// DecideCached is Decide when its answer costs no parse: the statement
+// decideCached is Decide when its answer costs no parse: the statement
 // cannot touch a protected table, or its decision is cached. It reports
-// false otherwise, leaving the work to Decide.
-func (r *Rules) DecideCached(sql string) (Decision, bool) {
+// false otherwise, leaving the work to Decide (DecideFor with
+// Session.Quick).
+func (r *Rules) decideCached(sql string) (Decision, bool) {
 	if !r.MayTouch(sql) {
 		return Decision{Action: Forward}, true
 	}

@@ -1,0 +1,120 @@
+package rules
+
+// Session is what DecideFor needs to know of the session a text comes
+// from, beyond the text itself: who it is (which entries' scopes match),
+// how the server will tokenize the text, and what the database and the
+// message allow the rewrite to be.
+type Session struct {
+	// Database, User and ApplicationName are as sent in the startup
+	// packet (PostgreSQL takes the user name as the database name when the
+	// packet has none; pass the name it uses). See ForSession.
+	Database, User, ApplicationName string
+	// Lexing is how the server will read the text.
+	Lexing Lexing
+	// Raisers: the database has the error raisers fenceproxy setup
+	// installs, current, so rewrites call them (ServerFunctions).
+	Raisers bool
+	// Prepared: the text is a named prepared statement's (a Parse with a
+	// name), analysed once and executed many times (Prepared).
+	Prepared bool
+	// Quick: answer only what costs no parse of the rule set's decision
+	// (it is forwarded unlooked at, cached, or refused before it); report
+	// false instead of deciding.
+	Quick bool
+}
+
+// Lexing is how the server will tokenize a text: pg_query always reads it
+// as UTF-8 with standard_conforming_strings on.
+type Lexing struct {
+	// StandardConformingStrings: with it off, a backslash escapes in
+	// ordinary '...' literals, so the same text holds different tokens.
+	StandardConformingStrings bool
+	// ClientEncoding is the session's client_encoding: in encodings such
+	// as SJIS or GBK a byte >= 0x80 may be followed by an ASCII byte (even
+	// a backslash) that belongs to the same character.
+	ClientEncoding string
+	// Uncertain: earlier extended-protocol messages, not yet synced, may
+	// change either setting before the text is parsed.
+	Uncertain bool
+	// Backslash and NonASCII say whether the text has a backslash or a
+	// byte >= 0x80: only those can be read differently by the settings
+	// above.
+	Backslash, NonASCII bool
+}
+
+// DecideFor returns the decision on sql, a simple-query string or the text
+// of a Parse message, for session s. It is what a proxy calls for each
+// text, in place of ForSession, ServerFunctions, Prepared and Decide:
+//
+//  1. It picks the rule set of the session (ForSession).
+//  2. In a session that set does not fence, it refuses a DROP DATABASE of
+//     a database in which the configuration protects tables: such a
+//     session may still drop another database that holds them.
+//  3. It refuses a text the server may tokenize differently from pg_query
+//     (see lexingRefusal).
+//  4. It decides with the set's ServerFunctions sibling when s.Raisers,
+//     its Prepared sibling when s.Prepared, and from the decision cache
+//     only when s.Quick.
+//
+// final is set on the refusals of steps 2 and 3, made before the rule set
+// decides: nothing the caller knows of the database (migrations, say) may
+// lift them. ok is false only when s.Quick and the decision needs a
+// parse. r may be the root set or any set derived from it; the result is
+// the same. Like Decide, it is a pure function of its arguments and r, and
+// does not allocate for a text it forwards unlooked at or finds in the
+// cache.
+func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
+	rs := r.ForSession(s.Database, s.User, s.ApplicationName)
+	if !rs.fences() {
+		if e := r.dropDatabaseRefusal(sql); e != nil {
+			return Decision{Action: Refuse, Err: e}, true, true
+		}
+	}
+	if e := rs.lexingRefusal(s.Lexing, sql); e != nil {
+		return Decision{Action: Refuse, Err: e}, true, true
+	}
+	if s.Raisers {
+		rs = rs.ServerFunctions()
+	}
+	if s.Prepared {
+		rs = rs.Prepared()
+	}
+	if s.Quick {
+		d, ok = rs.decideCached(sql)
+		return d, false, ok
+	}
+	return rs.Decide(sql), false, true
+}
+
+// lexingRefusal fails closed when the server may tokenize sql differently
+// from pg_query, which always reads it as UTF-8 with
+// standard_conforming_strings on. Only backslashes and bytes >= 0x80 can be
+// read differently, and only texts that may touch a protected table
+// matter, or, where a protected name has a byte >= 0x80 (which MayTouch can
+// only find in UTF-8 text), any text with such bytes in another encoding.
+func (r *Rules) lexingRefusal(lex Lexing, sql string) *Error {
+	backslash, high := lex.Backslash, lex.NonASCII // scanned once by the relay
+	if !backslash && !high {
+		return nil
+	}
+	utf8 := lex.ClientEncoding == "UTF8"
+	if !r.MayTouch(sql) && !(high && !utf8 && r.nonASCII) {
+		return nil
+	}
+	switch {
+	case lex.Uncertain:
+		return lexingError("cannot tell how the server will read this statement on a protected table: earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
+			"Send a Sync before this statement, or avoid backslashes and non-ASCII bytes in its text (use parameters).")
+	case backslash && !lex.StandardConformingStrings:
+		return lexingError("statements on protected tables with backslashes need standard_conforming_strings = on",
+			"SET standard_conforming_strings = on (PostgreSQL's default), or pass the value as a parameter.")
+	case high && !utf8:
+		return lexingError("statements on protected tables with non-ASCII bytes need client_encoding UTF8, got "+lex.ClientEncoding,
+			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
+	}
+	return nil
+}
+
+func lexingError(why, hint string) *Error {
+	return &Error{Code: CodeRefused, Message: "fenceproxy: " + why, Hint: hint}
+}
