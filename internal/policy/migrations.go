@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,12 +19,12 @@ import (
 // that changes nothing, judged against the catalog on a connection of the
 // policy's own (ORMs that "sync" a model send it at every start), and any
 // DDL of a session whose user is a migrations role (ddl.allow_roles). After
-// the second, and after a CREATE TABLE of a protected name, the database
-// is checked again (fence column, guard, paths): where the catalog watch
-// runs (fenceproxy setup installs it), writes compare the catalog stamp in
-// their transaction, so a write after the DDL commits waits for that check
-// and is refused while it fails. Every forwarded migration is logged with
-// the user, database, statement kind and tables. See docs/protecting-tables.md,
+// the second, after a CREATE TABLE of a protected name, and after DDL on
+// a table whose check failed, writes to the tables it names are refused
+// until its transaction has ended and the database has been checked again
+// (fence column, guard, paths; migrations_commit.go); then the check's
+// results decide them. Every forwarded migration is logged with the user,
+// database, statement kind and tables. See docs/protecting-tables.md,
 // "Migrations at start-up".
 
 // CatalogConnect opens a connection to database for the catalog lookups
@@ -42,15 +43,38 @@ type MigrationOptions struct {
 
 // migrations is the policy's state for them.
 type migrations struct {
-	allow   []string
+	allow   atomic.Pointer[[]string] // see SetMigrationRoles
 	catalog CatalogConnect
 	timeout time.Duration
+	running runningMigrations // migrations_commit.go
 }
 
-// SetMigrations configures the migrations at start-up; call it before the
-// policy decides statements.
+// SetMigrations configures the migrations at start-up; call it once,
+// before the policy decides statements (SetMigrationRoles changes the
+// roles later).
 func (p *Policy) SetMigrations(o MigrationOptions) {
-	p.migrations = &migrations{allow: slices.Clone(o.AllowRoles), catalog: o.Catalog, timeout: p.checkWait}
+	m := &migrations{catalog: o.Catalog, timeout: p.checkWait}
+	roles := slices.Clone(o.AllowRoles)
+	m.allow.Store(&roles)
+	p.migrations = m
+}
+
+// SetMigrationRoles replaces the migrations roles (ddl.allow_roles, on a
+// reload): statements decided after it returns use them. Statements
+// already forwarded stay forwarded, and migrations already running are
+// still checked again when they end. Without SetMigrations first it does
+// nothing.
+func (p *Policy) SetMigrationRoles(roles []string) {
+	if p.migrations == nil {
+		return
+	}
+	r := slices.Clone(roles)
+	p.migrations.allow.Store(&r)
+}
+
+// allowed reports whether user is a migrations role.
+func (m *migrations) allowed(user string) bool {
+	return slices.Contains(*m.allow.Load(), user)
 }
 
 // migration applies the migrations at start-up to d, the rules' decision
@@ -60,7 +84,18 @@ func (p *Policy) SetMigrations(o MigrationOptions) {
 // parsing.
 func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string, d *rules.Decision, quick bool) bool {
 	m := p.migrations
-	if m == nil || d.Action == rules.Rewrite || !rules.MayBeMigration(sql) {
+	if m == nil {
+		return true
+	}
+	if d.Action == rules.Rewrite {
+		// A write to a table of a migration that has not been checked
+		// since it ended is refused (migrations_commit.go).
+		if e := m.running.refusal(info.Database, d.Tables); e != nil {
+			*d = rules.Decision{Action: rules.Refuse, Err: e, Tables: d.Tables}
+		}
+		return true
+	}
+	if !rules.MayBeMigration(sql) {
 		return true
 	}
 	if d.Action == rules.Forward && !rs.MayTouch(sql) {
@@ -74,15 +109,26 @@ func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string,
 		return true
 	}
 	if d.Action == rules.Forward {
+		// DDL the rules let through (the allow-list) is checked again
+		// after it when it creates a protected table, when a migrations
+		// role runs it, or when it names a table whose last check failed
+		// (the migration that fixes it: writes are allowed again as soon
+		// as the check after it passes).
 		for _, s := range stmts {
 			if s.CreatesProtected {
 				p.migrated(info, stmts, "created a protected table")
 				return true
 			}
 		}
+		switch {
+		case m.allowed(info.User):
+			p.migrated(info, stmts, "migrations role")
+		case p.failedCheck(info.Database, stmts):
+			p.migrated(info, stmts, "DDL on a table whose check failed")
+		}
 		return true
 	}
-	if slices.Contains(m.allow, info.User) {
+	if m.allowed(info.User) {
 		*d = rules.Decision{Action: rules.Forward, Tables: d.Tables}
 		p.migrated(info, stmts, "migrations role")
 		return true
@@ -118,13 +164,37 @@ func (p *Policy) migrated(info *proxy.SessionInfo, stmts []rules.MigrationStmt, 
 	if p.checks == nil {
 		return
 	}
-	// The statement has not run yet: the results are read again at the
-	// next statement, writes wait for a stamp read, and the check runs
-	// again now and once more after the statement may have committed.
+	// The statement has not run yet, and its transaction may end much
+	// later: writes to its tables are refused from now until the
+	// database has been checked after the transaction ended
+	// (migrations_commit.go). The results are read again at the next
+	// statement, and writes elsewhere wait for a stamp read.
 	p.catalogMoved(info.Database)
-	p.checks.Recheck(info.Database)
-	db := info.Database
-	time.AfterFunc(2*time.Second, func() { p.catalogMoved(db); p.checks.Recheck(db) })
+	var tables []string
+	for _, s := range stmts {
+		tables = append(tables, tableDisplays(s.Tables)...)
+	}
+	p.migrations.running.begin(p, info, tables)
+}
+
+// failedCheck reports whether the last check of database found a problem
+// with a table stmts name.
+func (p *Policy) failedCheck(database string, stmts []rules.MigrationStmt) bool {
+	if p.checks == nil {
+		return false
+	}
+	res, known := p.checks.Result(database)
+	if !known {
+		return false
+	}
+	for _, s := range stmts {
+		for _, t := range s.Tables {
+			if len(res.Problems[t.Display]) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func tableDisplays(ts []rules.TableName) []string {
