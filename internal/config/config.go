@@ -94,8 +94,9 @@ type DDL struct {
 	// AllowRoles lists the users (as sent in the startup packet, exact)
 	// whose sessions may run any DDL on protected tables through the
 	// proxy, such as the role the application's migrations log in as.
-	// The proxy logs each such statement and checks the database again
-	// after it. Default: none. Read at start only.
+	// The proxy logs each such statement and refuses writes to its tables
+	// until it has checked the database after the statement's transaction
+	// ended. Default: none. Follows a reload.
 	AllowRoles []string `yaml:"allow_roles"`
 }
 

@@ -114,6 +114,8 @@ func Start(cfg *config.Config, path string, log *zap.Logger) (*Instance, error) 
 		CatalogChanged: func(db string) {
 			in.checker.CatalogChanged(db)
 			in.policy.CatalogChanged(db)
+			// The change committed: a migration that made it has ended.
+			in.policy.PollMigrations(db)
 		},
 	})
 	// The database check's connections, also the policy's catalog
@@ -231,9 +233,10 @@ func (in *Instance) ready(ctx context.Context) error {
 	return nil
 }
 
-// Reload reads the config file again and installs its rules. An invalid
-// file leaves the running rules in force. Settings other than the rules
-// need a restart; a change to them is logged and otherwise ignored.
+// Reload reads the config file again and installs its rules and the
+// migrations roles (ddl.allow_roles). An invalid file leaves the running
+// ones in force. The keys of restartOnly need a restart; a change to them
+// is logged and otherwise ignored.
 func (in *Instance) Reload() error {
 	if in.path == "" {
 		return errors.New("service: no config file to reload")
@@ -288,6 +291,7 @@ func (in *Instance) apply(cfg *config.Config, sum string) error {
 		in.log.Warn("config keys changed that take effect only after a restart", zap.Strings("keys", changed))
 	}
 	in.policy.Swap(rs, cfg.Notifies())
+	in.policy.SetMigrationRoles(cfg.DDL.AllowRoles)
 	if specs, err := rules.Specs(cfg.RulesConfig()); err == nil {
 		in.checker.ReloadWith(specs, checkOptions(cfg)) // the databases seen are checked again
 	}
