@@ -186,6 +186,10 @@ func (p *Policy) MigrationEnded(info *proxy.SessionInfo) {
 	}
 }
 
+// Idle implements proxy.Policy: a migration of info's session has ended
+// (MigrationEnded).
+func (p *Policy) Idle(info *proxy.SessionInfo) { p.MigrationEnded(info) }
+
 // PollMigrations has the sessions of migrations running in database looked
 // at now: the catalog watch notified a change there, which commits with
 // the transaction that made it.

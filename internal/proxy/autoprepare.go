@@ -129,9 +129,9 @@ func (a *autoState) forget() {
 // force). ParameterStatus precedes the ReadyForQuery of the statement that
 // changed the setting, and the proxy runs its statements only when
 // nothing is unanswered.
-func (s *session) forgetOnSetting() {
-	if s.ps != nil {
-		s.ps.auto.forget() // the registration's CALL has no such constants
+func (t *tracker) forgetOnSetting() {
+	if t.ps != nil {
+		t.ps.auto.forget() // the registration's CALL has no such constants
 	}
 }
 
@@ -146,49 +146,49 @@ func (a *autoState) touches(name string) bool {
 // the session's own prepared statement once the session has sent it
 // often enough. It reports whether it did; if not, the caller sends the
 // Query.
-func (s *session) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool, error) {
+func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool, error) {
 	if len(sql) > maxAutoTextBytes || lex.Uncertain {
 		return false, nil
 	}
-	ps := s.ps
-	s.mu.Lock()
+	ps := r.ps
+	r.mu.Lock()
 	// Nothing may be unanswered: an earlier statement may change a setting
 	// the server applied when it analysed the statement it has (TimeZone,
 	// DateStyle: see forgetOnSetting), and the Sync would end extended-
-	// protocol messages of the client's.
-	ready := s.state.inFlight == 0 && !s.state.unsynced && !s.state.copyIn && !s.state.desync && !ps.lost && !s.state.finishing
+	// protocol messages of the client'r.
+	ready := r.state.inFlight == 0 && !r.state.unsynced && !r.state.copyIn && !r.state.desync && !ps.lost && !r.state.finishing
 	var e *autoStmt
 	if ready {
 		e = ps.auto.sighting(sql)
-		ready = e.seen >= s.srv.opts.AutoPrepare
+		ready = e.seen >= r.srv.opts.AutoPrepare
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if !ready {
 		return false, nil
 	}
 	plex := lex
 	plex.Prepared = true
-	pd := s.decide(plex, sql)
+	pd := r.decide(plex, sql)
 	// The registration the Query would have run, the statement runs too.
-	needs := func(l *rules.LockCall) bool { return l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) }
+	needs := func(l *rules.LockCall) bool { return l != nil && len(l.Calls) > 0 && (r.lockNamed || l.Required) }
 	if pd.Action != Rewrite || !pd.Preparable || needs(pd.Lock) != needs(d.Lock) || len(pd.SQL) > maxAutoSentBytes {
 		return false, nil
 	}
 	var call string
-	if needs(pd.Lock) && !(s.fence.on && s.spare(pd.Lock)) {
+	if needs(pd.Lock) && !(r.fence.on && r.spare(pd.Lock)) {
 		call = pd.Lock.Call
 	}
 
-	s.mu.Lock()
-	if s.state.finishing {
-		s.mu.Unlock()
+	r.mu.Lock()
+	if r.state.finishing {
+		r.mu.Unlock()
 		return true, errSessionDone
 	}
 	// What track does for a Query: one more ReadyForQuery to come.
-	s.state.inFlight++
-	s.state.lastWasQuery = true
-	s.state.copyEndSent = false
-	s.state.rewrote = true
+	r.state.inFlight++
+	r.state.lastWasQuery = true
+	r.state.copyEndSent = false
+	r.state.rewrote = true
 	// Parsed again at every use, in the same pipeline as its Bind: a
 	// function the session ran since could have put a statement of its
 	// own under the name (DEALLOCATE and PREPARE in stored code, which
@@ -210,31 +210,31 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool, 
 		})
 		ps.countSent('P')
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if parse {
-		if err := writeMsg(s.uw, &pgproto3.Close{ObjectType: 'S', Name: e.name}); err != nil {
+		if err := writeMsg(r.uw, &pgproto3.Close{ObjectType: 'S', Name: e.name}); err != nil {
 			return true, upstreamErr(err)
 		}
-		if err := writeMsg(s.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
+		if err := writeMsg(r.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
 			return true, upstreamErr(err)
 		}
 	}
-	if s.fence.on {
-		if err := s.sendPrelude(); err != nil {
+	if r.fence.on {
+		if err := r.sess.sendPrelude(); err != nil {
 			return true, err
 		}
 	}
 	if pd.Lock != nil && pd.Lock.Pre != "" {
-		if err := s.register(pd.Lock.Pre, nil); err != nil {
+		if err := r.sess.register(pd.Lock.Pre, nil); err != nil {
 			return true, err
 		}
 	}
 	if call != "" {
-		if err := s.register(call, pd.Lock); err != nil {
+		if err := r.sess.register(call, pd.Lock); err != nil {
 			return true, err
 		}
 	}
-	s.mu.Lock()
+	r.mu.Lock()
 	ps.expect('2', func(o outcome) {
 		if o == outcomeFailed {
 			// The statement is gone (DEALLOCATE in a function, say):
@@ -248,15 +248,15 @@ func (s *session) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool, 
 	// The server's unnamed portal is now this one, whatever a client's
 	// Bind made of it.
 	delete(ps.portals, "")
-	s.mu.Unlock()
-	if ce := s.logger().Check(zap.DebugLevel, "statement rewritten, run as the session's own prepared statement"); ce != nil {
+	r.mu.Unlock()
+	if ce := r.logger().Check(zap.DebugLevel, "statement rewritten, run as the session's own prepared statement"); ce != nil {
 		ce.Write(zap.String("sql", pd.SQL), zap.String("statement", e.name), zap.Bool("parsed", parse))
 	}
-	if err := writeMsg(s.uw, &pgproto3.Bind{PreparedStatement: e.name}); err != nil {
+	if err := writeMsg(r.uw, &pgproto3.Bind{PreparedStatement: e.name}); err != nil {
 		return true, upstreamErr(err)
 	}
-	if err := writeMsg(s.uw, &pgproto3.Execute{}); err != nil {
+	if err := writeMsg(r.uw, &pgproto3.Execute{}); err != nil {
 		return true, upstreamErr(err)
 	}
-	return true, upstreamErr(writeMsg(s.uw, &pgproto3.Sync{}))
+	return true, upstreamErr(writeMsg(r.uw, &pgproto3.Sync{}))
 }

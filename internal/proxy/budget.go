@@ -223,13 +223,13 @@ func (b *MessageBudget) collect() {
 // messageBudget returns the budget the session's large client messages
 // are charged to. On an event loop, a wait for room parks the session's
 // task, not the loop.
-func (s *session) messageBudget() bodyBudget {
-	b := s.srv.opts.LargeMessages
+func (t *tracker) messageBudget() bodyBudget {
+	b := t.srv.opts.LargeMessages
 	if b == nil {
 		b = defaultBudget
 	}
-	if s.loop != nil {
-		return loopBudget{b, s.loop}
+	if t.loop != nil {
+		return loopBudget{b, t.loop}
 	}
 	return b
 }

@@ -135,6 +135,12 @@ type Policy interface {
 	// needs the session's values in this session's database (the database
 	// guard reads them on the server for writes the proxy cannot see).
 	SettingsEverywhere(info *SessionInfo) bool
+
+	// Idle is called when the session has no transaction open and nothing
+	// in flight: at a ReadyForQuery with status idle that answers the last
+	// message sent upstream, and once when the session ends. It must be
+	// cheap: it runs once per transaction.
+	Idle(info *SessionInfo)
 }
 
 // BasePolicy forwards everything and answers the other methods of Policy
@@ -155,6 +161,7 @@ func (BasePolicy) PreparedOps(string) ([]PreparedOp, error)                  { r
 func (BasePolicy) NamesLock(*SessionInfo, string) bool                       { return false }
 func (BasePolicy) FenceSettings() (token, lock string)                       { return "", "" }
 func (BasePolicy) SettingOps(string) (rules.SettingText, error)              { return rules.SettingText{}, nil }
+func (BasePolicy) Idle(*SessionInfo)                                         {}
 func (BasePolicy) SettingsEverywhere(*SessionInfo) bool                      { return false }
 
 // PreparedOpKind and PreparedOp are the rewriter's: a SQL-level

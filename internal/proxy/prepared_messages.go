@@ -16,18 +16,18 @@ import (
 
 // relayBind handles a Bind: the statement it binds must be decided under
 // the rules in force, and the portal remembers under which.
-func (s *session) relayBind(body []byte) error {
+func (r *requests) relayBind(body []byte) error {
 	// The names alias the read buffer: what is kept is copied.
 	portal, rest, ok := cstringView(body)
 	stmt, _, ok2 := cstringView(rest)
 	if !ok || !ok2 {
-		return s.protocolViolation(fmt.Errorf("malformed Bind"))
+		return r.sess.protocolViolation(fmt.Errorf("malformed Bind"))
 	}
-	send, err := s.bindHead(portal, stmt, body)
+	send, err := r.sess.bindHead(portal, stmt, body)
 	if err != nil || !send {
 		return err
 	}
-	return s.forwardTracked('B', body)
+	return r.sess.forwardTracked('B', body)
 }
 
 // bindHead does what a Bind of stmt into portal needs before it goes
@@ -37,10 +37,10 @@ func (s *session) relayBind(body []byte) error {
 // something failing stands in its place. body is the whole message, or
 // nil when its parameter values are streamed past (bindNeedsValues is
 // false): then they are not read.
-func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err error) {
-	refuse := func(e *rules.Error) (bool, error) { return false, s.sendRefusedInstead(e) }
-	gen := s.ps.pol.Generation()
-	v, err := s.checkStatement(stmt, gen, false)
+func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err error) {
+	refuse := func(e *rules.Error) (bool, error) { return false, r.sess.sendRefusedInstead(e) }
+	gen := r.ps.pol.Generation()
+	v, err := r.sess.checkStatement(stmt, gen, false)
 	if err != nil {
 		return false, err
 	}
@@ -48,57 +48,57 @@ func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err err
 		return refuse(v.refuse)
 	}
 	if v.reprepare != nil {
-		if err := s.reprepare(strings.Clone(stmt), v); err != nil {
+		if err := r.sess.reprepare(strings.Clone(stmt), v); err != nil {
 			return false, err
 		}
 	}
 	var fence []fenceApplied
-	if s.fence.on && v.def != nil {
+	if r.fence.on && v.def != nil {
 		var ok bool
-		if fence, ok = s.resolveBindOps(v.def.fence, body); !ok {
+		if fence, ok = r.resolveBindOps(v.def.fence, body); !ok {
 			return refuse(refuseFenceUnknown("a Bind whose parameters for set_config cannot be read"))
 		}
 		everywhere := v.def.plain && len(v.def.ops) == 0 && (!v.def.kept || mayWrite(v.def.sql)) &&
-			s.srv.opts.Policy.SettingsEverywhere(&s.info)
+			r.srv.opts.Policy.SettingsEverywhere(&r.info)
 		if !v.def.plain || len(v.def.ops) > 0 || everywhere {
 			// A statement on a protected table: the session's own values
 			// first, transaction-locally; the registration follows them.
-			named, ok, err := s.fenceReady()
+			named, ok, err := r.sess.fenceReady()
 			if err != nil {
 				return false, err
 			}
 			if !ok {
 				return refuse(errFenceBroken)
 			}
-			s.lockNamed = named
+			r.lockNamed = named
 			if everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named) {
-				if err := s.sendPrelude(); err != nil {
+				if err := r.sess.sendPrelude(); err != nil {
 					return false, err
 				}
 			}
 		}
 	}
-	lock := s.bindLock(v.def, gen)
+	lock := r.sess.bindLock(v.def, gen)
 	if lock.refuse != nil {
 		return refuse(lock.refuse)
 	}
 	if v.def != nil && v.def.lock != nil && v.def.lock.Pre != "" {
 		// The catalog check, whether or not the registration runs.
-		if err := s.register(v.def.lock.Pre, nil); err != nil {
+		if err := r.sess.register(v.def.lock.Pre, nil); err != nil {
 			return false, err
 		}
 	}
-	if lock.call != "" && !(s.fence.on && s.spare(lock.reg)) {
-		if err := s.register(lock.call, lock.reg); err != nil {
+	if lock.call != "" && !(r.fence.on && r.spare(lock.reg)) {
+		if err := r.sess.register(lock.call, lock.reg); err != nil {
 			return false, err
 		}
 	}
-	s.mu.Lock()
+	r.mu.Lock()
 	pkey := serverKey(portal)
-	old := s.ps.portals[pkey]
-	s.ps.portalSeq++
-	next := portalEntry{def: v.def, gen: gen, seg: s.ps.sentSeg, id: s.ps.portalSeq, fence: fence}
-	if portal != "" && old != nil && old.seg >= s.ps.idleSeg {
+	old := r.ps.portals[pkey]
+	r.ps.portalSeq++
+	next := portalEntry{def: v.def, gen: gen, seg: r.ps.sentSeg, id: r.ps.portalSeq, fence: fence}
+	if portal != "" && old != nil && old.seg >= r.ps.idleSeg {
 		// A named portal cannot be bound twice in a transaction: this
 		// Bind fails and the old one stays open.
 		next.uncertain = true
@@ -113,18 +113,18 @@ func (s *session) bindHead(portal, stmt string, body []byte) (send bool, err err
 		pkey = strings.Clone(pkey) // portal may alias the read buffer
 	}
 	full := false
-	if old == nil && len(s.ps.portals) >= maxTrackedPortals {
-		for k, p := range s.ps.portals {
-			if p.seg < s.ps.idleSeg {
-				delete(s.ps.portals, k)
+	if old == nil && len(r.ps.portals) >= maxTrackedPortals {
+		for k, p := range r.ps.portals {
+			if p.seg < r.ps.idleSeg {
+				delete(r.ps.portals, k)
 			}
 		}
-		full = len(s.ps.portals) >= maxTrackedPortals
+		full = len(r.ps.portals) >= maxTrackedPortals
 	}
 	if !full {
-		s.ps.portals[pkey] = pe
+		r.ps.portals[pkey] = pe
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if full {
 		return refuse(refusePrepared("too many open portals in this session", "Close portals you no longer need, or end the transaction."))
 	}
@@ -143,8 +143,8 @@ const (
 // only its names: the values are copied upstream as they arrive. It
 // reports false, having read nothing, when the Bind must be read whole
 // (names longer than bindNamesBytes, or values the fence settings need).
-func (s *session) relayLargeBind(n int) (bool, error) {
-	head, err := s.cr.peek(min(n, bindNamesBytes))
+func (r *requests) relayLargeBind(n int) (bool, error) {
+	head, err := r.cr.peek(min(n, bindNamesBytes))
 	if err != nil {
 		return true, clientErr(err)
 	}
@@ -155,32 +155,32 @@ func (s *session) relayLargeBind(n int) (bool, error) {
 	}
 	// peek's bytes last until the next read; the checks below may wait.
 	portal, stmt = strings.Clone(portal), strings.Clone(stmt)
-	if s.bindNeedsValues(stmt) {
+	if r.bindNeedsValues(stmt) {
 		return false, nil
 	}
-	send, err := s.bindHead(portal, stmt, nil)
+	send, err := r.bindHead(portal, stmt, nil)
 	if err != nil {
 		return true, err
 	}
 	if !send {
-		if err := s.cr.skip(n); err != nil {
+		if err := r.cr.skip(n); err != nil {
 			return true, clientErr(err)
 		}
 		return true, nil
 	}
-	return true, s.forwardUnread('B', n)
+	return true, r.sess.forwardUnread('B', n)
 }
 
 // bindNeedsValues reports whether a Bind of stmt must be read whole: the
 // statement calls set_config with bound parameters, whose values the
 // record of the fence settings needs. Unknown statements are read whole.
-func (s *session) bindNeedsValues(stmt string) bool {
-	if !s.fence.on {
+func (t *tracker) bindNeedsValues(stmt string) bool {
+	if !t.fence.on {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.ps.stmts[serverKey(stmt)]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.ps.stmts[serverKey(stmt)]
 	if e == nil {
 		return true
 	}
@@ -196,67 +196,67 @@ func (s *session) bindNeedsValues(stmt string) bool {
 
 // reprepare sends Close and Parse for a statement whose text the rules in
 // force decide differently, before the client's message that runs it.
-func (s *session) reprepare(name string, v stmtVerdict) error {
-	s.mu.Lock()
-	s.ps.addStmtOp(name, nil, false, '3', false, 0)
-	s.mu.Unlock()
-	if !s.track('C') {
+func (r *requests) reprepare(name string, v stmtVerdict) error {
+	r.mu.Lock()
+	r.ps.addStmtOp(name, nil, false, '3', false, 0)
+	r.mu.Unlock()
+	if !r.track('C') {
 		return errSessionDone
 	}
-	if err := writeMsg(s.uw, &pgproto3.Close{ObjectType: 'S', Name: name}); err != nil {
+	if err := writeMsg(r.uw, &pgproto3.Close{ObjectType: 'S', Name: name}); err != nil {
 		return upstreamErr(err)
 	}
-	s.mu.Lock()
-	s.ps.addStmtOp(name, v.reprepare, false, '1', false, 0)
+	r.mu.Lock()
+	r.ps.addStmtOp(name, v.reprepare, false, '1', false, 0)
 	if v.newSQL != v.reprepare.sql {
-		s.state.rewrote = true
+		r.state.rewrote = true
 	}
-	s.mu.Unlock()
-	if !s.track('P') {
+	r.mu.Unlock()
+	if !r.track('P') {
 		return errSessionDone
 	}
-	s.logger().Info("prepared statement re-prepared under reloaded rules", zap.String("statement", name))
-	return upstreamErr(writeMsg(s.uw, &pgproto3.Parse{Name: name, Query: v.newSQL, ParameterOIDs: v.reprepare.oids}))
+	r.logger().Info("prepared statement re-prepared under reloaded rules", zap.String("statement", name))
+	return upstreamErr(writeMsg(r.uw, &pgproto3.Parse{Name: name, Query: v.newSQL, ParameterOIDs: v.reprepare.oids}))
 }
 
 // relayDescribe handles a Describe: a statement described must be the one
 // the rules in force decide.
-func (s *session) relayDescribe(body []byte) error {
+func (r *requests) relayDescribe(body []byte) error {
 	if len(body) < 1 {
-		return s.protocolViolation(fmt.Errorf("malformed Describe"))
+		return r.sess.protocolViolation(fmt.Errorf("malformed Describe"))
 	}
 	name, _, ok := cstring(body[1:])
 	if !ok {
-		return s.protocolViolation(fmt.Errorf("malformed Describe"))
+		return r.sess.protocolViolation(fmt.Errorf("malformed Describe"))
 	}
 	if body[0] == 'S' {
-		v, err := s.checkStatement(name, s.ps.pol.Generation(), false)
+		v, err := r.sess.checkStatement(name, r.ps.pol.Generation(), false)
 		if err != nil {
 			return err
 		}
 		if v.refuse != nil {
-			return s.sendRefusedInstead(v.refuse)
+			return r.sess.sendRefusedInstead(v.refuse)
 		}
 		if v.reprepare != nil {
-			if err := s.reprepare(name, v); err != nil {
+			if err := r.reprepare(name, v); err != nil {
 				return err
 			}
 		}
 	}
-	return s.forwardTracked('D', body)
+	return r.sess.forwardTracked('D', body)
 }
 
 // relayExecute handles an Execute: a portal bound under older rules runs
 // only if the rules in force decide its statement the same way.
-func (s *session) relayExecute(body []byte) error {
+func (r *requests) relayExecute(body []byte) error {
 	portal, _, ok := cstring(body)
 	if !ok {
-		return s.protocolViolation(fmt.Errorf("malformed Execute"))
+		return r.sess.protocolViolation(fmt.Errorf("malformed Execute"))
 	}
-	gen := s.ps.pol.Generation()
-	s.mu.Lock()
-	pe := s.ps.portals[serverKey(portal)]
-	if pe != nil && pe.seg < s.ps.idleSeg {
+	gen := r.ps.pol.Generation()
+	r.mu.Lock()
+	pe := r.ps.portals[serverKey(portal)]
+	if pe != nil && pe.seg < r.ps.idleSeg {
 		pe = nil // its transaction ended: the server has no such portal
 	}
 	var (
@@ -266,91 +266,91 @@ func (s *session) relayExecute(body []byte) error {
 	if pe != nil {
 		def, fresh = pe.def, pe.gen == gen
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if !fresh {
 		stale := refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules that have since been reloaded, and the rules in force treat its statement differently; it was not executed", portal),
 			"Bind the statement again (the proxy prepares it again under the rules in force).")
 		if pe.uncertain || def == nil || !def.kept {
-			return s.sendRefusedInstead(stale)
+			return r.sess.sendRefusedInstead(stale)
 		}
-		same, _, err := s.redecide(def)
+		same, _, err := r.sess.redecide(def)
 		if err != nil {
 			return err
 		}
 		if !same {
-			return s.sendRefusedInstead(stale)
+			return r.sess.sendRefusedInstead(stale)
 		}
-		s.mu.Lock()
+		r.mu.Lock()
 		pe.gen = gen
-		s.mu.Unlock()
+		r.mu.Unlock()
 	}
 	if pe != nil && len(pe.fence) > 0 {
 		// Its fence-setting changes count once it ran.
-		s.mu.Lock()
+		r.mu.Lock()
 		for _, a := range pe.fence {
-			s.ps.expect(0, s.fenceDone(a))
+			r.ps.expect(0, r.fenceDone(a))
 		}
 		pe.fence = nil
-		s.mu.Unlock()
+		r.mu.Unlock()
 	}
 	if def != nil && len(def.ops) > 0 {
 		// The statement prepares, runs or removes SQL-level statements.
-		e, err := s.checkExecutes(def.ops, gen)
+		e, err := r.sess.checkExecutes(def.ops, gen)
 		if err != nil {
 			return err
 		}
 		if e != nil {
-			return s.sendRefusedInstead(e)
+			return r.sess.sendRefusedInstead(e)
 		}
-		defs := s.sqlOpDefs(def.ops, gen)
-		s.mu.Lock()
-		overflow := s.ps.wouldOverflow('E', "", def.ops)
+		defs := r.sqlOpDefs(def.ops, gen)
+		r.mu.Lock()
+		overflow := r.ps.wouldOverflow('E', "", def.ops)
 		if !overflow {
-			s.registerSQLOps(def.ops, defs, false)
+			r.registerSQLOps(def.ops, defs, false)
 		}
-		s.mu.Unlock()
+		r.mu.Unlock()
 		if overflow {
-			return s.sendRefusedInstead(refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+			return r.sess.sendRefusedInstead(refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
 				"Deallocate prepared statements you no longer need."))
 		}
 	}
-	return s.forwardTracked('E', body)
+	return r.sess.forwardTracked('E', body)
 }
 
 // relayClose handles a Close of a statement or portal.
-func (s *session) relayClose(body []byte) error {
+func (r *requests) relayClose(body []byte) error {
 	if len(body) < 1 {
-		return s.protocolViolation(fmt.Errorf("malformed Close"))
+		return r.sess.protocolViolation(fmt.Errorf("malformed Close"))
 	}
 	name, _, ok := cstring(body[1:])
 	if !ok {
-		return s.protocolViolation(fmt.Errorf("malformed Close"))
+		return r.sess.protocolViolation(fmt.Errorf("malformed Close"))
 	}
-	s.mu.Lock()
+	r.mu.Lock()
 	switch body[0] {
 	case 'S':
-		s.ps.clientNamed(name)
-		s.ps.addStmtOp(name, nil, false, 0, false, 0)
+		r.ps.clientNamed(name)
+		r.ps.addStmtOp(name, nil, false, 0, false, 0)
 	case 'P':
 		key := serverKey(name)
 		var id uint64
-		if pe := s.ps.portals[key]; pe != nil {
+		if pe := r.ps.portals[key]; pe != nil {
 			id = pe.id
 		}
-		s.ps.expect(0, func(o outcome) {
-			if pe := s.ps.portals[key]; o == outcomeOK && pe != nil && pe.id == id {
-				delete(s.ps.portals, key)
+		r.ps.expect(0, func(o outcome) {
+			if pe := r.ps.portals[key]; o == outcomeOK && pe != nil && pe.id == id {
+				delete(r.ps.portals, key)
 			}
 		})
 	}
-	s.mu.Unlock()
-	return s.forwardTracked('C', body)
+	r.mu.Unlock()
+	return r.sess.forwardTracked('C', body)
 }
 
 // forwardTracked forwards a client message whose body was read.
-func (s *session) forwardTracked(typ byte, body []byte) error {
-	if !s.track(typ) {
+func (r *requests) forwardTracked(typ byte, body []byte) error {
+	if !r.track(typ) {
 		return errSessionDone
 	}
-	return upstreamErr(writeRaw(s.uw, typ, body))
+	return upstreamErr(writeRaw(r.uw, typ, body))
 }

@@ -49,57 +49,57 @@ func refusePrepared(msg, hint string) *rules.Error {
 // sendRefusedInstead sends, in place of a client's Bind, Describe or
 // Execute, a Parse that fails with e: the client gets e where it expects
 // the message's response, and the server skips to the next Sync.
-func (s *session) sendRefusedInstead(e *rules.Error) error {
-	s.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
-	sql := s.refusalSQL(e)
-	if !s.track('P') {
+func (r *requests) sendRefusedInstead(e *rules.Error) error {
+	r.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
+	sql := r.refusalSQL(e)
+	if !r.track('P') {
 		return errSessionDone
 	}
-	return upstreamErr(writeMsg(s.uw, &pgproto3.Parse{Name: s.ps.refusedName, Query: sql}))
+	return upstreamErr(writeMsg(r.uw, &pgproto3.Parse{Name: r.ps.refusedName, Query: sql}))
 }
 
 // redecide decides a statement's text again under the rules in force and
 // reports whether it would send the same as def, with the decision taken.
-func (s *session) redecide(def *stmtDef) (same bool, d rules.Decision, err error) {
-	lexing := s.lexingFor
+func (r *requests) redecide(def *stmtDef) (same bool, d rules.Decision, err error) {
+	lexing := r.lexingFor
 	if def.sqlLevel {
-		lexing = s.lexingNoWait // as in sqlOpDefs
+		lexing = r.lexingNoWait // as in sqlOpDefs
 	}
 	lex, err := lexing(def.sql)
 	if err != nil {
 		return false, d, err
 	}
 	lex.Prepared = def.preparedForm
-	start := s.clock()
-	d = s.decide(lex, def.sql)
-	s.decided(&d, s.clock().Sub(start))
+	start := r.clock()
+	d = r.decide(lex, def.sql)
+	r.sess.decided(&d, r.clock().Sub(start))
 	return decisionHash(&d, def.sql) == def.sent, d, nil
 }
 
 // waitEarlier waits until no change to e sent in an earlier segment is
 // unanswered, so that e.assumed() is what the server has. It reports false
 // if it cannot tell (timeout, lost bookkeeping).
-func (s *session) waitEarlier(e *stmtEntry) (bool, error) {
-	s.mu.Lock()
-	earlier := len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg
-	lost := s.ps.lost
-	s.mu.Unlock()
+func (r *requests) waitEarlier(e *stmtEntry) (bool, error) {
+	r.mu.Lock()
+	earlier := len(e.pending) > 0 && e.pending[0].seg < r.ps.sentSeg
+	lost := r.ps.lost
+	r.mu.Unlock()
 	if lost {
 		return false, nil
 	}
 	if !earlier {
 		return true, nil
 	}
-	if err := s.uw.Flush(); err != nil {
+	if err := r.uw.Flush(); err != nil {
 		return false, upstreamErr(err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.waitLocked(func() bool { return len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg && !s.ps.lost })
-	if s.state.finishing {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.waitLocked(func() bool { return len(e.pending) > 0 && e.pending[0].seg < r.ps.sentSeg && !r.ps.lost })
+	if r.state.finishing {
 		return false, errSessionDone
 	}
-	return !s.ps.lost && !(len(e.pending) > 0 && e.pending[0].seg < s.ps.sentSeg), nil
+	return !r.ps.lost && !(len(e.pending) > 0 && e.pending[0].seg < r.ps.sentSeg), nil
 }
 
 const hintPrepareAgain = "Prepare the statement again (DEALLOCATE it, then PREPARE it), or reconnect."
@@ -115,12 +115,12 @@ type stmtVerdict struct {
 // checkStatement decides whether a message running the prepared statement
 // name (Bind, Describe; SQL EXECUTE when sqlExec) may go ahead under the
 // rules of generation gen.
-func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVerdict, error) {
+func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVerdict, error) {
 	key := serverKey(name)
-	s.mu.Lock()
-	e := s.ps.stmts[key]
+	r.mu.Lock()
+	e := r.ps.stmts[key]
 	if e == nil {
-		s.mu.Unlock()
+		r.mu.Unlock()
 		// PostgreSQL's own answer for a name it does not have (drivers
 		// prepare again on 26000). One the server may have without the
 		// proxy knowing (prepared in a function) gets it too: the proxy
@@ -131,12 +131,12 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 	}
 	if g, ok := e.minGen(); !ok || g == gen {
 		def := e.assumed()
-		s.mu.Unlock()
+		r.mu.Unlock()
 		return stmtVerdict{def: def}, nil
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 
-	ok, err := s.waitEarlier(e)
+	ok, err := r.waitEarlier(e)
 	if err != nil {
 		return stmtVerdict{}, err
 	}
@@ -144,21 +144,21 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 	if !ok {
 		return stmtVerdict{refuse: stale}, nil
 	}
-	s.mu.Lock()
+	r.mu.Lock()
 	def := e.assumed()
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if def == nil || def.gen == gen {
 		return stmtVerdict{def: def}, nil
 	}
 	if !def.kept {
 		return stmtVerdict{refuse: stale}, nil
 	}
-	same, d, err := s.redecide(def)
+	same, d, err := r.sess.redecide(def)
 	if err != nil {
 		return stmtVerdict{}, err
 	}
 	if same {
-		s.refreshDef(e, def, gen)
+		r.refreshDef(e, def, gen)
 		return stmtVerdict{def: def}, nil
 	}
 	if d.Action == Refuse && !def.sqlLevel {
@@ -180,9 +180,9 @@ func (s *session) checkStatement(name string, gen uint64, sqlExec bool) (stmtVer
 
 // refreshDef records that def, the definition the server has under e, is
 // still right under generation gen.
-func (s *session) refreshDef(e *stmtEntry, def *stmtDef, gen uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (t *tracker) refreshDef(e *stmtEntry, def *stmtDef, gen uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if len(e.pending) == 0 && e.confirmed == def {
 		nd := *def
 		nd.gen = gen

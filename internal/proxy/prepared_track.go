@@ -17,15 +17,15 @@ import (
 // earlier in the same text (definedHere, updated as ops go). It returns a
 // refusal if one runs a statement decided under older rules that the rules
 // in force decide differently.
-func (s *session) checkExecutes(ops []PreparedOp, gen uint64) (*rules.Error, error) {
-	e, _, err := s.checkExecutesLock(ops, gen)
+func (r *requests) checkExecutes(ops []PreparedOp, gen uint64) (*rules.Error, error) {
+	e, _, err := r.sess.checkExecutesLock(ops, gen)
 	return e, err
 }
 
 // checkExecutesLock is checkExecutes that also returns the lock
 // registration the executed statements need in this session, if any; a
 // text that executes several such statements is refused.
-func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error, *rules.LockCall, error) {
+func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error, *rules.LockCall, error) {
 	var lock *rules.LockCall
 	definedHere := make(map[string]bool)
 	for _, op := range ops {
@@ -40,20 +40,20 @@ func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error,
 		case OpExecute:
 			if definedHere[key] {
 				// Prepared in this very text: its registration is unknown.
-				if s.lockNamed {
+				if r.lockNamed {
 					return refusePrepared(fmt.Sprintf("cannot tell whether prepared statement %q needs a lock registration: it is prepared and executed in one text", op.Name),
 						"Send PREPARE and EXECUTE as separate messages."), nil, nil
 				}
 				continue
 			}
-			v, err := s.checkStatement(op.Name, gen, true)
+			v, err := r.checkStatement(op.Name, gen, true)
 			if err != nil {
 				return nil, nil, err
 			}
 			if v.refuse != nil {
 				return v.refuse, nil, nil
 			}
-			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (s.lockNamed || v.def.lock.Required) {
+			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (r.lockNamed || v.def.lock.Required) {
 				if lock != nil {
 					return refusePrepared("a text that executes several prepared statements on lock-fenced tables cannot be registered",
 						"Execute them in separate statements."), nil, nil
@@ -69,26 +69,26 @@ func (s *session) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error,
 // under generation gen (read before the text was decided). If the rules
 // changed meanwhile, the definitions are marked so that they are decided
 // again before they run.
-func (s *session) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
+func (t *tracker) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
 	defs := make([]*stmtDef, len(ops))
 	for i, op := range ops {
 		if op.Kind != OpPrepare {
 			continue
 		}
-		lex, err := s.lexingNoWait(op.Text)
+		lex, err := t.lexingNoWait(op.Text)
 		sent := hashText("\x00unknown")
 		var lock *rules.LockCall
 		if err == nil {
-			d := s.decide(lex, op.Text)
+			d := t.decide(lex, op.Text)
 			sent = decisionHash(&d, op.Text)
 			lock = d.Lock
 		}
-		s.mu.Lock()
-		defs[i] = s.ps.newDef(op.Text, sent, gen, nil, true)
+		t.mu.Lock()
+		defs[i] = t.ps.newDef(op.Text, sent, gen, nil, true)
 		defs[i].lock = lock
-		s.mu.Unlock()
+		t.mu.Unlock()
 	}
-	if s.ps.pol.Generation() != gen {
+	if t.ps.pol.Generation() != gen {
 		for _, d := range defs {
 			if d != nil {
 				d.sent = hashText("\x00unknown")
@@ -100,10 +100,10 @@ func (s *session) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
 
 // lexingNoWait is the lexing for a text decided again later under the
 // same settings: the last reported ones.
-func (s *session) lexingNoWait(text string) (Lexing, error) {
-	s.mu.Lock()
-	lex := s.lex
-	s.mu.Unlock()
+func (t *tracker) lexingNoWait(text string) (Lexing, error) {
+	t.mu.Lock()
+	lex := t.lex
+	t.mu.Unlock()
 	for i := 0; i < len(text); i++ {
 		switch c := text[i]; {
 		case c == '\\':
@@ -118,8 +118,8 @@ func (s *session) lexingNoWait(text string) (Lexing, error) {
 // registerSQLOps records the PREPAREs and DEALLOCATEs among ops, about to
 // be sent: as statements of a Query (query), or as the effects of the
 // Execute about to be sent. defs are from sqlOpDefs. Callers hold s.mu.
-func (s *session) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
-	s.registerSQLOpsWithCalls(ops, defs, query, nil, nil, regCallbacks{})
+func (t *tracker) registerSQLOps(ops []PreparedOp, defs []*stmtDef, query bool) {
+	t.registerSQLOpsWithCalls(ops, defs, query, nil, nil, regCallbacks{})
 }
 
 // regCallbacks: the inserted statements from index skip of the calls are
@@ -133,13 +133,13 @@ type regCallbacks struct {
 // proxy inserted statements, at calls (indexes in the text sent): the
 // client's statements move behind them, and their CommandCompletes are
 // swallowed. Callers hold s.mu.
-func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int, fence []rules.SettingOp, reg regCallbacks) {
+func (t *tracker) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, query bool, calls []int, fence []rules.SettingOp, reg regCallbacks) {
 	swallow := func(k int) {
 		if k >= reg.skip && reg.done != nil {
-			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: calls[k], query: true, swallow: 'C', done: reg.done})
+			t.ps.push(pendingResp{seg: t.ps.sentSeg, idx: calls[k], query: true, swallow: 'C', done: reg.done})
 			return
 		}
-		s.ps.swallowQuery(calls[k])
+		t.ps.swallowQuery(calls[k])
 	}
 	// sent maps a client statement index to its index in the text sent.
 	sent := func(k int) int {
@@ -159,7 +159,7 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 				swallow(next)
 				next++
 			}
-			s.ps.push(pendingResp{seg: s.ps.sentSeg, idx: sent(f.Stmt), query: true, done: s.fenceDone(knownOp(f))})
+			t.ps.push(pendingResp{seg: t.ps.sentSeg, idx: sent(f.Stmt), query: true, done: t.fenceDone(knownOp(f))})
 		}
 	}
 	for i, op := range ops {
@@ -174,17 +174,17 @@ func (s *session) registerSQLOpsWithCalls(ops []PreparedOp, defs []*stmtDef, que
 		}
 		switch op.Kind {
 		case OpPrepare:
-			s.ps.addStmtOp(op.Name, defs[i], false, 0, query, idx)
+			t.ps.addStmtOp(op.Name, defs[i], false, 0, query, idx)
 		case OpDeallocate:
-			s.ps.addStmtOp(op.Name, nil, false, 0, query, idx)
+			t.ps.addStmtOp(op.Name, nil, false, 0, query, idx)
 		case OpDeallocateAll:
-			for key := range s.ps.stmts {
-				s.ps.addStmtOp(key, nil, false, 0, query, idx)
+			for key := range t.ps.stmts {
+				t.ps.addStmtOp(key, nil, false, 0, query, idx)
 			}
-			s.ps.forgetOwn() // the proxy's own statements go too
+			t.ps.forgetOwn() // the proxy's own statements go too
 		}
 		if op.Kind != OpExecute {
-			s.ps.clientNamed(op.Name)
+			t.ps.clientNamed(op.Name)
 		}
 	}
 	if query {
@@ -263,12 +263,12 @@ func cloneOps(ops []PreparedOp) []PreparedOp {
 // and what the text defines or removes is recorded; preparedForm is
 // whether d was decided with Lexing.Prepared, words what mentionsPrepared
 // found in sql.
-func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *rules.Decision, preparedForm bool, words prepWords, ft *fenceText) error {
+func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *rules.Decision, preparedForm bool, words prepWords, ft *fenceText) error {
 	var ops []PreparedOp
 	if d.Action != Refuse {
 		if words.any {
 			var err error
-			ops, err = s.preparedOps(sql)
+			ops, err = r.preparedOps(sql)
 			switch {
 			case errors.Is(err, errPolicyPanicked):
 				*d = internalRefusal()
@@ -276,16 +276,16 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 				*d = rules.Decision{Action: Refuse, Err: refusePrepared("cannot tell which prepared statement this text executes: it does not parse", "")}
 			case err != nil:
 				ops = nil
-			case d.Action == Rewrite && len(ops) > 0 && !s.sameOps(ops, d.SQL):
+			case d.Action == Rewrite && len(ops) > 0 && !r.sameOps(ops, d.SQL):
 				*d = rules.Decision{Action: Refuse, Err: refusePrepared("cannot track the prepared statements of this text once rewritten", "Send PREPARE, EXECUTE and DEALLOCATE as statements of their own.")}
 			}
 		}
 	}
 	var calls []int
-	spare := s.fence.on && s.spare(d.Lock)
+	spare := r.fence.on && r.spare(d.Lock)
 	var regLock *rules.LockCall // the registration sent, if any
 	checkFirst := 0             // the catalog check in front of the registrations
-	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) && !spare {
+	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (r.lockNamed || d.Lock.Required) && !spare {
 		regLock = d.Lock
 		if d.Lock.Pre != "" {
 			checkFirst = 1
@@ -304,7 +304,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		*d = rules.Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
 	}
 	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
-		e, lock, err := s.checkExecutesLock(ops, gen)
+		e, lock, err := r.checkExecutesLock(ops, gen)
 		if err != nil {
 			return err
 		}
@@ -314,7 +314,7 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		case lock != nil && (calls != nil || ops[0].Stmts != 1):
 			*d = rules.Decision{Action: Refuse, Err: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
 				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
-		case lock != nil && s.fence.on && s.spare(lock):
+		case lock != nil && r.fence.on && r.spare(lock):
 		case lock != nil:
 			regLock = lock
 			out := sql
@@ -327,12 +327,12 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 			*d = rules.Decision{Action: Rewrite, SQL: lock.Call + ";" + out, Tables: d.Tables}
 		}
 	}
-	if typ == 'Q' && d.Action != Refuse && s.fence.on && ft.prelude {
+	if typ == 'Q' && d.Action != Refuse && r.fence.on && ft.prelude {
 		// The session's own values, transaction-locally, before the
 		// text: two statements, whose CommandCompletes are swallowed.
-		s.mu.Lock()
-		pre := s.fence.simplePrelude()
-		s.mu.Unlock()
+		r.mu.Lock()
+		pre := r.fence.simplePrelude()
+		r.mu.Unlock()
 		base := sql
 		if d.Action == Rewrite {
 			base = d.SQL
@@ -350,11 +350,11 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 	}
 	var defs []*stmtDef
 	if typ == 'Q' && len(ops) > 0 {
-		defs = s.sqlOpDefs(ops, gen)
+		defs = r.sqlOpDefs(ops, gen)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d.Action != Refuse && s.ps.wouldOverflow(typ, p.Name, ops) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.Action != Refuse && r.ps.wouldOverflow(typ, p.Name, ops) {
 		*d = rules.Decision{Action: Refuse, Err: refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
 			"Deallocate prepared statements you no longer need.")}
 		ops, defs = nil, nil
@@ -366,32 +366,32 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 		}
 		var regDone func(outcome)
 		if regLock != nil {
-			regDone = s.registeredDone(regLock)
+			regDone = r.registeredDone(regLock)
 		}
 		pre := 0
 		if ft.prelude && d.Action != Refuse {
 			pre = 2
 		}
-		s.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops, regCallbacks{skip: pre + checkFirst, done: regDone})
+		r.registerSQLOpsWithCalls(ops, defs, true, calls, ft.ops, regCallbacks{skip: pre + checkFirst, done: regDone})
 	case d.Action == Refuse:
 		if p.Name == "" {
 			// The refused Parse still drops the unnamed statement.
-			s.ps.addStmtOp("", nil, true, 0, false, 0)
+			r.ps.addStmtOp("", nil, true, 0, false, 0)
 		}
 		// A refused named Parse fails before it would replace anything.
 	default:
-		s.ps.clientNamed(p.Name)
-		def := s.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
+		r.ps.clientNamed(p.Name)
+		def := r.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
 		if def == nil {
-			def = s.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
-			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
+			def = r.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
+			def.ops = cloneOps(ops) // their texts may alias the Parse'r, read in place
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
 			def.forward = d.Action == Forward
 			def.preparedForm = preparedForm
 			def.fence = ft.ops
 		}
-		s.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
+		r.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}
 	return nil
 }
@@ -399,8 +399,8 @@ func (s *session) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uin
 // preparedOps asks the policy for the prepared-statement operations of
 // sql. It parses: on an event loop, that runs off the loop's thread (as
 // slow decisions do, see decide).
-func (s *session) preparedOps(sql string) (ops []PreparedOp, err error) {
-	s.offLoop(func() { ops, err = s.policyPreparedOps(sql) })
+func (t *tracker) preparedOps(sql string) (ops []PreparedOp, err error) {
+	t.offLoop(func() { ops, err = t.policyPreparedOps(sql) })
 	return ops, err
 }
 
@@ -410,14 +410,14 @@ var errPolicyPanicked = errors.New("policy panicked")
 
 // policyPreparedOps asks the policy, returning errPolicyPanicked if it
 // panics.
-func (s *session) policyPreparedOps(sql string) (ops []PreparedOp, err error) {
+func (t *tracker) policyPreparedOps(sql string) (ops []PreparedOp, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.logPolicyPanic("policy panicked listing prepared statements; statement refused", r)
+			t.logPolicyPanic("policy panicked listing prepared statements; statement refused", r)
 			ops, err = nil, errPolicyPanicked
 		}
 	}()
-	return s.ps.pol.PreparedOps(sql)
+	return t.ps.pol.PreparedOps(sql)
 }
 
 // maxReusedOIDs bounds the parameter-type buffer a session keeps
@@ -426,8 +426,8 @@ const maxReusedOIDs = 256
 
 // sameOps reports whether the rewritten text out has the same
 // prepared-statement operations at the same statement indexes as ops.
-func (s *session) sameOps(ops []PreparedOp, out string) bool {
-	got, err := s.preparedOps(out)
+func (t *tracker) sameOps(ops []PreparedOp, out string) bool {
+	got, err := t.preparedOps(out)
 	if err != nil || len(got) != len(ops) {
 		return false
 	}

@@ -15,29 +15,29 @@ const refusalMarkerPrefix = "fenceproxy-refusal:"
 // upstream's parser (the cast of an unknown literal is evaluated during
 // parse analysis) and executes nothing. The error comes back in the right
 // place of the response stream and is replaced by e there.
-func (s *session) refusalSQL(e *rules.Error) string {
-	s.mu.Lock()
-	s.nextRef++
-	id := s.nextRef
+func (t *tracker) refusalSQL(e *rules.Error) string {
+	t.mu.Lock()
+	t.nextRef++
+	id := t.nextRef
 	// Bound the map: refusals are forgotten at each ReadyForQuery, so only
 	// a client pipelining thousands of refused statements reaches this.
-	if len(s.refusals) < 10000 {
-		s.refusals[id] = e
+	if len(t.refusals) < 10000 {
+		t.refusals[id] = e
 	}
-	s.mu.Unlock()
-	return "SELECT '" + refusalMarkerPrefix + s.nonce + ":" + strconv.FormatUint(id, 10) + "'::pg_catalog.int8"
+	t.mu.Unlock()
+	return "SELECT '" + refusalMarkerPrefix + t.nonce + ":" + strconv.FormatUint(id, 10) + "'::pg_catalog.int8"
 }
 
 // takeRefusal returns the refusal whose marker appears in an upstream error.
-func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
+func (t *tracker) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
 	if e.Code != "22P02" {
 		return nil
 	}
-	i := strings.Index(e.Message, refusalMarkerPrefix+s.nonce+":")
+	i := strings.Index(e.Message, refusalMarkerPrefix+t.nonce+":")
 	if i < 0 {
 		return nil
 	}
-	rest := e.Message[i+len(refusalMarkerPrefix)+len(s.nonce)+1:]
+	rest := e.Message[i+len(refusalMarkerPrefix)+len(t.nonce)+1:]
 	// Only the digits are read: what quotes the value depends on
 	// lc_messages (" in English, » « in German, « » in French).
 	j := 0
@@ -51,10 +51,10 @@ func (s *session) takeRefusal(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
 	if err != nil {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.refusals[id]
-	delete(s.refusals, id)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.refusals[id]
+	delete(t.refusals, id)
 	if r == nil {
 		return nil
 	}

@@ -12,7 +12,7 @@ import (
 // TestTakeRefusalAnyLanguage: the refusal marker is found whatever quotes
 // the server's lc_messages puts around the value.
 func TestTakeRefusalAnyLanguage(t *testing.T) {
-	s := &session{nonce: "abc", refusals: map[uint64]*rules.Error{}}
+	s := &session{tracker: tracker{nonce: "abc", refusals: map[uint64]*rules.Error{}}}
 	for _, msg := range []string{
 		`invalid input syntax for type bigint: "fenceproxy-refusal:abc:%d"`,
 		`ungültige Eingabesyntax für Typ bigint: »fenceproxy-refusal:abc:%d«`,

@@ -16,17 +16,17 @@ type bindVerdict struct {
 
 // bindLock returns the lock registration to run before a Bind of def:
 // its own, or that of the SQL-level statement it EXECUTEs.
-func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
+func (r *requests) bindLock(def *stmtDef, gen uint64) bindVerdict {
 	if def == nil {
 		return bindVerdict{}
 	}
-	if l := def.lock; l != nil && len(l.Calls) > 0 && (s.lockNamed || l.Required) {
+	if l := def.lock; l != nil && len(l.Calls) > 0 && (r.lockNamed || l.Required) {
 		return bindVerdict{call: l.Call, reg: l}
 	}
 	if len(def.ops) == 0 {
 		return bindVerdict{}
 	}
-	e, l, err := s.checkExecutesLock(def.ops, gen)
+	e, l, err := r.checkExecutesLock(def.ops, gen)
 	switch {
 	case err != nil:
 		return bindVerdict{refuse: refusePrepared("cannot check the prepared statement this statement executes", "")}
@@ -45,11 +45,11 @@ func (s *session) bindLock(def *stmtDef, gen uint64) bindVerdict {
 // the same transaction as the client's statement: nothing in between ends
 // it. If it fails, its error is the first the client sees, and the server
 // skips the client's messages up to the Sync.
-func (s *session) register(call string, l *rules.LockCall) error {
-	ps := s.ps
-	s.mu.Lock()
-	if s.state.finishing {
-		s.mu.Unlock()
+func (r *requests) register(call string, l *rules.LockCall) error {
+	ps := r.ps
+	r.mu.Lock()
+	if r.state.finishing {
+		r.mu.Unlock()
 		return errSessionDone
 	}
 	// Parsed again every time, in the same pipeline as its Bind: nothing
@@ -92,17 +92,17 @@ func (s *session) register(call string, l *rules.LockCall) error {
 	})
 	ps.countSent('B')
 	msgs = append(msgs, out{'B', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}})
-	ps.expect('C', s.registeredDone(l))
+	ps.expect('C', r.registeredDone(l))
 	ps.countSent('E')
 	msgs = append(msgs, out{'E', &pgproto3.Execute{Portal: name}})
 	if !prepared {
 		// Until its ParseComplete says so, do not count on it.
 		ps.regPrepared = ""
 	}
-	s.state.rewrote = true
-	s.mu.Unlock()
+	r.state.rewrote = true
+	r.mu.Unlock()
 	for _, m := range msgs {
-		if err := writeMsg(s.uw, m.msg); err != nil {
+		if err := writeMsg(r.uw, m.msg); err != nil {
 			return upstreamErr(err)
 		}
 	}

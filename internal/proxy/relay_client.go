@@ -17,21 +17,21 @@ import (
 )
 
 // copyClientToUpstream relays client messages, passing SQL through the rules.
-func (s *session) copyClientToUpstream() error {
-	s.cr.budget = s.messageBudget()
+func (r *requests) copyClientToUpstream() error {
+	r.cr.budget = r.messageBudget()
 	// A large body's budget is given back after each message; this is for
 	// a session that ends while it handles one.
-	defer s.cr.release()
+	defer r.cr.release()
 	for {
-		if !s.cr.buffered() {
-			if err := s.uw.Flush(); err != nil {
+		if !r.cr.buffered() {
+			if err := r.uw.Flush(); err != nil {
 				return upstreamErr(err)
 			}
 		}
-		typ, n, err := s.cr.header()
+		typ, n, err := r.cr.header()
 		if err != nil {
 			if errors.Is(err, errMessageTooLarge) || errors.Is(err, errBadLength) {
-				s.terminate(fatal("08P01", "fenceproxy: "+strings.TrimPrefix(err.Error(), "proxy: ")), "bad client message")
+				r.sess.terminate(fatal("08P01", "fenceproxy: "+strings.TrimPrefix(err.Error(), "proxy: ")), "bad client message")
 				return clientErr(err)
 			}
 			// The client went away without a Terminate (io.EOF) or its
@@ -41,29 +41,29 @@ func (s *session) copyClientToUpstream() error {
 		}
 		switch typ {
 		case 'Q', 'P':
-			body, err := s.cr.body(n)
+			body, err := r.cr.body(n)
 			switch {
 			case errors.Is(err, errNoBudget):
-				err = s.refuseUnheld(typ, body, err)
+				err = r.sess.refuseUnheld(typ, body, err)
 			case err != nil:
 				return clientErr(err)
 			default:
-				err = s.relaySQL(typ, body)
+				err = r.sess.relaySQL(typ, body)
 			}
-			s.cr.release()
+			r.cr.release()
 			if err != nil {
 				return err
 			}
 		case 'B', 'D', 'E', 'C':
-			if s.ps == nil {
-				if err := s.forwardUnread(typ, n); err != nil {
+			if r.ps == nil {
+				if err := r.sess.forwardUnread(typ, n); err != nil {
 					return err
 				}
 				continue
 			}
 			if typ == 'B' && n > bindStreamBytes {
 				// A large Bind: its values are streamed, not held.
-				done, err := s.relayLargeBind(n)
+				done, err := r.relayLargeBind(n)
 				if err != nil {
 					return err
 				}
@@ -71,10 +71,10 @@ func (s *session) copyClientToUpstream() error {
 					continue
 				}
 			}
-			body, err := s.cr.body(n)
+			body, err := r.cr.body(n)
 			if errors.Is(err, errNoBudget) {
-				err = s.sendRefusedInstead(noBudgetRefusal(err))
-				s.cr.release()
+				err = r.sendRefusedInstead(noBudgetRefusal(err))
+				r.cr.release()
 				if err != nil {
 					return err
 				}
@@ -85,30 +85,30 @@ func (s *session) copyClientToUpstream() error {
 			}
 			switch typ {
 			case 'B':
-				err = s.relayBind(body)
+				err = r.relayBind(body)
 			case 'D':
-				err = s.relayDescribe(body)
+				err = r.relayDescribe(body)
 			case 'E':
-				err = s.relayExecute(body)
+				err = r.relayExecute(body)
 			case 'C':
-				err = s.relayClose(body)
+				err = r.relayClose(body)
 			}
-			s.cr.release()
+			r.cr.release()
 			if err != nil {
 				return err
 			}
 		case 'X':
 			// The server closes its end on Terminate: from here on an
 			// upstream EOF is the normal end of the session, not a failure.
-			s.mu.Lock()
-			s.state.finishing = true
-			s.mu.Unlock()
-			if err := writeHeader(s.uw, typ, 0); err == nil {
-				_ = s.uw.Flush()
+			r.mu.Lock()
+			r.state.finishing = true
+			r.mu.Unlock()
+			if err := writeHeader(r.uw, typ, 0); err == nil {
+				_ = r.uw.Flush()
 			}
 			return errSessionDone
 		default:
-			if err := s.forwardUnread(typ, n); err != nil {
+			if err := r.sess.forwardUnread(typ, n); err != nil {
 				return err
 			}
 		}
@@ -116,14 +116,14 @@ func (s *session) copyClientToUpstream() error {
 }
 
 // forwardUnread forwards a client message without decoding its body.
-func (s *session) forwardUnread(typ byte, n int) error {
-	if !s.track(typ) {
+func (r *requests) forwardUnread(typ byte, n int) error {
+	if !r.track(typ) {
 		return errSessionDone
 	}
-	if err := writeHeader(s.uw, typ, n); err != nil {
+	if err := writeHeader(r.uw, typ, n); err != nil {
 		return upstreamErr(err)
 	}
-	if err := s.cr.copyBody(s.uw, n); err != nil {
+	if err := r.cr.copyBody(r.uw, n); err != nil {
 		return blame(err, clientErr, upstreamErr)
 	}
 	return nil
@@ -131,46 +131,46 @@ func (s *session) forwardUnread(typ byte, n int) error {
 
 // track updates the idle bookkeeping for a client message about to be
 // forwarded. It returns false if the session is closing.
-func (s *session) track(typ byte) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.state.finishing {
+func (t *tracker) track(typ byte) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state.finishing {
 		return false
 	}
 	// In copy-in mode the server ignores Sync and Flush (protocol docs,
 	// "COPY Operations"); CopyDone or CopyFail ends it.
-	if s.state.copyIn {
+	if t.state.copyIn {
 		switch typ {
 		case 'S', 'H':
 			return true
 		case 'c', 'f':
-			s.state.copyIn = false
+			t.state.copyIn = false
 		}
 	} else if typ == 'c' || typ == 'f' {
-		s.state.copyEndSent = true
+		t.state.copyEndSent = true
 	}
 	switch typ {
 	case 'Q', 'F':
-		s.state.inFlight++
-		s.state.lastWasQuery = true
-		s.state.copyEndSent = false
+		t.state.inFlight++
+		t.state.lastWasQuery = true
+		t.state.copyEndSent = false
 	case 'S':
-		s.state.inFlight++
-		s.state.unsynced = false
-		if !s.state.copyEndSent {
-			s.state.syncsSinceExecute++
+		t.state.inFlight++
+		t.state.unsynced = false
+		if !t.state.copyEndSent {
+			t.state.syncsSinceExecute++
 		}
 	case 'E':
-		s.state.unsynced = true
-		s.state.lastWasQuery = false
-		s.state.syncsSinceExecute = 0
-		s.state.copyEndSent = false
-		s.state.execsSinceIdle++
+		t.state.unsynced = true
+		t.state.lastWasQuery = false
+		t.state.syncsSinceExecute = 0
+		t.state.copyEndSent = false
+		t.state.execsSinceIdle++
 	case 'P', 'B', 'D', 'C':
-		s.state.unsynced = true
+		t.state.unsynced = true
 	}
-	if s.ps != nil {
-		s.ps.countSent(typ)
+	if t.ps != nil {
+		t.ps.countSent(typ)
 	}
 	return true
 }
@@ -216,10 +216,10 @@ func (s *session) copyInStarted() {
 
 // copyInEnded records an ErrorResponse: a server in copy-in mode leaves it
 // on an error, and then answers the client's next Sync.
-func (s *session) copyInEnded() {
-	s.mu.Lock()
-	s.state.copyIn = false
-	s.mu.Unlock()
+func (t *tracker) copyInEnded() {
+	t.mu.Lock()
+	t.state.copyIn = false
+	t.mu.Unlock()
 }
 
 // noBudgetRefusal is the error a client gets for a message the proxy had
@@ -237,60 +237,60 @@ func noBudgetRefusal(err error) *rules.Error {
 // memory budget for (start is its first bytes; the rest was dropped): the
 // server gets a statement that fails with the refusal in its place, as
 // for a statement the policy refuses.
-func (s *session) refuseUnheld(typ byte, start []byte, err error) error {
+func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
 	e := noBudgetRefusal(err)
-	s.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message), zap.Error(err))
+	r.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message), zap.Error(err))
 	var p pgproto3.Parse
 	if typ == 'P' {
 		name, _, ok := cstring(start)
 		if !ok {
-			return s.protocolViolation(errors.New("invalid Parse message"))
+			return r.sess.protocolViolation(errors.New("invalid Parse message"))
 		}
 		p.Name = name
 	}
 	d := rules.Decision{Action: Refuse, Err: e}
-	if s.ps != nil {
-		if err := s.trackPrepared(typ, &p, "", s.ps.pol.Generation(), &d, false, prepWords{}, &fenceText{}); err != nil {
+	if r.ps != nil {
+		if err := r.trackPrepared(typ, &p, "", r.ps.pol.Generation(), &d, false, prepWords{}, &fenceText{}); err != nil {
 			return err
 		}
 	}
-	if !s.track(typ) {
+	if !r.track(typ) {
 		return errSessionDone
 	}
-	sql := s.refusalSQL(d.Err)
+	sql := r.refusalSQL(d.Err)
 	var msg encoder = &pgproto3.Query{String: sql}
 	if typ == 'P' {
 		msg = &pgproto3.Parse{Name: p.Name, Query: sql}
 	}
-	return upstreamErr(writeMsg(s.uw, msg))
+	return upstreamErr(writeMsg(r.uw, msg))
 }
 
 // chargeDecision charges the budget of the message being handled for
 // deciding sql (Policy.DecisionCost: a parse holds many times the text),
 // so that the budget bounds the memory of large statements being decided
 // too (docs/design.md, "Memory of large messages").
-func (s *session) chargeDecision(sql string) error {
-	n := s.srv.opts.Policy.DecisionCost(&s.info, sql)
+func (r *requests) chargeDecision(sql string) error {
+	n := r.srv.opts.Policy.DecisionCost(&r.info, sql)
 	if n <= 0 {
 		return nil
 	}
-	return s.cr.charge(n)
+	return r.cr.charge(n)
 }
 
 // relaySQL takes the rules decision for a Query or Parse message and
 // forwards what it says.
-func (s *session) relaySQL(typ byte, body []byte) error {
+func (r *requests) relaySQL(typ byte, body []byte) error {
 	var (
 		p     pgproto3.Parse
 		sql   string
-		start = s.clock()
+		start = r.clock()
 	)
 	if typ == 'Q' {
 		// The text is read in place, without a copy: it aliases the read
 		// buffer, so it must not be kept past this message (what is kept
 		// is copied: the policy's cache, prepared-statement definitions).
 		if len(body) == 0 || bytes.IndexByte(body, 0) != len(body)-1 {
-			return s.protocolViolation(errors.New("invalid Query message"))
+			return r.sess.protocolViolation(errors.New("invalid Query message"))
 		}
 		if len(body) > 1 {
 			sql = unsafe.String(&body[0], len(body)-1)
@@ -298,85 +298,85 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 	} else {
 		// Read in place too (decodeParse): the name, a map key, is copied.
 		var err error
-		if p, err = decodeParse(body, s.oidBuf[:0]); err != nil {
-			return s.protocolViolation(err)
+		if p, err = decodeParse(body, r.oidBuf[:0]); err != nil {
+			return r.sess.protocolViolation(err)
 		}
 		if cap(p.ParameterOIDs) <= maxReusedOIDs {
-			s.oidBuf = p.ParameterOIDs[:0]
+			r.oidBuf = p.ParameterOIDs[:0]
 		}
 		sql = p.Query
 	}
 	if len(sql) > largeBodyBytes {
-		if err := s.chargeDecision(sql); err != nil {
-			return s.refuseUnheld(typ, body, err)
+		if err := r.chargeDecision(sql); err != nil {
+			return r.refuseUnheld(typ, body, err)
 		}
 	}
 	var gen uint64
-	if s.ps != nil {
+	if r.ps != nil {
 		// Before deciding: a reload during the decision then shows as a
 		// change of generation later.
-		gen = s.ps.pol.Generation()
+		gen = r.ps.pol.Generation()
 	}
-	if !s.fence.on && !s.lockNamed && s.srv.opts.Policy.NamesLock(&s.info, sql) {
-		s.lockNamed = true
+	if !r.fence.on && !r.lockNamed && r.srv.opts.Policy.NamesLock(&r.info, sql) {
+		r.lockNamed = true
 	}
-	lex, err := s.lexingFor(sql)
+	lex, err := r.sess.lexingFor(sql)
 	if err != nil {
 		return err
 	}
 	// The text's prepared-statement words, scanned once: for the form it
 	// is decided in and for the bookkeeping after the decision.
 	var words prepWords
-	if s.ps != nil || typ == 'P' && p.Name != "" {
+	if r.ps != nil || typ == 'P' && p.Name != "" {
 		words.any, words.execute = mentionsPrepared(sql)
 	}
 	lex.Prepared = preparedForm(typ, p.Name, words)
-	d := s.decide(lex, sql)
-	s.decided(&d, s.clock().Sub(start))
+	d := r.decide(lex, sql)
+	r.sess.decided(&d, r.clock().Sub(start))
 	var ft fenceText
-	if s.fence.on && d.Action != Refuse {
-		if err := s.fenceDecide(typ, &d, &ft, sql, lex, words); err != nil {
+	if r.fence.on && d.Action != Refuse {
+		if err := r.sess.fenceDecide(typ, &d, &ft, sql, lex, words); err != nil {
 			return err
 		}
 	}
-	if typ == 'Q' && d.Action == Rewrite && d.Preparable && s.ps != nil && s.srv.opts.AutoPrepare > 0 && !words.any {
-		if done, err := s.autoPrepare(lex, sql, &d); done || err != nil {
+	if typ == 'Q' && d.Action == Rewrite && d.Preparable && r.ps != nil && r.srv.opts.AutoPrepare > 0 && !words.any {
+		if done, err := r.autoPrepare(lex, sql, &d); done || err != nil {
 			return err
 		}
 	}
-	if s.ps != nil {
-		if err := s.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words, &ft); err != nil {
+	if r.ps != nil {
+		if err := r.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words, &ft); err != nil {
 			return err
 		}
-	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (s.lockNamed || d.Lock.Required) {
+	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (r.lockNamed || d.Lock.Required) {
 		// The registration's results could not be told apart.
 		d = rules.Decision{Action: Refuse, Err: refusePrepared("lock fencing needs a policy that tracks prepared statements", "")}
 	}
-	if !s.track(typ) {
+	if !r.track(typ) {
 		return errSessionDone
 	}
 
 	var out string
 	switch d.Action {
 	case Forward:
-		if err := writeRaw(s.uw, typ, body); err != nil {
+		if err := writeRaw(r.uw, typ, body); err != nil {
 			return upstreamErr(err)
 		}
 		return nil
 	case Rewrite:
 		out = d.SQL
-		s.mu.Lock()
-		s.state.rewrote = true
-		s.mu.Unlock()
-		if ce := s.logger().Check(zap.DebugLevel, "statement rewritten"); ce != nil {
+		r.mu.Lock()
+		r.state.rewrote = true
+		r.mu.Unlock()
+		if ce := r.logger().Check(zap.DebugLevel, "statement rewritten"); ce != nil {
 			ce.Write(zap.String("sql", d.SQL), zap.Strings("tables", d.Tables))
 		}
 	case Refuse:
 		if d.Err == nil {
 			d.Err = &rules.Error{Code: "XX000", Message: "fenceproxy: statement refused"}
 		}
-		out = s.refusalSQL(d.Err)
-		s.logger().Info("statement refused", zap.String("sqlstate", d.Err.Code), zap.String("reason", d.Err.Message))
+		out = r.refusalSQL(d.Err)
+		r.logger().Info("statement refused", zap.String("sqlstate", d.Err.Code), zap.String("reason", d.Err.Message))
 	default:
 		return fmt.Errorf("proxy: unknown policy action %d", d.Action)
 	}
@@ -390,7 +390,7 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 		}
 		msg = &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}
 	}
-	if err := writeMsg(s.uw, msg); err != nil {
+	if err := writeMsg(r.uw, msg); err != nil {
 		return upstreamErr(err)
 	}
 	return nil
@@ -403,14 +403,14 @@ func (s *session) relaySQL(typ byte, body []byte) error {
 // parse, the first wait for a database's check) is made off the loop's
 // thread while the session's task waits, so that the loop's other sessions
 // go on.
-func (s *session) decide(lex Lexing, sql string) rules.Decision {
-	if s.loop != nil && s.loop.inTask() {
-		if d, ok := s.quickDecide(lex, sql); ok {
+func (t *tracker) decide(lex Lexing, sql string) rules.Decision {
+	if t.loop != nil && t.loop.inTask() {
+		if d, ok := t.quickDecide(lex, sql); ok {
 			return d
 		}
 	}
 	var d rules.Decision
-	s.offLoop(func() { d = s.policyDecide(lex, sql) })
+	t.offLoop(func() { d = t.policyDecide(lex, sql) })
 	return d
 }
 
@@ -420,51 +420,51 @@ func (s *session) decide(lex Lexing, sql string) rules.Decision {
 // (the caller is its task); otherwise here. At most cap(Server.offLoop)
 // such goroutines run f at once: after a reload every session's next
 // statement may be first-seen, and each parse holds an OS thread.
-func (s *session) offLoop(f func()) {
-	if s.loop == nil || !s.loop.inTask() {
+func (t *tracker) offLoop(f func()) {
+	if t.loop == nil || !t.loop.inTask() {
 		f()
 		return
 	}
-	s.loop.await(func() {
-		s.srv.offLoopWaiting.Add(1)
-		s.srv.offLoop <- struct{}{}
-		s.srv.offLoopWaiting.Add(-1)
-		defer func() { <-s.srv.offLoop }()
+	t.loop.await(func() {
+		t.srv.offLoopWaiting.Add(1)
+		t.srv.offLoop <- struct{}{}
+		t.srv.offLoopWaiting.Add(-1)
+		defer func() { <-t.srv.offLoop }()
 		f()
 	})
 }
 
 // quickDecide asks the policy for a quick decision, refusing the
 // statement if it panics.
-func (s *session) quickDecide(lex Lexing, sql string) (d rules.Decision, ok bool) {
+func (t *tracker) quickDecide(lex Lexing, sql string) (d rules.Decision, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			d, ok = s.policyPanicked(r), true
+			d, ok = t.policyPanicked(r), true
 		}
 	}()
-	return s.srv.opts.Policy.DecideQuick(&s.info, lex, sql)
+	return t.pol.DecideQuick(&t.info, lex, sql)
 }
 
 // policyDecide asks the policy, refusing the statement if it panics.
-func (s *session) policyDecide(lex Lexing, sql string) (d rules.Decision) {
+func (t *tracker) policyDecide(lex Lexing, sql string) (d rules.Decision) {
 	defer func() {
 		if r := recover(); r != nil {
-			d = s.policyPanicked(r)
+			d = t.policyPanicked(r)
 		}
 	}()
-	return s.srv.opts.Policy.Decide(&s.info, lex, sql)
+	return t.pol.Decide(&t.info, lex, sql)
 }
 
 // policyPanicked logs a panic of the policy and returns the refusal of the
 // statement it was deciding.
-func (s *session) policyPanicked(r any) rules.Decision {
-	s.logPolicyPanic("policy panicked; statement refused", r)
+func (t *tracker) policyPanicked(r any) rules.Decision {
+	t.logPolicyPanic("policy panicked; statement refused", r)
 	return internalRefusal()
 }
 
 // logPolicyPanic logs r, recovered from the policy, with the stack.
-func (s *session) logPolicyPanic(msg string, r any) {
-	s.logger().Error(msg, zap.Any("panic", r), zap.Stack("stack"))
+func (t *tracker) logPolicyPanic(msg string, r any) {
+	t.logger().Error(msg, zap.Any("panic", r), zap.Stack("stack"))
 }
 
 // internalRefusal refuses a statement the policy failed on.
@@ -483,7 +483,7 @@ func internalRefusal() rules.Decision {
 // their ReadyForQuery), so it sends what it has and waits for the server to
 // answer. Extended-protocol messages not yet followed by a Sync cannot be
 // waited for; then Lexing.Uncertain is set and the policy decides.
-func (s *session) lexingFor(sql string) (Lexing, error) {
+func (r *requests) lexingFor(sql string) (Lexing, error) {
 	var text Lexing
 	for i := 0; i < len(sql) && !(text.Backslash && text.NonASCII); i++ {
 		switch c := sql[i]; {
@@ -497,35 +497,35 @@ func (s *session) lexingFor(sql string) (Lexing, error) {
 	if sensitive {
 		// Only statements the policy may act on need the server's exact
 		// reading; the others are forwarded as sent anyway.
-		if !s.srv.opts.Policy.MayTouch(&s.info, sql) {
+		if !r.srv.opts.Policy.MayTouch(&r.info, sql) {
 			sensitive = false
 		}
 	}
-	s.mu.Lock()
-	if !sensitive || (s.state.inFlight == 0 && !s.state.unsynced) {
-		lex := s.lex
+	r.mu.Lock()
+	if !sensitive || (r.state.inFlight == 0 && !r.state.unsynced) {
+		lex := r.lex
 		lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
 		// After the bookkeeping lost track once, fail closed for good.
-		lex.Uncertain = sensitive && s.state.desync
-		s.mu.Unlock()
+		lex.Uncertain = sensitive && r.state.desync
+		r.mu.Unlock()
 		return lex, nil
 	}
-	s.mu.Unlock()
-	if err := s.uw.Flush(); err != nil {
+	r.mu.Unlock()
+	if err := r.uw.Flush(); err != nil {
 		return Lexing{}, upstreamErr(err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	// Bounded: the bookkeeping can overcount (a Query discarded by a
 	// server skipping to Sync), and the server may be waiting for the
 	// client (copy-in); never block reading the client forever.
-	s.waitLocked(func() bool { return s.state.inFlight > 0 && !s.state.copyIn })
-	if s.state.finishing {
+	r.waitLocked(func() bool { return r.state.inFlight > 0 && !r.state.copyIn })
+	if r.state.finishing {
 		return Lexing{}, errSessionDone
 	}
-	lex := s.lex
+	lex := r.lex
 	lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
-	lex.Uncertain = s.state.unsynced || s.state.inFlight > 0 || s.state.copyIn || s.state.desync
+	lex.Uncertain = r.state.unsynced || r.state.inFlight > 0 || r.state.copyIn || r.state.desync
 	return lex, nil
 }
 
@@ -536,32 +536,32 @@ var lexWaitTimeout = 5 * time.Second
 // waitLocked waits, with s.mu held, while pending reports true and the
 // session is not finishing, for at most lexWaitTimeout. The upstream-to-
 // client goroutine broadcasts idleCond when responses arrive.
-func (s *session) waitLocked(pending func() bool) {
-	if s.loop != nil {
-		s.waitOnLoop(pending)
+func (t *tracker) waitLocked(pending func() bool) {
+	if t.loop != nil {
+		t.waitOnLoop(pending)
 		return
 	}
-	syncx.WaitUntil(s.idleCond, lexWaitTimeout, func() bool { return !pending() || s.state.finishing })
+	syncx.WaitUntil(t.idleCond, lexWaitTimeout, func() bool { return !pending() || t.state.finishing })
 }
 
 // waitOnLoop is waitLocked for a session on a loop: the task parks (s.mu
 // released) and the other direction's task wakes it (wakeIdleLocked).
-func (s *session) waitOnLoop(pending func() bool) {
-	l := s.loop
+func (t *tracker) waitOnLoop(pending func() bool) {
+	l := t.loop
 	me := l.current()
 	timedOut := false // the loop thread's
-	t := time.AfterFunc(lexWaitTimeout, func() {
+	timer := time.AfterFunc(lexWaitTimeout, func() {
 		l.post(func() {
 			timedOut = true
 			l.makeReady(me)
 		})
 	})
-	defer t.Stop()
-	for pending() && !s.state.finishing && !timedOut {
-		s.idleWaiter = me
-		s.mu.Unlock()
+	defer timer.Stop()
+	for pending() && !t.state.finishing && !timedOut {
+		t.idleWaiter = me
+		t.mu.Unlock()
 		me.park()
-		s.mu.Lock()
-		s.idleWaiter = nil
+		t.mu.Lock()
+		t.idleWaiter = nil
 	}
 }

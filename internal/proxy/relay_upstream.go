@@ -109,38 +109,44 @@ func (s *session) copyUpstreamToClient() error {
 
 // parameterStatus records the settings that change how the server reads
 // SQL text.
-func (s *session) parameterStatus(body []byte) {
+func (t *tracker) parameterStatus(body []byte) {
 	var ps pgproto3.ParameterStatus
 	if ps.Decode(body) != nil {
 		return
 	}
 	switch ps.Name {
 	case "standard_conforming_strings":
-		s.mu.Lock()
-		s.lex.StandardConformingStrings = ps.Value == "on"
-		s.forgetOnSetting()
-		s.mu.Unlock()
+		t.mu.Lock()
+		t.lex.StandardConformingStrings = ps.Value == "on"
+		t.forgetOnSetting()
+		t.mu.Unlock()
 	case "client_encoding":
-		s.mu.Lock()
-		s.lex.ClientEncoding = ps.Value
-		s.forgetOnSetting()
-		s.mu.Unlock()
+		t.mu.Lock()
+		t.lex.ClientEncoding = ps.Value
+		t.forgetOnSetting()
+		t.mu.Unlock()
 	case "TimeZone", "DateStyle", "IntervalStyle":
-		s.mu.Lock()
-		s.forgetOnSetting()
-		s.mu.Unlock()
+		t.mu.Lock()
+		t.forgetOnSetting()
+		t.mu.Unlock()
 	}
 }
 
-func (s *session) finishing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.state.finishing
+func (t *tracker) finishing() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state.finishing
 }
 
 // readyForQuery records a ReadyForQuery and reports whether the session
 // should now be closed because the proxy is draining.
 func (s *session) readyForQuery(status byte) bool {
+	idle := false
+	defer func() {
+		if idle {
+			s.pol.Idle(&s.info) // after the unlock below
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state.inFlight > 0 {
@@ -164,6 +170,7 @@ func (s *session) readyForQuery(status byte) bool {
 		}
 		s.state.rewrote = false
 		s.state.execsSinceIdle = 0
+		idle = status == 'I'
 	}
 	s.idleCond.Broadcast()
 	s.wakeIdleLocked()

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -29,68 +28,29 @@ const (
 
 // session is one client connection and its upstream connection.
 type session struct {
-	// oidBuf is reused for the parameter types of the client's Parse
-	// messages (client-to-upstream direction only), up to maxReusedOIDs.
-	oidBuf []uint32
-
-	srv  *Server
-	log  *zap.Logger
-	info SessionInfo // written during startup only; read by others once state.relaying
-	// since is when the connection was accepted.
-	since time.Time
-	// fenced and refused count the statements the policy rewrote and
-	// refused, for Server.Sessions.
-	fenced, refused atomic.Uint64
-
 	client   net.Conn
 	upstream net.Conn
 
-	cr *msgReader  // client reader
 	cw flushWriter // client writer; guarded by cwMu after startup
 	ur *msgReader  // upstream reader
-	uw flushWriter // upstream writer; used by the client-to-upstream copier
 	// cwMu is held by the upstream-to-client copier while it writes a batch,
 	// and by terminate when it injects a final error.
 	cwMu sync.Mutex
 
-	// nonce makes refusal markers unguessable by the client.
-	nonce string
 	// backendKey is the upstream's BackendKeyData body (process ID and
 	// secret key), to cancel a running statement when the session is
 	// terminated. Never logged.
 	backendKey []byte
 
-	mu       sync.Mutex
-	state    relayState
-	refusals map[uint64]*rules.Error
-	nextRef  uint64
+	// tracker is the session's bookkeeping (tracker.go), guarded by its mu.
+	tracker
+	// requests is the client-to-upstream direction (requests.go).
+	requests
 
 	closing bool  // close has begun; guarded by mu
 	cause   error // guarded by mu
 	closed  bool  // guarded by mu
 
-	// idleCond is signalled (with mu) at each ReadyForQuery and at close;
-	// relaySQL waits on it for the server to catch up (see lexing).
-	idleCond *sync.Cond
-	// lockNamed: the session may have named a lock (Policy.NamesLock), from its
-	// startup parameters or a statement it sent; from then on statements
-	// that need a lock registration get it. Written before the relay
-	// starts and then by the client-to-upstream goroutine only.
-	lockNamed bool
-	// fence is the record of the session's fence settings
-	// (settings.go); guarded by mu.
-	fence fenceRecord
-	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
-	// by mu.
-	lex Lexing
-	// loop is the event loop relaying the session (nil before, or when the
-	// connections cannot be on one); set with state.relaying.
-	loop *loop
-	// idleWaiter is the task parked in waitLocked; guarded by mu.
-	idleWaiter *task
-	// ps tracks prepared statements and portals across rules reloads, when
-	// the policy's rules can change (Policy.Generation); guarded by mu.
-	ps *preparedState
 }
 
 // relayState tracks what is needed to know whether a session is idle.
@@ -125,12 +85,15 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 	var n [8]byte
 	_, _ = rand.Read(n[:])
 	s := &session{
-		srv:      srv,
-		client:   c,
-		info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c)},
-		since:    time.Now(),
-		nonce:    hex.EncodeToString(n[:]),
-		refusals: make(map[uint64]*rules.Error),
+		client: c,
+		tracker: tracker{
+			srv:      srv,
+			since:    time.Now(),
+			pol:      srv.opts.Policy,
+			nonce:    hex.EncodeToString(n[:]),
+			info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c)},
+			refusals: make(map[uint64]*rules.Error),
+		},
 	}
 	s.log = srv.log.With(zap.Uint64("conn-id", id), zap.String("remote-addr", s.info.RemoteAddr))
 	if pp := srv.opts.Policy; pp != (forwardAll{}) {
@@ -140,6 +103,7 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 		_, _ = rand.Read(m[:])
 		s.ps = newPreparedState(pp, hex.EncodeToString(m[:]))
 	}
+	s.requests = requests{tracker: &s.tracker, sess: s}
 	s.idleCond = sync.NewCond(&s.mu)
 	// PostgreSQL's defaults; the server reports the session's values in
 	// ParameterStatus during startup.
@@ -301,10 +265,10 @@ func (s *session) rawUpstream() (net.Conn, func(net.Conn)) {
 // elsewhere has f run as a task on the session's loop and reports true when
 // the caller is not on that loop and the session is on one: then the
 // caller must not go on (its connections are the loop's).
-func (s *session) elsewhere(f func()) bool {
-	s.mu.Lock()
-	l := s.loop
-	s.mu.Unlock()
+func (t *tracker) elsewhere(f func()) bool {
+	t.mu.Lock()
+	l := t.loop
+	t.mu.Unlock()
 	if l == nil || l.onLoop() {
 		return false
 	}
@@ -357,7 +321,7 @@ func (s *session) close(cause error) {
 		s.closed = true
 		busy := s.state.relaying && !s.state.finishing && (s.state.inFlight > 0 || s.state.unsynced)
 		s.state.finishing = true
-		up, client := s.upstream, s.client
+		up, client, relaying := s.upstream, s.client, s.state.relaying
 		s.wakeIdleLocked()
 		s.mu.Unlock()
 		s.idleCond.Broadcast()
@@ -369,6 +333,9 @@ func (s *session) close(cause error) {
 		_ = client.Close()
 		if up != nil {
 			_ = up.Close()
+		}
+		if relaying {
+			s.pol.Idle(&s.info) // no transaction of the session is open now
 		}
 	}()
 }
@@ -512,17 +479,17 @@ func (s *session) lockCW() {
 // clock is time.Now, or, in a task of the session's loop, the time the
 // loop last woke up: a duration measured with it counts the waits that
 // parked the task, and reads as zero for work done within one wake-up.
-func (s *session) clock() time.Time {
-	if s.loop != nil && s.loop.inTask() {
-		return s.loop.now
+func (t *tracker) clock() time.Time {
+	if t.loop != nil && t.loop.inTask() {
+		return t.loop.now
 	}
 	return time.Now()
 }
 
 // pause sleeps for d, parking the task when the session is on a loop.
-func (s *session) pause(d time.Duration) {
-	if s.loop != nil && s.loop.onLoop() {
-		s.loop.sleep(d)
+func (t *tracker) pause(d time.Duration) {
+	if t.loop != nil && t.loop.onLoop() {
+		t.loop.sleep(d)
 		return
 	}
 	time.Sleep(d)
@@ -530,9 +497,9 @@ func (s *session) pause(d time.Duration) {
 
 // wakeIdleLocked wakes a task waiting for the session's bookkeeping to
 // change (waitLocked); s.mu is held. The goroutine relay waits on idleCond.
-func (s *session) wakeIdleLocked() {
-	if s.idleWaiter != nil {
-		s.loop.wake(s.idleWaiter)
+func (t *tracker) wakeIdleLocked() {
+	if t.idleWaiter != nil {
+		t.loop.wake(t.idleWaiter)
 	}
 }
 
@@ -551,31 +518,31 @@ func (s *session) cancelUpstream() {
 
 // decided counts a decision for the session's snapshot and reports it to
 // the hooks.
-func (s *session) decided(d *rules.Decision, took time.Duration) {
+func (t *tracker) decided(d *rules.Decision, took time.Duration) {
 	switch d.Action {
 	case Rewrite:
-		s.fenced.Add(1)
+		t.fenced.Add(1)
 	case Refuse:
-		s.refused.Add(1)
+		t.refused.Add(1)
 	}
-	s.srv.opts.Hooks.Statement(&s.info, *d, took)
+	t.srv.opts.Hooks.Statement(&t.info, *d, took)
 }
 
 // snapshot describes the session for Server.Sessions.
-func (s *session) snapshot() SessionSnapshot {
+func (t *tracker) snapshot() SessionSnapshot {
 	snap := SessionSnapshot{
-		ID: s.info.ID, RemoteAddr: s.info.RemoteAddr, Since: s.since,
-		StatementsFenced: s.fenced.Load(), StatementsRefused: s.refused.Load(),
+		ID: t.info.ID, RemoteAddr: t.info.RemoteAddr, Since: t.since,
+		StatementsFenced: t.fenced.Load(), StatementsRefused: t.refused.Load(),
 	}
-	s.mu.Lock()
-	st := s.state
-	s.mu.Unlock()
+	t.mu.Lock()
+	st := t.state
+	t.mu.Unlock()
 	if !st.relaying {
 		// The startup fields are still being written.
 		snap.State = "startup"
 		return snap
 	}
-	snap.User, snap.Database, snap.ApplicationName = s.info.User, s.info.Database, s.info.ApplicationName
+	snap.User, snap.Database, snap.ApplicationName = t.info.User, t.info.Database, t.info.ApplicationName
 	switch {
 	case st.inFlight > 0 || st.unsynced:
 		snap.State = "active"
@@ -590,8 +557,8 @@ func (s *session) snapshot() SessionSnapshot {
 }
 
 // logger returns the session's logger (replaced once the user is known).
-func (s *session) logger() *zap.Logger {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.log
+func (t *tracker) logger() *zap.Logger {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.log
 }

@@ -30,32 +30,32 @@ import (
 // lock until the transaction ends, so no newer holder can register
 // meanwhile, and the record says that neither value changed. Callers
 // hold session.mu.
-func (s *session) spareRegistration() bool {
-	f := &s.fence
+func (t *tracker) spareRegistration() bool {
+	f := &t.fence
 	return f.on && f.registered && f.regLock == f.cur.lock && f.regToken == f.cur.token &&
-		f.unresolved == 0 && !f.failed && !f.broken && s.state.txStatus == 'T' && s.state.inFlight == 0 && !s.state.unsynced
+		f.unresolved == 0 && !f.failed && !f.broken && t.state.txStatus == 'T' && t.state.inFlight == 0 && !t.state.unsynced
 }
 
 // spare is spareRegistration, taking s.mu.
-func (s *session) spare(l *rules.LockCall) bool {
+func (t *tracker) spare(l *rules.LockCall) bool {
 	if l != nil && l.Catalog {
 		return false // the catalog check is never spared
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.spareRegistration()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.spareRegistration()
 }
 
 // registered returns the callback for a registration's response (nil
 // when it proves nothing: audit mode). Callers hold session.mu.
-func (s *session) registeredDone(l *rules.LockCall) func(outcome) {
-	if !s.fence.on || l == nil || l.Audit {
+func (t *tracker) registeredDone(l *rules.LockCall) func(outcome) {
+	if !t.fence.on || l == nil || l.Audit {
 		return nil
 	}
-	lk, tok := s.fence.cur.lock, s.fence.cur.token
+	lk, tok := t.fence.cur.lock, t.fence.cur.token
 	return func(o outcome) {
-		if o == outcomeOK && s.fence.inTx && !s.fence.failed {
-			s.fence.registered, s.fence.regLock, s.fence.regToken = true, lk, tok
+		if o == outcomeOK && t.fence.inTx && !t.fence.failed {
+			t.fence.registered, t.fence.regLock, t.fence.regToken = true, lk, tok
 		}
 	}
 }
@@ -108,9 +108,9 @@ type fenceText struct {
 
 // fenceOps reads what sql does to the fence settings; a refusal when it
 // cannot be known.
-func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *rules.Error) {
+func (t *tracker) fenceOps(sql string, lex Lexing) (fenceText, *rules.Error) {
 	var ft fenceText
-	if !s.fence.on || !mayChangeFence(sql, lex) {
+	if !t.fence.on || !mayChangeFence(sql, lex) {
 		return ft, nil
 	}
 	if strings.IndexByte(sql, '\\') >= 0 && (!lex.StandardConformingStrings || lex.Uncertain || backslashInCharacters(lex.ClientEncoding)) {
@@ -118,13 +118,13 @@ func (s *session) fenceOps(sql string, lex Lexing) (fenceText, *rules.Error) {
 		// does, in UTF-8.
 		return ft, refuseFenceUnknown("backslashes in a statement that may change them, where the server may read them as escapes (standard_conforming_strings off, or a client encoding whose characters contain the byte)")
 	}
-	sp := s.srv.opts.Policy
+	sp := t.pol
 	var err error
 	var panicked bool
-	s.offLoop(func() {
+	t.offLoop(func() {
 		defer func() {
 			if r := recover(); r != nil {
-				s.logPolicyPanic("policy panicked reading fence settings; statement refused", r)
+				t.logPolicyPanic("policy panicked reading fence settings; statement refused", r)
 				panicked = true
 			}
 		}()
@@ -177,8 +177,8 @@ func (ft *fenceText) statementAfterEnd() bool {
 
 // fenceDone returns the callback that records a's outcome. Callers hold
 // s.mu.
-func (s *session) fenceDone(a fenceApplied) func(outcome) {
-	f := &s.fence
+func (t *tracker) fenceDone(a fenceApplied) func(outcome) {
+	f := &t.fence
 	f.unresolved++
 	return func(o outcome) {
 		f.unresolved--
@@ -186,8 +186,8 @@ func (s *session) fenceDone(a fenceApplied) func(outcome) {
 			f.apply(a.op, a.value, a.local, a.null, a.which)
 		}
 		if f.unresolved == 0 {
-			s.idleCond.Broadcast()
-			s.wakeIdleLocked()
+			t.idleCond.Broadcast()
+			t.wakeIdleLocked()
 		}
 	}
 }
@@ -195,34 +195,34 @@ func (s *session) fenceDone(a fenceApplied) func(outcome) {
 // fenceLost is called, with s.mu held, when the response bookkeeping gives
 // up: the record can no longer be trusted, and statements on protected
 // tables are refused.
-func (s *session) fenceLost() {
-	s.fence.unresolved = 0
-	s.fence.broken = true
+func (t *tracker) fenceLost() {
+	t.fence.unresolved = 0
+	t.fence.broken = true
 }
 
 // fenceWait waits until every operation on the settings sent so far is
 // answered, so that the record is what the server holds. The server may
 // hold extended-protocol answers until a Sync or Flush: a Flush is sent.
-func (s *session) fenceWait() error {
-	s.mu.Lock()
-	pending := s.fence.unresolved > 0
-	unsynced := s.state.unsynced
-	s.mu.Unlock()
+func (r *requests) fenceWait() error {
+	r.mu.Lock()
+	pending := r.fence.unresolved > 0
+	unsynced := r.state.unsynced
+	r.mu.Unlock()
 	if !pending {
 		return nil
 	}
 	if unsynced {
-		if err := writeRaw(s.uw, 'H', nil); err != nil {
+		if err := writeRaw(r.uw, 'H', nil); err != nil {
 			return upstreamErr(err)
 		}
 	}
-	if err := s.uw.Flush(); err != nil {
+	if err := r.uw.Flush(); err != nil {
 		return upstreamErr(err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.waitLocked(func() bool { return s.fence.unresolved > 0 && !s.state.finishing })
-	if s.state.finishing {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.waitLocked(func() bool { return r.fence.unresolved > 0 && !r.state.finishing })
+	if r.state.finishing {
 		return errSessionDone
 	}
 	return nil
@@ -230,13 +230,13 @@ func (s *session) fenceWait() error {
 
 // fenceReady waits for the record, then reports the lock name in force and
 // whether the record can be used.
-func (s *session) fenceReady() (lockNamed bool, ok bool, err error) {
-	if err := s.fenceWait(); err != nil {
+func (r *requests) fenceReady() (lockNamed bool, ok bool, err error) {
+	if err := r.fenceWait(); err != nil {
 		return false, false, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.fence.cur.lock != "", !s.fence.broken, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.fence.cur.lock != "", !r.fence.broken, nil
 }
 
 var errFenceBroken = refusePrepared("the proxy lost track of this session's fence settings; reconnect", "")
@@ -247,16 +247,16 @@ var errFenceBroken = refusePrepared("the proxy lost track of this session's fenc
 // under the proxy's own name, parsed again every time so that nothing the
 // session did in between (a DEALLOCATE and PREPARE of the name in a
 // function) can stand in for it. Its responses are not relayed.
-func (s *session) sendPrelude() error {
-	ps := s.ps
-	s.mu.Lock()
-	if s.state.finishing {
-		s.mu.Unlock()
+func (r *requests) sendPrelude() error {
+	ps := r.ps
+	r.mu.Lock()
+	if r.state.finishing {
+		r.mu.Unlock()
 		return errSessionDone
 	}
 	name := ps.preludeName
-	vals := s.fence.cur
-	tok, lk := s.fence.tokenName, s.fence.lockName
+	vals := r.fence.cur
+	tok, lk := r.fence.tokenName, r.fence.lockName
 	ps.expect('3', nil)
 	ps.countSent('C')
 	ps.addStmtOp(name, nil, false, '3', false, 0)
@@ -267,11 +267,11 @@ func (s *session) sendPrelude() error {
 	ps.countSent('B')
 	ps.expect('C', nil)
 	ps.countSent('E')
-	// Closed again at once: the session's statements stay the client's.
+	// Closed again at once: the session's statements stay the client'r.
 	ps.addStmtOp(name, nil, false, '3', false, 0)
 	ps.countSent('C')
-	s.state.rewrote = true
-	s.mu.Unlock()
+	r.state.rewrote = true
+	r.mu.Unlock()
 	msgs := []encoder{
 		&pgproto3.Close{ObjectType: 'P', Name: name},
 		&pgproto3.Close{ObjectType: 'S', Name: name},
@@ -282,7 +282,7 @@ func (s *session) sendPrelude() error {
 		&pgproto3.Close{ObjectType: 'S', Name: name},
 	}
 	for _, m := range msgs {
-		if err := writeMsg(s.uw, m); err != nil {
+		if err := writeMsg(r.uw, m); err != nil {
 			return upstreamErr(err)
 		}
 	}
@@ -292,7 +292,7 @@ func (s *session) sendPrelude() error {
 // resolveBindOps gives the operations of a statement their values from a
 // Bind's parameters. ok is false when they cannot be read (the Bind is
 // then refused).
-func (s *session) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApplied, bool) {
+func (t *tracker) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApplied, bool) {
 	if len(ops) == 0 {
 		return nil, true
 	}
@@ -334,7 +334,7 @@ func (s *session) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApp
 				if !ok || v == nil {
 					continue // the server refuses it (no name)
 				}
-				a.which = s.whichSetting(string(v))
+				a.which = t.whichSetting(string(v))
 				if a.which == 0 {
 					continue
 				}
@@ -395,17 +395,17 @@ func readsSettings(l *rules.LockCall, lockNamed bool) bool {
 // protected table, waits until the record is what the server holds, so
 // that the values applied before it and the decision to register the
 // lock are the session's own.
-func (s *session) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql string, lex Lexing, words prepWords) error {
+func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql string, lex Lexing, words prepWords) error {
 	var refusal *rules.Error
-	*ft, refusal = s.fenceOps(sql, lex)
+	*ft, refusal = r.fenceOps(sql, lex)
 	fenced := fencedDecision(d, words)
 	switch {
 	case refusal != nil:
 	case typ == 'Q' && fenced && ft.statementAfterEnd():
 		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
 			"Send the statements after the end of the transaction in a Query of their own.")
-	case typ == 'Q' && !fenced && mayWrite(sql) && s.srv.opts.Policy.SettingsEverywhere(&s.info):
-		_, ok, err := s.fenceReady()
+	case typ == 'Q' && !fenced && mayWrite(sql) && r.srv.opts.Policy.SettingsEverywhere(&r.info):
+		_, ok, err := r.fenceReady()
 		if err != nil {
 			return err
 		}
@@ -414,17 +414,17 @@ func (s *session) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql st
 		}
 		ft.prelude = true
 	case fenced && typ == 'Q':
-		named, ok, err := s.fenceReady()
+		named, ok, err := r.fenceReady()
 		if err != nil {
 			return err
 		}
 		if !ok {
 			refusal = errFenceBroken
 		}
-		s.lockNamed = named || ft.lock
+		r.lockNamed = named || ft.lock
 		// A read of a lock-fenced table that registers nothing in this
 		// session reads no setting: it goes as sent.
-		ft.prelude = d.Action == Rewrite || words.execute || readsSettings(d.Lock, s.lockNamed)
+		ft.prelude = d.Action == Rewrite || words.execute || readsSettings(d.Lock, r.lockNamed)
 	}
 	if refusal != nil {
 		*d = rules.Decision{Action: Refuse, Err: refusal, Tables: d.Tables}

@@ -188,11 +188,11 @@ func (s *session) readFenceDefaults() error {
 	}
 }
 
-func (s *session) whichSetting(name string) uint8 {
+func (t *tracker) whichSetting(name string) uint8 {
 	switch {
-	case strings.EqualFold(name, s.fence.tokenName):
+	case strings.EqualFold(name, t.fence.tokenName):
 		return rules.SettingToken
-	case strings.EqualFold(name, s.fence.lockName):
+	case strings.EqualFold(name, t.fence.lockName):
 		return rules.SettingLock
 	}
 	return 0

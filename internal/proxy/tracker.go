@@ -1,0 +1,64 @@
+package proxy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"go.uber.org/zap"
+)
+
+// tracker is a session's bookkeeping, apart from its I/O: what has been
+// sent and answered (relayState), the prepared statements and portals of
+// the client and of the proxy (preparedState), the record of the fence
+// settings (fenceRecord), how the server reads SQL (Lexing), and the
+// refusals whose errors are on their way. Its methods decide and record;
+// they send nothing, and wait only for the server to catch up (on the
+// session's event loop, if it has one). The session embeds it and does
+// the I/O.
+type tracker struct {
+	srv *Server
+	// pol is the server's policy.
+	pol  Policy
+	info SessionInfo // written during startup only; read by others once state.relaying
+	log  *zap.Logger // guarded by mu
+	// since is when the connection was accepted.
+	since time.Time
+	// fenced and refused count the statements the policy rewrote and
+	// refused, for Server.Sessions.
+	fenced, refused atomic.Uint64
+
+	mu       sync.Mutex
+	state    relayState
+	refusals map[uint64]*rules.Error
+	nextRef  uint64
+
+	// lockNamed: the session may have named a lock (Policy.NamesLock),
+	// from its startup parameters or a statement it sent; from then on
+	// statements that need a lock registration get it. Written before the
+	// relay starts and then by the client-to-upstream goroutine only.
+	lockNamed bool
+	// fence is the record of the session's fence settings (settings.go);
+	// guarded by mu.
+	fence fenceRecord
+	// lex is how the server tokenizes SQL, from ParameterStatus; guarded
+	// by mu.
+	lex Lexing
+	// ps tracks prepared statements and portals across rules reloads,
+	// when the policy's rules can change (Policy.Generation); guarded by
+	// mu. Nil under the default policy, which forwards everything.
+	ps *preparedState
+
+	// nonce makes refusal markers unguessable by the client.
+	nonce string
+
+	// idleCond is signalled (with mu) at each ReadyForQuery and at close;
+	// relaySQL waits on it for the server to catch up (see lexing).
+	idleCond *sync.Cond
+	// loop is the event loop relaying the session (nil before, or when
+	// the connections cannot be on one); set with state.relaying.
+	loop *loop
+	// idleWaiter is the task parked in waitLocked; guarded by mu.
+	idleWaiter *task
+}
