@@ -155,7 +155,7 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool,
 	// Nothing may be unanswered: an earlier statement may change a setting
 	// the server applied when it analysed the statement it has (TimeZone,
 	// DateStyle: see forgetOnSetting), and the Sync would end extended-
-	// protocol messages of the client'r.
+	// protocol messages of the client's.
 	ready := r.state.inFlight == 0 && !r.state.unsynced && !r.state.copyIn && !r.state.desync && !ps.lost && !r.state.finishing
 	var e *autoStmt
 	if ready {
@@ -220,17 +220,17 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool,
 		}
 	}
 	if r.fence.on {
-		if err := r.sess.sendPrelude(); err != nil {
+		if err := r.sendPrelude(); err != nil {
 			return true, err
 		}
 	}
 	if pd.Lock != nil && pd.Lock.Pre != "" {
-		if err := r.sess.register(pd.Lock.Pre, nil); err != nil {
+		if err := r.register(pd.Lock.Pre, nil); err != nil {
 			return true, err
 		}
 	}
 	if call != "" {
-		if err := r.sess.register(call, pd.Lock); err != nil {
+		if err := r.register(call, pd.Lock); err != nil {
 			return true, err
 		}
 	}

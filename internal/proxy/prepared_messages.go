@@ -23,11 +23,11 @@ func (r *requests) relayBind(body []byte) error {
 	if !ok || !ok2 {
 		return r.sess.protocolViolation(fmt.Errorf("malformed Bind"))
 	}
-	send, err := r.sess.bindHead(portal, stmt, body)
+	send, err := r.bindHead(portal, stmt, body)
 	if err != nil || !send {
 		return err
 	}
-	return r.sess.forwardTracked('B', body)
+	return r.forwardTracked('B', body)
 }
 
 // bindHead does what a Bind of stmt into portal needs before it goes
@@ -38,9 +38,9 @@ func (r *requests) relayBind(body []byte) error {
 // nil when its parameter values are streamed past (bindNeedsValues is
 // false): then they are not read.
 func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err error) {
-	refuse := func(e *rules.Error) (bool, error) { return false, r.sess.sendRefusedInstead(e) }
+	refuse := func(e *rules.Error) (bool, error) { return false, r.sendRefusedInstead(e) }
 	gen := r.ps.pol.Generation()
-	v, err := r.sess.checkStatement(stmt, gen, false)
+	v, err := r.checkStatement(stmt, gen, false)
 	if err != nil {
 		return false, err
 	}
@@ -48,7 +48,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 		return refuse(v.refuse)
 	}
 	if v.reprepare != nil {
-		if err := r.sess.reprepare(strings.Clone(stmt), v); err != nil {
+		if err := r.reprepare(strings.Clone(stmt), v); err != nil {
 			return false, err
 		}
 	}
@@ -63,7 +63,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 		if !v.def.plain || len(v.def.ops) > 0 || everywhere {
 			// A statement on a protected table: the session's own values
 			// first, transaction-locally; the registration follows them.
-			named, ok, err := r.sess.fenceReady()
+			named, ok, err := r.fenceReady()
 			if err != nil {
 				return false, err
 			}
@@ -72,24 +72,24 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 			}
 			r.lockNamed = named
 			if everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named) {
-				if err := r.sess.sendPrelude(); err != nil {
+				if err := r.sendPrelude(); err != nil {
 					return false, err
 				}
 			}
 		}
 	}
-	lock := r.sess.bindLock(v.def, gen)
+	lock := r.bindLock(v.def, gen)
 	if lock.refuse != nil {
 		return refuse(lock.refuse)
 	}
 	if v.def != nil && v.def.lock != nil && v.def.lock.Pre != "" {
 		// The catalog check, whether or not the registration runs.
-		if err := r.sess.register(v.def.lock.Pre, nil); err != nil {
+		if err := r.register(v.def.lock.Pre, nil); err != nil {
 			return false, err
 		}
 	}
 	if lock.call != "" && !(r.fence.on && r.spare(lock.reg)) {
-		if err := r.sess.register(lock.call, lock.reg); err != nil {
+		if err := r.register(lock.call, lock.reg); err != nil {
 			return false, err
 		}
 	}
@@ -168,7 +168,7 @@ func (r *requests) relayLargeBind(n int) (bool, error) {
 		}
 		return true, nil
 	}
-	return true, r.sess.forwardUnread('B', n)
+	return true, r.forwardUnread('B', n)
 }
 
 // bindNeedsValues reports whether a Bind of stmt must be read whole: the
@@ -230,12 +230,12 @@ func (r *requests) relayDescribe(body []byte) error {
 		return r.sess.protocolViolation(fmt.Errorf("malformed Describe"))
 	}
 	if body[0] == 'S' {
-		v, err := r.sess.checkStatement(name, r.ps.pol.Generation(), false)
+		v, err := r.checkStatement(name, r.ps.pol.Generation(), false)
 		if err != nil {
 			return err
 		}
 		if v.refuse != nil {
-			return r.sess.sendRefusedInstead(v.refuse)
+			return r.sendRefusedInstead(v.refuse)
 		}
 		if v.reprepare != nil {
 			if err := r.reprepare(name, v); err != nil {
@@ -243,7 +243,7 @@ func (r *requests) relayDescribe(body []byte) error {
 			}
 		}
 	}
-	return r.sess.forwardTracked('D', body)
+	return r.forwardTracked('D', body)
 }
 
 // relayExecute handles an Execute: a portal bound under older rules runs
@@ -271,14 +271,14 @@ func (r *requests) relayExecute(body []byte) error {
 		stale := refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules that have since been reloaded, and the rules in force treat its statement differently; it was not executed", portal),
 			"Bind the statement again (the proxy prepares it again under the rules in force).")
 		if pe.uncertain || def == nil || !def.kept {
-			return r.sess.sendRefusedInstead(stale)
+			return r.sendRefusedInstead(stale)
 		}
-		same, _, err := r.sess.redecide(def)
+		same, _, err := r.redecide(def)
 		if err != nil {
 			return err
 		}
 		if !same {
-			return r.sess.sendRefusedInstead(stale)
+			return r.sendRefusedInstead(stale)
 		}
 		r.mu.Lock()
 		pe.gen = gen
@@ -295,12 +295,12 @@ func (r *requests) relayExecute(body []byte) error {
 	}
 	if def != nil && len(def.ops) > 0 {
 		// The statement prepares, runs or removes SQL-level statements.
-		e, err := r.sess.checkExecutes(def.ops, gen)
+		e, err := r.checkExecutes(def.ops, gen)
 		if err != nil {
 			return err
 		}
 		if e != nil {
-			return r.sess.sendRefusedInstead(e)
+			return r.sendRefusedInstead(e)
 		}
 		defs := r.sqlOpDefs(def.ops, gen)
 		r.mu.Lock()
@@ -310,11 +310,11 @@ func (r *requests) relayExecute(body []byte) error {
 		}
 		r.mu.Unlock()
 		if overflow {
-			return r.sess.sendRefusedInstead(refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
+			return r.sendRefusedInstead(refusePrepared(fmt.Sprintf("too many prepared statements in this session (limit %d)", maxTrackedStatements),
 				"Deallocate prepared statements you no longer need."))
 		}
 	}
-	return r.sess.forwardTracked('E', body)
+	return r.forwardTracked('E', body)
 }
 
 // relayClose handles a Close of a statement or portal.
@@ -344,7 +344,7 @@ func (r *requests) relayClose(body []byte) error {
 		})
 	}
 	r.mu.Unlock()
-	return r.sess.forwardTracked('C', body)
+	return r.forwardTracked('C', body)
 }
 
 // forwardTracked forwards a client message whose body was read.

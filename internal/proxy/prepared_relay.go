@@ -72,7 +72,7 @@ func (r *requests) redecide(def *stmtDef) (same bool, d rules.Decision, err erro
 	lex.Prepared = def.preparedForm
 	start := r.clock()
 	d = r.decide(lex, def.sql)
-	r.sess.decided(&d, r.clock().Sub(start))
+	r.decided(&d, r.clock().Sub(start))
 	return decisionHash(&d, def.sql) == def.sent, d, nil
 }
 
@@ -153,7 +153,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	if !def.kept {
 		return stmtVerdict{refuse: stale}, nil
 	}
-	same, d, err := r.sess.redecide(def)
+	same, d, err := r.redecide(def)
 	if err != nil {
 		return stmtVerdict{}, err
 	}

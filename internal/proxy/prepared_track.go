@@ -18,7 +18,7 @@ import (
 // refusal if one runs a statement decided under older rules that the rules
 // in force decide differently.
 func (r *requests) checkExecutes(ops []PreparedOp, gen uint64) (*rules.Error, error) {
-	e, _, err := r.sess.checkExecutesLock(ops, gen)
+	e, _, err := r.checkExecutesLock(ops, gen)
 	return e, err
 }
 
@@ -384,7 +384,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		def := r.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
 		if def == nil {
 			def = r.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
-			def.ops = cloneOps(ops) // their texts may alias the Parse'r, read in place
+			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
 			def.lock = d.Lock
 			def.plain = plainDecision(d)
 			def.forward = d.Action == Forward

@@ -44,11 +44,11 @@ func (r *requests) copyClientToUpstream() error {
 			body, err := r.cr.body(n)
 			switch {
 			case errors.Is(err, errNoBudget):
-				err = r.sess.refuseUnheld(typ, body, err)
+				err = r.refuseUnheld(typ, body, err)
 			case err != nil:
 				return clientErr(err)
 			default:
-				err = r.sess.relaySQL(typ, body)
+				err = r.relaySQL(typ, body)
 			}
 			r.cr.release()
 			if err != nil {
@@ -56,7 +56,7 @@ func (r *requests) copyClientToUpstream() error {
 			}
 		case 'B', 'D', 'E', 'C':
 			if r.ps == nil {
-				if err := r.sess.forwardUnread(typ, n); err != nil {
+				if err := r.forwardUnread(typ, n); err != nil {
 					return err
 				}
 				continue
@@ -108,7 +108,7 @@ func (r *requests) copyClientToUpstream() error {
 			}
 			return errSessionDone
 		default:
-			if err := r.sess.forwardUnread(typ, n); err != nil {
+			if err := r.forwardUnread(typ, n); err != nil {
 				return err
 			}
 		}
@@ -320,7 +320,7 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 	if !r.fence.on && !r.lockNamed && r.srv.opts.Policy.NamesLock(&r.info, sql) {
 		r.lockNamed = true
 	}
-	lex, err := r.sess.lexingFor(sql)
+	lex, err := r.lexingFor(sql)
 	if err != nil {
 		return err
 	}
@@ -332,10 +332,10 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 	}
 	lex.Prepared = preparedForm(typ, p.Name, words)
 	d := r.decide(lex, sql)
-	r.sess.decided(&d, r.clock().Sub(start))
+	r.decided(&d, r.clock().Sub(start))
 	var ft fenceText
 	if r.fence.on && d.Action != Refuse {
-		if err := r.sess.fenceDecide(typ, &d, &ft, sql, lex, words); err != nil {
+		if err := r.fenceDecide(typ, &d, &ft, sql, lex, words); err != nil {
 			return err
 		}
 	}

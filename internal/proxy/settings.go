@@ -267,7 +267,7 @@ func (r *requests) sendPrelude() error {
 	ps.countSent('B')
 	ps.expect('C', nil)
 	ps.countSent('E')
-	// Closed again at once: the session's statements stay the client'r.
+	// Closed again at once: the session's statements stay the client's.
 	ps.addStmtOp(name, nil, false, '3', false, 0)
 	ps.countSent('C')
 	r.state.rewrote = true
