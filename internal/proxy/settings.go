@@ -81,6 +81,21 @@ const preludeSQL = "SELECT pg_catalog.set_config($1, $2, true), pg_catalog.set_c
 // textOIDs are the prelude's parameter types.
 var textOIDs = []uint32{25, 25, 25, 25}
 
+// settingOps asks the policy what sql does to the fence settings, off the
+// event loop; panicked reports a policy that panicked.
+func (t *tracker) settingOps(sql string) (st rules.SettingText, panicked bool, err error) {
+	t.offLoop(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.logPolicyPanic("policy panicked reading fence settings; statement refused", r)
+				panicked = true
+			}
+		}()
+		st, err = t.pol.SettingOps(sql)
+	})
+	return st, panicked, err
+}
+
 // ---- the session's side ----
 
 // fenceApplied is an operation with its values known, waiting for its
@@ -118,18 +133,10 @@ func (t *tracker) fenceOps(sql string, lex Lexing) (fenceText, *rules.Error) {
 		// does, in UTF-8.
 		return ft, refuseFenceUnknown("backslashes in a statement that may change them, where the server may read them as escapes (standard_conforming_strings off, or a client encoding whose characters contain the byte)")
 	}
-	sp := t.pol
-	var err error
-	var panicked bool
-	t.offLoop(func() {
-		defer func() {
-			if r := recover(); r != nil {
-				t.logPolicyPanic("policy panicked reading fence settings; statement refused", r)
-				panicked = true
-			}
-		}()
-		ft.st, err = sp.SettingOps(sql)
-	})
+	// st, not ft, is what the closure captures: ft stays on the stack of
+	// the common path, which returns above.
+	st, panicked, err := t.settingOps(sql)
+	ft.st = st
 	if panicked {
 		return ft, refusePrepared("internal error reading the statement's fence settings", "")
 	}
