@@ -129,25 +129,8 @@ func (p *Policy) Swap(rs *rules.Rules, notifies bool) {
 // Generation implements proxy.Policy: it counts the Swaps.
 func (p *Policy) Generation() uint64 { return p.current.Load().gen }
 
-// PreparedOps implements proxy.Policy.
-func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
-	ops, err := rules.PreparedOps(sql)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]proxy.PreparedOp, len(ops))
-	for i, op := range ops {
-		out[i] = proxy.PreparedOp{Kind: preparedOpKinds[op.Kind], Name: op.Name, Stmt: op.Stmt, Text: op.Text, Stmts: op.Stmts}
-	}
-	return out, nil
-}
-
-var preparedOpKinds = map[rules.PreparedOpKind]proxy.PreparedOpKind{
-	rules.OpPrepare:       proxy.OpPrepare,
-	rules.OpExecute:       proxy.OpExecute,
-	rules.OpDeallocate:    proxy.OpDeallocate,
-	rules.OpDeallocateAll: proxy.OpDeallocateAll,
-}
+// PreparedOps implements proxy.Policy: the rewriter's.
+func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) { return rules.PreparedOps(sql) }
 
 // KnownTable reports whether t is a table of the rules in force (for
 // metric labels).
@@ -192,13 +175,9 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	// lexing, the form of the rewrite), in one call.
 	d, final, ok := rs.DecideFor(rules.Session{
 		Database: info.Database, User: info.User, ApplicationName: info.ApplicationName,
-		Lexing: rules.Lexing{
-			StandardConformingStrings: lex.StandardConformingStrings, ClientEncoding: lex.ClientEncoding,
-			Uncertain: lex.Uncertain, Backslash: lex.Backslash, NonASCII: lex.NonASCII,
-		},
-		Raisers:  st != nil && st.raisers,
-		Prepared: lex.Prepared,
-		Quick:    quick,
+		Lexing:  lex,
+		Raisers: st != nil && st.raisers,
+		Quick:   quick,
 	}, sql)
 	switch {
 	case !ok:

@@ -180,29 +180,10 @@ const (
 	OpDeallocateAll = rules.OpDeallocateAll
 )
 
-// Lexing is what decides how PostgreSQL splits SQL text into tokens, as the
-// server last reported it for the session, and how it will use the text.
-type Lexing struct {
-	// StandardConformingStrings: with it off, a backslash escapes in
-	// ordinary '...' literals, so the same text holds different tokens.
-	StandardConformingStrings bool
-	// ClientEncoding is the session's client_encoding: in encodings such
-	// as SJIS or GBK a byte >= 0x80 may be followed by an ASCII byte
-	// (even a backslash) that belongs to the same character.
-	ClientEncoding string
-	// Uncertain is set when earlier extended-protocol messages, not yet
-	// synced, may change either setting before this statement is parsed.
-	Uncertain bool
-	// Backslash and NonASCII say whether the SQL text has a backslash or a
-	// byte >= 0x80: only those can be read differently by the settings
-	// above.
-	Backslash, NonASCII bool
-	// Prepared is set for the text of a named prepared statement (a Parse
-	// with a name): the server analyses it once and may execute it many
-	// times, so a policy may choose a rewrite that costs the server more to
-	// analyse and less to execute. It does not change what is fenced.
-	Prepared bool
-}
+// Lexing is what decides how PostgreSQL splits a text into tokens, as the
+// server last reported it for the session, and how it will use the text:
+// the rewriter's own type.
+type Lexing = rules.Lexing
 
 // forwardAll is the Policy used when none is configured: it forwards
 // everything at once, and a session under it keeps no record of prepared

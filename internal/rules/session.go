@@ -14,17 +14,15 @@ type Session struct {
 	// Raisers: the database has the error raisers fenceproxy setup
 	// installs, current, so rewrites call them (ServerFunctions).
 	Raisers bool
-	// Prepared: the text is a named prepared statement's (a Parse with a
-	// name), analysed once and executed many times (Prepared).
-	Prepared bool
 	// Quick: answer only what costs no parse of the rule set's decision
 	// (it is forwarded unlooked at, cached, or refused before it); report
 	// false instead of deciding.
 	Quick bool
 }
 
-// Lexing is how the server will tokenize a text: pg_query always reads it
-// as UTF-8 with standard_conforming_strings on.
+// Lexing is how the server will tokenize a text (pg_query always reads it
+// as UTF-8 with standard_conforming_strings on) and how it will use it.
+// The relay fills it from what the server last reported for the session.
 type Lexing struct {
 	// StandardConformingStrings: with it off, a backslash escapes in
 	// ordinary '...' literals, so the same text holds different tokens.
@@ -40,6 +38,11 @@ type Lexing struct {
 	// byte >= 0x80: only those can be read differently by the settings
 	// above.
 	Backslash, NonASCII bool
+	// Prepared: the text is a named prepared statement's (a Parse with a
+	// name), analysed once and executed many times, so the decision may
+	// choose a rewrite that costs more to analyse and less to execute
+	// (Prepared). It does not change what is fenced.
+	Prepared bool
 }
 
 // DecideFor returns the decision on sql, a simple-query string or the text
@@ -53,7 +56,7 @@ type Lexing struct {
 //  3. It refuses a text the server may tokenize differently from pg_query
 //     (see lexingRefusal).
 //  4. It decides with the set's ServerFunctions sibling when s.Raisers,
-//     its Prepared sibling when s.Prepared, and from the decision cache
+//     its Prepared sibling when s.Lexing.Prepared, and from the decision cache
 //     only when s.Quick.
 //
 // final is set on the refusals of steps 2 and 3, made before the rule set
@@ -76,7 +79,7 @@ func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
 	if s.Raisers {
 		rs = rs.ServerFunctions()
 	}
-	if s.Prepared {
+	if s.Lexing.Prepared {
 		rs = rs.Prepared()
 	}
 	if s.Quick {

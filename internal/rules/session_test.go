@@ -18,7 +18,10 @@ func sessionRules(t testing.TB) *rules.Rules {
 }
 
 // utf8 is how PostgreSQL reads texts by default.
-var utf8 = rules.Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}
+var (
+	utf8         = rules.Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8"}
+	utf8Prepared = rules.Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8", Prepared: true}
+)
 
 // TestDecideFor checks each step of DecideFor against the methods it
 // stands for.
@@ -65,9 +68,9 @@ func TestDecideFor(t *testing.T) {
 			sql: `UPDATE config SET payload = 'a\b'`, want: rules.Decision{}},
 		{name: "raisers", s: rules.Session{Database: "app", Lexing: utf8, Raisers: true}, sql: upd,
 			want: r.ForSession("app", "", "").ServerFunctions().Decide(upd)},
-		{name: "prepared", s: rules.Session{Database: "app", Lexing: utf8, Prepared: true}, sql: upd,
+		{name: "prepared", s: rules.Session{Database: "app", Lexing: utf8Prepared}, sql: upd,
 			want: r.ForSession("app", "", "").Prepared().Decide(upd)},
-		{name: "raisers, prepared", s: rules.Session{Database: "app", Lexing: utf8, Raisers: true, Prepared: true}, sql: upd,
+		{name: "raisers, prepared", s: rules.Session{Database: "app", Lexing: utf8Prepared, Raisers: true}, sql: upd,
 			want: r.ForSession("app", "", "").ServerFunctions().Prepared().Decide(upd)},
 	}
 	for _, tt := range tests {
@@ -92,7 +95,7 @@ func TestDecideFor(t *testing.T) {
 	// variant left out otherwise.
 	plain, _, _ := r.DecideFor(fenced, upd)
 	raisers, _, _ := r.DecideFor(rules.Session{Database: "app", Lexing: utf8, Raisers: true}, upd)
-	prepared, _, _ := r.DecideFor(rules.Session{Database: "app", Lexing: utf8, Prepared: true}, upd)
+	prepared, _, _ := r.DecideFor(rules.Session{Database: "app", Lexing: utf8Prepared}, upd)
 	if plain.Action != rules.Rewrite || plain.SQL == raisers.SQL || plain.SQL == prepared.SQL {
 		t.Errorf("variants decide alike:\n%s\n%s\n%s", plain.SQL, raisers.SQL, prepared.SQL)
 	}
@@ -125,7 +128,7 @@ func TestDecideForQuick(t *testing.T) {
 	full := rules.Session{Database: "app", Lexing: utf8}
 	quick := full
 	quick.Quick = true
-	for _, s := range []rules.Session{quick, {Database: "app", Lexing: utf8, Raisers: true, Prepared: true, Quick: true}} {
+	for _, s := range []rules.Session{quick, {Database: "app", Lexing: utf8Prepared, Raisers: true, Quick: true}} {
 		if d, _, ok := r.DecideFor(s, "SELECT 1"); !ok || d.Action != rules.Forward {
 			t.Fatalf("%+v: SELECT 1: got %+v, %v; want a forward", s, d, ok)
 		}
