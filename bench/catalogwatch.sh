@@ -8,17 +8,20 @@
 # (default: the one before the in-band check), and NEW, built from the
 # working tree. pgbench one-row UPDATE and SELECT of pgbench_accounts,
 # simple and prepared protocol, runs interleaved, median TPS and latency.
-#   bench/catalogwatch.sh [-b COMMIT] [-T SECONDS] [-r REPS] [-c "1 4"]
+#   bench/catalogwatch.sh [-b COMMIT] [-T SECONDS] [-r REPS] [-c "1 4"] [-w]
+# -w drops the base's event triggers after its setup: with -b HEAD, the
+# two columns then differ by the catalog watch alone.
 # Needs the PostgreSQL server binaries and pgbench; runs as root (the
 # server runs as the postgres user) or as an ordinary user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
-base=8336018^ secs=5 reps=3 clients="1 4" modes="simple prepared"
-while getopts b:T:r:c:m: o; do
+base=8336018^ secs=5 reps=3 clients="1 4" modes="simple prepared" nowatch=
+while getopts b:T:r:c:m:w o; do
 	case $o in
 	b) base=$OPTARG ;; T) secs=$OPTARG ;; r) reps=$OPTARG ;; c) clients=$OPTARG ;; m) modes=$OPTARG ;;
+	w) nowatch=1 ;;
 	*) exit 2 ;;
 	esac
 done
@@ -71,6 +74,11 @@ EOF
 		cat "$work/setup-$v.log"
 		exit 1
 	}
+	if [ "$v" = base ] && [ -n "$nowatch" ]; then
+		# -w: the base runs without the watch, so that with -b HEAD the
+		# two columns differ by the watch alone.
+		psql_ -d bench_base -c "DROP EVENT TRIGGER IF EXISTS fenceproxy_catalog_ddl" -c "DROP EVENT TRIGGER IF EXISTS fenceproxy_catalog_drop" >/dev/null
+	fi
 	"$work/fenceproxy-$v" serve -c "$work/$v.yaml" 2>"$work/serve-$v.log" &
 	pids+=($!)
 	eval "port_$v=$port"
