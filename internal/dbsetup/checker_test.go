@@ -61,7 +61,7 @@ func TestChecker(t *testing.T) {
 				return nil, ctx.Err()
 			}
 		}
-		return pgx.Connect(ctx, cluster.SuperuserDSN(database))
+		return pgx.Connect(ctx, shared.Cluster.SuperuserDSN(database))
 	}
 	core, logs := observer.New(zapcore.InfoLevel)
 	metrics := make(resultMetrics, 10)
@@ -141,7 +141,7 @@ func TestCheckerRecheck(t *testing.T) {
 	}
 	metrics := make(resultMetrics, 100)
 	c := dbsetup.NewChecker(func(ctx context.Context, database string) (*pgx.Conn, error) {
-		return pgx.Connect(ctx, cluster.SuperuserDSN(database))
+		return pgx.Connect(ctx, shared.Cluster.SuperuserDSN(database))
 	}, nil, metrics)
 	defer c.Close()
 	c.Reload(sp)
