@@ -269,7 +269,7 @@ func readGuardFunctions(ctx context.Context, tx pgx.Tx) (map[string]guardFunctio
 // isRowFunction reports whether name is the name of a table's row
 // function.
 func isRowFunction(name string) bool {
-	return strings.HasPrefix(name, guardTableFuncPrefix) && name != guardTruncateFunc && name != guardExemptedFunc
+	return strings.HasPrefix(name, guardTableFuncPrefix) && name != guardTruncateFunc && name != guardExemptedFunc && name != guardDDLFunc
 }
 
 // is reports whether f is the function setup creates as d (every guard

@@ -134,6 +134,40 @@ func Check(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, cfg Config) 
 			stray = append(stray, t.relName)
 		}
 	}
+	// The guard against DDL: the record of the triggers and the event
+	// trigger. Writes are fenced without them, so the tables stay
+	// guarded. The record is compared only where nothing else is for
+	// setup to fix: each of those problems leaves it behind too.
+	fixable := slices.ContainsFunc(ps, func(p Problem) bool { return p.Fix == "" })
+	switch ok, err := recordExists(ctx, tx); {
+	case err != nil:
+		return nil, nil, err
+	case !ok:
+		ps = append(ps, setupProblem("", "table fenceproxy.guard_triggers of the database guard is missing"))
+	case fixable:
+	default:
+		current, err := recordCurrent(ctx, tx, guardedRels(placed))
+		if err != nil {
+			return nil, nil, err
+		}
+		if !current {
+			ps = append(ps, setupProblem("", "fenceproxy.guard_triggers does not record the guard's triggers as they are, so DDL that drops a guarded table or its guard is not refused everywhere"))
+		}
+	}
+	if state, ours, err := ddlTriggerState(ctx, tx); err != nil {
+		return nil, nil, err
+	} else if !ours || (state != "O" && state != "A") {
+		what := "is missing"
+		switch {
+		case state != "" && !ours:
+			what = "is not the guard's"
+		case state != "":
+			what = "is disabled"
+		}
+		ps = append(ps, Problem{Description: "the database guard's event trigger " + guardDDLTrigger + " " + what +
+			": stored code that builds DDL at run time, or a direct connection, can drop a guarded table or its guard",
+			Fix: "run fenceproxy setup -c FILE --guard as a superuser"})
+	}
 	for _, name := range stray {
 		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard is installed on %s, which no entry in mode enforce protects in this database", name)))
 	}

@@ -4,9 +4,13 @@
 // fence inside PostgreSQL (a token is needed, a stale one is refused, rows
 // are stamped, the token is registered for the session's lock), and a
 // BEFORE TRUNCATE statement trigger on the table and each of its
-// partitions that refuses TRUNCATE. Writes the proxy cannot see —
+// partitions that refuses TRUNCATE; and, installed by a superuser, the
+// event trigger fenceproxy_guard_ddl, which undoes any command after which
+// one of those triggers, as fenceproxy.guard_triggers records them, is
+// gone, disabled or changed (record.go). Writes the proxy cannot see —
 // functions, dynamic SQL, cascades, sessions that bypass the proxy — are
-// then fenced too. guard.sql has the SQL.
+// then fenced too, and DDL the proxy cannot see cannot drop the table or
+// the guard. guard.sql has the SQL.
 //
 // Install, Remove, Leave and Check work in a transaction of their
 // caller's, internal/dbsetup's Setup and Check, on the entries that apply

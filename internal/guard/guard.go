@@ -71,6 +71,8 @@ const (
 	guardTableFuncPrefix = "guard_" // + the table's display name: its row function
 	guardTruncateFunc    = "guard_truncate"
 	guardExemptedFunc    = "guard_exempted"
+	guardDDLFunc         = "guard_ddl"
+	guardDDLTrigger      = "fenceproxy_guard_ddl" // the event trigger
 )
 
 // pg_trigger.tgtype bits (catalog/pg_trigger.h).
@@ -244,6 +246,7 @@ type functionDef struct {
 var sharedFunctions = []functionDef{
 	{name: guardExemptedFunc, body: sharedBody(guardExemptedFunc), lang: "sql"},
 	{name: guardTruncateFunc, body: sharedBody(guardTruncateFunc), lang: "plpgsql", definer: true, trigger: true},
+	{name: guardDDLFunc, body: sharedBody(guardDDLFunc), lang: "plpgsql", definer: true},
 }
 
 // sharedBody returns the body of function fenceproxy.name in guard.sql.

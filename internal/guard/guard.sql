@@ -68,6 +68,62 @@ END
 $body$;
 REVOKE ALL ON FUNCTION fenceproxy.guard_truncate() FROM PUBLIC;
 
+-- guard_triggers records the guard's triggers as setup left them, one row
+-- per trigger of a guarded table or of one of its partitions then: the
+-- relation, the trigger's name, function and type, and the protected
+-- table's display name. Setup keeps it in line with the triggers, in its
+-- own transaction; only its owner writes it.
+CREATE TABLE IF NOT EXISTS fenceproxy.guard_triggers (
+	relid   oid NOT NULL,
+	name    name NOT NULL,
+	fn      oid NOT NULL,
+	typ     smallint NOT NULL,
+	display text NOT NULL,
+	PRIMARY KEY (relid, name)
+);
+REVOKE ALL ON fenceproxy.guard_triggers FROM PUBLIC;
+
+-- guard_ddl() is the function of the event trigger fenceproxy_guard_ddl
+-- (ddl_command_end, installed by a superuser's setup): after every command,
+-- whatever its spelling and wherever it ran (stored code, dynamic SQL
+-- built at run time, DROP OWNED, DROP EXTENSION, DROP SCHEMA ... CASCADE,
+-- a direct connection), each trigger guard_triggers records must still be
+-- on its relation, with its function and type, enabled, without a WHEN
+-- condition or UPDATE OF columns. Otherwise the command dropped a guarded
+-- table or partition, or dropped, disabled, renamed or replaced its
+-- guard, and only an exempt session may do that: anyone else's command is
+-- undone (FP003). Setup forgets the triggers it is about to change, and
+-- keeps the record as they are when it commits.
+CREATE OR REPLACE FUNCTION fenceproxy.guard_ddl() RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+	gone text;
+BEGIN
+	SELECT g.display INTO gone FROM fenceproxy.guard_triggers g
+	WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
+		WHERE t.tgrelid = g.relid AND t.tgname = g.name AND t.tgfoid = g.fn AND t.tgtype = g.typ
+			AND t.tgenabled IN ('O', 'A') AND t.tgqual IS NULL
+			AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) = 0)
+	ORDER BY 1 LIMIT 1;
+	-- The owner of schema fenceproxy, setup's role, may: it owns the
+	-- guard's functions already, and setup must be able to repair a guard
+	-- someone broke.
+	IF gone IS NULL OR fenceproxy.guard_exempted()
+		OR session_user = (SELECT r.rolname FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
+			WHERE n.nspname = 'fenceproxy') THEN
+		RETURN;
+	END IF;
+	RAISE EXCEPTION USING ERRCODE = 'FP003',
+		MESSAGE = format('fenceproxy guard: %s would drop protected table %s or remove its guard', TG_TAG, gone),
+		DETAIL = 'The database guard fences every write to the table; only sessions of a role it exempts (guard.exempt_roles) or of the owner of schema fenceproxy may drop the table or its partitions, or drop, disable or replace the guard''s triggers.',
+		HINT = 'Run it as a role listed in guard.exempt_roles, or as the role that runs fenceproxy setup; or first take the table out of the guard''s configuration and run fenceproxy setup --guard, which removes its guard.';
+END
+$body$;
+REVOKE ALL ON FUNCTION fenceproxy.guard_ddl() FROM PUBLIC;
+
 INSERT INTO fenceproxy.meta (key, value) VALUES ('guard', '1')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 

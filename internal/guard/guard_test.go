@@ -310,6 +310,13 @@ func TestGuardPartitioned(t *testing.T) {
 		wantState(t, none, "TRUNCATE "+rel, "FP003")
 	}
 	wantState(t, session(t, db, guardApp, "", "2"), "UPDATE events_2a SET id = 5", "FP001")
+	// A superuser the guard does not exempt can neither drop nor detach a
+	// partition: either takes rows out of the guarded table.
+	dba := connect(t, db, superRole(t, admin, "guard_dba"))
+	for _, sql := range []string{"DROP TABLE events_1", "ALTER TABLE events DETACH PARTITION events_1", "DROP TABLE events_2a",
+		"ALTER TABLE events_2a DISABLE TRIGGER fenceproxy_guard", "DROP TABLE events CASCADE"} {
+		wantState(t, dba, sql, "FP003")
+	}
 
 	execSQL(t, admin, "CREATE TABLE events_3 (id int, last_fence bigint NOT NULL DEFAULT 0); ALTER TABLE events ATTACH PARTITION events_3 FOR VALUES FROM (200) TO (300)")
 	rep := guardCheck(t, admin, tables)
@@ -344,6 +351,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 		"installed the database guard (its functions and table fenceproxy.guard_exempt)",
 		"installed the guard on public.config",
 		"installed the guard on public.jobs",
+		"installed the guard's event trigger fenceproxy_guard_ddl, which refuses DDL that drops a guarded table or its guard",
 	}
 	if !slices.Equal(rep.Actions, want) {
 		t.Errorf("first setup: %q, want %q", rep.Actions, want)
@@ -385,7 +393,17 @@ func TestGuardSetupAndCheck(t *testing.T) {
 		t.Errorf("check after setup: %+v", check)
 	}
 
-	// Disabled by hand: not guarded, setup enables it again.
+	// A superuser the guard does not exempt, who does not own the
+	// fenceproxy schema, cannot disable it: the event trigger undoes the
+	// command.
+	dba := connect(t, db, superRole(t, admin, "guard_dba"))
+	for _, sql := range []string{"ALTER TABLE jobs DISABLE TRIGGER fenceproxy_guard", "DROP TABLE jobs", "DROP TRIGGER fenceproxy_guard_truncate ON jobs"} {
+		wantState(t, dba, sql, "FP003")
+	}
+	if check := guardCheck(t, admin, changed); !check.OK() {
+		t.Errorf("check after refused DDL: %+v", check)
+	}
+	// Disabled by setup's role: not guarded, setup enables it again.
 	execSQL(t, admin, "ALTER TABLE jobs DISABLE TRIGGER fenceproxy_guard")
 	if check := guardCheck(t, admin, changed); len(check.Problems) != 1 || !strings.Contains(check.Problems[0].Description, "fenceproxy_guard is disabled") {
 		t.Errorf("check of a disabled guard: %+v", check)
@@ -408,7 +426,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 	}
 
 	rep, err = dbsetup.Setup(t.Context(), admin, sp, dbsetup.SetupOptions{RemoveGuard: true})
-	want = []string{"removed the guard from public.config", "removed the database guard's functions and its table of exempt roles"}
+	want = []string{"removed the guard's event trigger fenceproxy_guard_ddl", "removed the guard from public.config", "removed the database guard's functions and its table of exempt roles"}
 	if err != nil || !slices.Equal(rep.Actions, want) {
 		t.Errorf("setup --remove-guard: %+v, %v; want %q", rep, err, want)
 	}

@@ -128,13 +128,33 @@ func install(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g guardCon
 		keep[p.rel.OID] = true
 		fresh := len(on[p.rel.OID]) == 0
 		var did bool
+		// The record of p's triggers is forgotten before the first
+		// change, so that the event trigger lets setup make it.
+		forgotten := false
+		forget := func() error {
+			if forgotten {
+				return nil
+			}
+			forgotten = true
+			oids := []uint32{p.rel.OID}
+			for _, part := range p.parts {
+				oids = append(oids, part.oid)
+			}
+			return forgetTriggers(ctx, tx, oids)
+		}
 		if st, ok := fstate[p.fn.name]; !ok || !st.is(p.fn.def()) {
+			if err := forget(); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, p.fn.createSQL()); err != nil {
 				return fmt.Errorf("create the guard's function %s: %w", p.fn.qualified(), err)
 			}
 			did = true
 		}
 		if p.rowTriggerIssue(on) != "" {
+			if err := forget(); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, rowTriggerSQL(p)); err != nil {
 				return fmt.Errorf("create the guard's row trigger on %s: %w", p.rel.Qualified, err)
 			}
@@ -145,6 +165,9 @@ func install(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g guardCon
 			keep[r.oid] = true
 			if p.truncateTriggerIssue(on, r.oid, r.qualified) == "" {
 				continue
+			}
+			if err := forget(); err != nil {
+				return err
 			}
 			if _, err := tx.Exec(ctx, truncateTriggerSQL(r.qualified, p.spec.Display)); err != nil {
 				return fmt.Errorf("create the guard's TRUNCATE trigger on %s: %w", r.qualified, err)
@@ -168,12 +191,23 @@ func install(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, g guardCon
 			keep[rel.OID] = true
 		}
 	}
+	if err := forgetTriggersExcept(ctx, tx, keep); err != nil {
+		return err
+	}
 	removed, err := dropGuardTriggers(ctx, tx, trigs, func(oid uint32) bool { return !keep[oid] })
 	if err != nil {
 		return err
 	}
 	for _, name := range removed {
 		rep.Actions = append(rep.Actions, "removed the guard from "+name+": the configuration does not guard it in this database")
+	}
+	if changed, err := recordTriggers(ctx, tx, guardedRels(placed)); err != nil {
+		return err
+	} else if changed && len(rep.Actions) == 0 {
+		rep.Actions = append(rep.Actions, "recorded the guard's triggers in fenceproxy.guard_triggers")
+	}
+	if err := installDDLTrigger(ctx, tx, rep); err != nil {
+		return err
 	}
 
 	if fstate, err = readGuardFunctions(ctx, tx); err != nil {
@@ -227,6 +261,22 @@ func remove(ctx context.Context, tx pgx.Tx, rep *Result) error {
 	if err != nil {
 		return err
 	}
+	// The event trigger first: it would refuse the drops below.
+	if state, _, err := ddlTriggerState(ctx, tx); err != nil {
+		return err
+	} else if state != "" {
+		if _, err := tx.Exec(ctx, `DROP EVENT TRIGGER `+guardDDLTrigger); err != nil {
+			return fmt.Errorf("drop event trigger %s (as a superuser): %w", guardDDLTrigger, err)
+		}
+		rep.Actions = append(rep.Actions, "removed the guard's event trigger "+guardDDLTrigger)
+	}
+	if ok, err := recordExists(ctx, tx); err != nil {
+		return err
+	} else if ok {
+		if err := forgetTriggersExcept(ctx, tx, nil); err != nil {
+			return err
+		}
+	}
 	removed, err := dropGuardTriggers(ctx, tx, trigs, func(uint32) bool { return true })
 	if err != nil {
 		return err
@@ -240,7 +290,7 @@ func remove(ctx context.Context, tx pgx.Tx, rep *Result) error {
 	}
 	var names []string
 	for name := range fstate {
-		if isRowFunction(name) || name == guardTruncateFunc || name == guardExemptedFunc {
+		if isRowFunction(name) || name == guardTruncateFunc || name == guardExemptedFunc || name == guardDDLFunc {
 			names = append(names, name)
 		}
 	}
@@ -261,7 +311,7 @@ func remove(ctx context.Context, tx pgx.Tx, rep *Result) error {
 			return fmt.Errorf("drop guard function %s: %w", name, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS fenceproxy.guard_exempt; DELETE FROM fenceproxy.meta WHERE key = 'guard'`); err != nil {
+	if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS fenceproxy.guard_exempt, fenceproxy.guard_triggers; DELETE FROM fenceproxy.meta WHERE key = 'guard'`); err != nil {
 		return fmt.Errorf("remove the guard: %w", err)
 	}
 	rep.Actions = append(rep.Actions, "removed the database guard's functions and its table of exempt roles")

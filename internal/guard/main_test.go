@@ -74,3 +74,11 @@ func createRole(t *testing.T, conn *pgx.Conn, name string) {
 	t.Helper()
 	execSQL(t, conn, "DO $$ BEGIN CREATE ROLE "+name+" LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
 }
+
+// superRole creates the superuser name (a login role), if missing, and
+// returns its name.
+func superRole(t *testing.T, conn *pgx.Conn, name string) string {
+	t.Helper()
+	execSQL(t, conn, "DO $$ BEGIN CREATE ROLE "+name+" LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+	return name
+}
