@@ -193,13 +193,13 @@ func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 // reaches a protected table. nil when the database is not checked. Where
 // the catalog watch runs, a statement that may write is checked against
 // the catalog as it is when it runs: by the in-band check it returns, or,
-// where that cannot go before it (inBandWrite, or the statement has a
-// lock registration of its own), for a named prepared statement
-// (prepared), or where the catalog is known to have moved, by a stamp
-// read before it is forwarded (freshState).
+// where that cannot go before it (inBandWrite), or where the catalog is
+// known to have moved, by a stamp read before it is forwarded
+// (freshState). Named prepared statements are checked at each Bind, as
+// unnamed ones are.
 //
 // Quick, it reports false instead of parsing sql or reading the stamp.
-func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, prepared, quick bool) (*rules.Error, stampCheck, bool) {
+func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, quick bool) (*rules.Error, stampCheck, bool) {
 	if st == nil || (!st.known && !st.watched) {
 		return nil, stampCheck{}, true
 	}
@@ -226,13 +226,13 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 	var check stampCheck
 	read := false // the stamp was read for this statement
 	if st.watched && mayWrite(sql) {
-		// A named prepared statement would run the check at every Bind
-		// (parsed again each time: about as much as the write itself in
-		// pgbench -M prepared); it is decided once, with a stamp read,
-		// and again when the stamp moves.
+		// A named prepared statement runs the check at every Bind too:
+		// decided once with a stamp read and again when the proxy learns
+		// that the stamp moved, it would run through a path created in
+		// between (the notification comes after the change commits).
 		// With a lock registration the check runs just before it
 		// (rules.LockCall.Pre).
-		inBand := !prepared && inBandWrite(sql)
+		inBand := inBandWrite(sql)
 		if !inBand || st.moved.Load() {
 			if quick {
 				return nil, stampCheck{}, false
