@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -14,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/internal/held"
 )
 
 // cleanupTimeout bounds the lease revocations done on failure paths, which
@@ -165,18 +165,15 @@ func acquire(ctx context.Context, cli *clientv3.Client, name string, opts lock.O
 	}
 
 	l := &Lease{
-		name:      name,
-		token:     token,
+		State:     held.New(name, token, lcancel),
 		cli:       cli,
 		holderKey: holderKey,
 		id:        g.ID,
 		ttl:       granted,
 		session:   s,
 		ctx:       lctx,
-		cancel:    lcancel,
 		monitored: make(chan struct{}),
 		renewed:   make(chan time.Time),
-		done:      make(chan struct{}),
 	}
 	go l.monitor(expiry, opts.KeepAlive)
 	return l, nil
@@ -206,47 +203,17 @@ func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID) {
 // and the etcd lease that keeps it, and the fencing token the grant
 // carries. Its methods are safe for concurrent use.
 type Lease struct {
-	name      string
-	token     int64
-	cli       *clientv3.Client
-	holderKey string
-	id        clientv3.LeaseID
-	ttl       time.Duration
-	session   *concurrency.Session
+	*held.State // the name, the token and how the grant ended
+	cli         *clientv3.Client
+	holderKey   string
+	id          clientv3.LeaseID
+	ttl         time.Duration
+	session     *concurrency.Session
 
-	ctx       context.Context // canceled to stop the monitor and the session
-	cancel    context.CancelFunc
-	monitored chan struct{}  // closed when the monitor has returned
-	renewed   chan time.Time // Renew's new expiry, for the monitor
-
-	done    chan struct{}
-	endOnce sync.Once
-	err     error // set before done is closed
+	ctx       context.Context // canceled (by held.End) to stop the monitor and the session
+	monitored chan struct{}   // closed when the monitor has returned
+	renewed   chan time.Time  // Renew's new expiry, for the monitor
 }
-
-// Key returns the lock's name, as passed to Acquire; the value for the
-// fence.lock setting.
-func (l *Lease) Key() string { return l.name }
-
-// Token returns the fencing token: the holder key's creation revision,
-// larger than every earlier holder's token of the same lock.
-func (l *Lease) Token() int64 { return l.token }
-
-// Fence returns the token and the lock's name with the setting names s.
-func (l *Lease) Fence(s lock.Settings) lock.Fence {
-	return lock.Fence{Token: l.token, Lock: l.name, Settings: s}
-}
-
-// RuntimeParams returns the token and the lock's name keyed by the setting
-// names in s, for a connection's startup parameters
-// (Fence.RuntimeParams).
-func (l *Lease) RuntimeParams(s lock.Settings) map[string]string {
-	return l.Fence(s).RuntimeParams()
-}
-
-// PGOptions returns the token and the lock's name as libpq command-line
-// options for PGOPTIONS (Fence.PGOptions).
-func (l *Lease) PGOptions(s lock.Settings) string { return l.Fence(s).PGOptions() }
 
 // HolderKey returns the etcd key this grant created: Prefix(Key()) followed
 // by the lease ID in hexadecimal. It exists while the grant waits and holds.
@@ -258,36 +225,6 @@ func (l *Lease) LeaseID() clientv3.LeaseID { return l.id }
 // TTL returns the lease TTL the server granted.
 func (l *Lease) TTL() time.Duration { return l.ttl }
 
-// Done returns a channel that is closed when the lease is lost or released.
-// Err then says which.
-func (l *Lease) Done() <-chan struct{} { return l.done }
-
-// Err returns nil while the lease is held. After Done is closed it returns
-// lock.ErrReleased after Release, or a *lock.LostError (wrapping
-// lock.ErrLost) that says how the lease was lost.
-func (l *Lease) Err() error {
-	select {
-	case <-l.done:
-		return l.err
-	default:
-		return nil
-	}
-}
-
-// end records why the lease ended, closes Done and stops the monitor and
-// the session's renewals. The first cause wins.
-func (l *Lease) end(err error) {
-	l.endOnce.Do(func() {
-		l.err = err
-		close(l.done)
-		l.cancel()
-	})
-}
-
-func (l *Lease) lost(format string, args ...any) {
-	l.end(&lock.LostError{Key: l.name, Token: l.token, Reason: fmt.Sprintf(format, args...)})
-}
-
 // Release gives the lock up. In one transaction it deletes the holder key
 // if the key still carries this grant (creation revision equal to the token
 // and this lease), so it never deletes a key that is not its own, unlike
@@ -297,13 +234,13 @@ func (l *Lease) lost(format string, args ...any) {
 // Release stops keep-alive whatever the outcome, so even when it fails
 // (etcd unreachable, ctx done) the lock frees itself within the TTL.
 func (l *Lease) Release(ctx context.Context) error {
-	l.end(lock.ErrReleased)
+	held.End(l.State, lock.ErrReleased)
 	<-l.monitored
 	l.session.Orphan()
 
 	resp, txnErr := l.cli.Txn(ctx).
 		If(
-			clientv3.Compare(clientv3.CreateRevision(l.holderKey), "=", l.token),
+			clientv3.Compare(clientv3.CreateRevision(l.holderKey), "=", l.Token()),
 			clientv3.Compare(clientv3.LeaseValue(l.holderKey), "=", l.id),
 		).
 		Then(clientv3.OpDelete(l.holderKey)).
@@ -316,15 +253,15 @@ func (l *Lease) Release(ctx context.Context) error {
 		// key, which expires on its own.
 		return nil
 	case txnErr == nil:
-		return fmt.Errorf("%w: lock %q, token %d", lock.ErrNotHeld, l.name, l.token)
+		return fmt.Errorf("%w: lock %q, token %d", lock.ErrNotHeld, l.Key(), l.Token())
 	case revokeErr == nil:
 		// The delete's outcome is unknown, but revoking the lease deletes
 		// every key attached to it, so the lock is free either way.
 		return nil
 	case errors.Is(revokeErr, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%w: lock %q, token %d: lease gone", lock.ErrNotHeld, l.name, l.token)
+		return fmt.Errorf("%w: lock %q, token %d: lease gone", lock.ErrNotHeld, l.Key(), l.Token())
 	default:
-		return fmt.Errorf("lock: release %q: %w", l.name, txnErr)
+		return fmt.Errorf("lock: release %q: %w", l.Key(), txnErr)
 	}
 }
 
@@ -347,7 +284,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 		// renewal's TTL, which the session does not expose.
 		ch, err := l.cli.KeepAlive(ctx, l.id)
 		if err != nil {
-			l.lost("keep-alive: %v", err)
+			held.Lost(l.State, "keep-alive: %v", err)
 			return
 		}
 		renewals = ch
@@ -355,7 +292,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 
 	// The watch starts after the holder key's creation, so it sees every
 	// later change to the key even though it is set up after the grant.
-	w := keyWatch{l: l, from: l.token + 1}
+	w := keyWatch{l: l, from: l.Token() + 1}
 	w.start(ctx)
 	defer w.stop()
 	// While the watch is broken, resync fires to re-read the key and watch
@@ -368,7 +305,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
-			l.lost("lease expired after %v", l.ttl)
+			held.Lost(l.State, "lease expired after %v", l.ttl)
 			return
 		case e := <-l.renewed:
 			if e.After(expiry) {
@@ -378,7 +315,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 		case r, ok := <-renewals:
 			if !ok {
 				if ctx.Err() == nil {
-					l.lost("keep-alive stopped")
+					held.Lost(l.State, "keep-alive stopped")
 				}
 				return
 			}
@@ -394,7 +331,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 					return
 				}
 				if l.cli.Ctx().Err() != nil {
-					l.lost("etcd client closed")
+					held.Lost(l.State, "etcd client closed")
 					return
 				}
 				w.stop()
@@ -403,7 +340,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 			}
 			for _, ev := range resp.Events {
 				if why, gone := l.lostBy(ev); gone {
-					l.lost("%s", why)
+					held.Lost(l.State, "%s", why)
 					return
 				}
 			}
@@ -413,7 +350,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 			why, gone, err := w.restart(ctx, timeout)
 			switch {
 			case gone:
-				l.lost("%s", why)
+				held.Lost(l.State, "%s", why)
 				return
 			case err != nil:
 				backoff = min(2*backoff, maxBackoff)
@@ -437,7 +374,7 @@ func (l *Lease) lostBy(ev *clientv3.Event) (string, bool) {
 	switch {
 	case ev.Type == mvccpb.DELETE:
 		return fmt.Sprintf("key %q deleted at revision %d", l.holderKey, ev.Kv.ModRevision), true
-	case ev.Kv.CreateRevision != l.token || clientv3.LeaseID(ev.Kv.Lease) != l.id:
+	case ev.Kv.CreateRevision != l.Token() || clientv3.LeaseID(ev.Kv.Lease) != l.id:
 		return fmt.Sprintf("key %q overwritten at revision %d", l.holderKey, ev.Kv.ModRevision), true
 	}
 	return "", false
@@ -484,7 +421,7 @@ func (w *keyWatch) restart(ctx context.Context, timeout time.Duration) (string, 
 		return fmt.Sprintf("key %q deleted", w.l.holderKey), true, nil
 	}
 	kv := resp.Kvs[0]
-	if kv.CreateRevision != w.l.token || clientv3.LeaseID(kv.Lease) != w.l.id {
+	if kv.CreateRevision != w.l.Token() || clientv3.LeaseID(kv.Lease) != w.l.id {
 		return fmt.Sprintf("key %q taken over at revision %d", w.l.holderKey, kv.ModRevision), true, nil
 	}
 	w.from = resp.Header.Revision + 1

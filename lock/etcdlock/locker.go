@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/internal/held"
 )
 
 // New returns a lock.Locker that takes locks in etcd through cli, as
@@ -44,14 +45,14 @@ func (l *Lease) Renew(ctx context.Context) error {
 	ka, err := l.cli.KeepAliveOnce(ctx, l.id)
 	if err != nil {
 		if ctx.Err() == nil && l.cli.Ctx().Err() == nil && isLeaseNotFound(err) {
-			l.lost("lease not found on renewal")
+			held.Lost(l.State, "lease not found on renewal")
 			return l.Err()
 		}
-		return fmt.Errorf("lock: renew %q: %w", l.name, err)
+		return fmt.Errorf("lock: renew %q: %w", l.Key(), err)
 	}
 	select {
 	case l.renewed <- before.Add(time.Duration(ka.TTL) * time.Second):
-	case <-l.done:
+	case <-l.Done():
 		return l.Err()
 	}
 	return nil

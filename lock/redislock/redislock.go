@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fenceproxy/fenceproxy/lock"
+	"github.com/fenceproxy/fenceproxy/lock/internal/held"
 )
 
 // Redis key layout, the one Redisson's RFencedLock uses (see the package
@@ -381,16 +381,13 @@ func (r *Locker) SeedToken(ctx context.Context, name string, atLeast int64) (int
 func (r *Locker) newLease(name, field string, token int64, ttl time.Duration, start time.Time, keepAlive bool) *Lease {
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Lease{
-		name:      name,
-		token:     token,
+		State:     held.New(name, token, cancel),
 		r:         r,
 		field:     field,
 		ttl:       ttl,
 		ctx:       ctx,
-		cancel:    cancel,
 		monitored: make(chan struct{}),
 		renewed:   make(chan time.Time),
-		done:      make(chan struct{}),
 	}
 	go l.monitor(start.Add(ttl), keepAlive)
 	return l
@@ -399,77 +396,21 @@ func (r *Locker) newLease(name, field string, token int64, ttl time.Duration, st
 // Lease is one holder's grant of a Redis lock; it is a lock.Grant. Its
 // methods are safe for concurrent use.
 type Lease struct {
-	name  string
-	token int64
-	r     *Locker
-	field string
-	ttl   time.Duration
+	*held.State // the name, the token and how the grant ended
+	r           *Locker
+	field       string
+	ttl         time.Duration
 
-	ctx       context.Context // canceled to stop the monitor
-	cancel    context.CancelFunc
-	monitored chan struct{} // closed when the monitor has returned
+	ctx       context.Context // canceled (by held.End) to stop the monitor
+	monitored chan struct{}   // closed when the monitor has returned
 	renewed   chan time.Time
-
-	done    chan struct{}
-	endOnce sync.Once
-	err     error // set before done is closed
 }
-
-// Key returns the lock's name, as passed to Acquire: the key of the lock
-// hash, and the value for the fence.lock setting.
-func (l *Lease) Key() string { return l.name }
-
-// Token returns the fencing token: the counter's value drawn with the
-// grant, larger than every earlier holder's token of the same lock.
-func (l *Lease) Token() int64 { return l.token }
-
-// Fence returns the token and the lock's name with the setting names s.
-func (l *Lease) Fence(s lock.Settings) lock.Fence {
-	return lock.Fence{Token: l.token, Lock: l.name, Settings: s}
-}
-
-// RuntimeParams returns the token and the lock's name keyed by the setting
-// names in s, for a connection's startup parameters
-// (Fence.RuntimeParams).
-func (l *Lease) RuntimeParams(s lock.Settings) map[string]string {
-	return l.Fence(s).RuntimeParams()
-}
-
-// PGOptions returns the token and the lock's name as libpq command-line
-// options for PGOPTIONS (Fence.PGOptions).
-func (l *Lease) PGOptions(s lock.Settings) string { return l.Fence(s).PGOptions() }
 
 // HolderField returns the field of the lock hash that names this grant.
 func (l *Lease) HolderField() string { return l.field }
 
 // TTL returns the expiry the lock key is given on each grant and renewal.
 func (l *Lease) TTL() time.Duration { return l.ttl }
-
-// Done returns a channel that is closed when the grant is lost or released.
-func (l *Lease) Done() <-chan struct{} { return l.done }
-
-// Err returns nil while the grant is held, then lock.ErrReleased after
-// Release or a *lock.LostError saying how it was lost.
-func (l *Lease) Err() error {
-	select {
-	case <-l.done:
-		return l.err
-	default:
-		return nil
-	}
-}
-
-func (l *Lease) end(err error) {
-	l.endOnce.Do(func() {
-		l.err = err
-		close(l.done)
-		l.cancel()
-	})
-}
-
-func (l *Lease) lost(format string, args ...any) {
-	l.end(&lock.LostError{Key: l.name, Token: l.token, Reason: fmt.Sprintf(format, args...)})
-}
 
 // Renew extends the lock key's expiry by TTL, only while the key still
 // holds this grant; the counter is not touched. If the key is gone or
@@ -484,7 +425,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	select {
 	case l.renewed <- expiry:
-	case <-l.done:
+	case <-l.Done():
 		return l.Err()
 	}
 	return nil
@@ -494,12 +435,12 @@ func (l *Lease) Renew(ctx context.Context) error {
 // *lock.LostError after ending the grant when the key is no longer its own.
 func (l *Lease) renew(ctx context.Context) (time.Time, error) {
 	before := time.Now()
-	ok, err := redisRenew.Run(ctx, l.r.cli, []string{l.name}, l.ttl.Milliseconds(), l.field).Int64()
+	ok, err := redisRenew.Run(ctx, l.r.cli, []string{l.Key()}, l.ttl.Milliseconds(), l.field).Int64()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("lock: renew %q: %w", l.name, err)
+		return time.Time{}, fmt.Errorf("lock: renew %q: %w", l.Key(), err)
 	}
 	if ok != 1 {
-		l.lost("key %q no longer holds this grant", l.name)
+		held.Lost(l.State, "key %q no longer holds this grant", l.Key())
 		return time.Time{}, l.Err()
 	}
 	return before.Add(l.ttl), nil
@@ -511,14 +452,14 @@ func (l *Lease) renew(ctx context.Context) (time.Time, error) {
 // grant ends whatever the outcome; if Redis cannot be reached the key
 // expires by itself.
 func (l *Lease) Release(ctx context.Context) error {
-	l.end(lock.ErrReleased)
+	held.End(l.State, lock.ErrReleased)
 	<-l.monitored
-	n, err := redisRelease.Run(ctx, l.r.cli, []string{l.name, Channel(l.name)}, l.field, redisUnlockMessage).Int64()
+	n, err := redisRelease.Run(ctx, l.r.cli, []string{l.Key(), Channel(l.Key())}, l.field, redisUnlockMessage).Int64()
 	switch {
 	case err != nil:
-		return fmt.Errorf("lock: release %q: %w", l.name, err)
+		return fmt.Errorf("lock: release %q: %w", l.Key(), err)
 	case n != 1:
-		return fmt.Errorf("%w: lock %q, token %d", lock.ErrNotHeld, l.name, l.token)
+		return fmt.Errorf("%w: lock %q, token %d", lock.ErrNotHeld, l.Key(), l.Token())
 	}
 	return nil
 }
@@ -540,7 +481,7 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 		case <-l.ctx.Done():
 			return
 		case <-timer.C:
-			l.lost("lease expired after %v", l.ttl)
+			held.Lost(l.State, "lease expired after %v", l.ttl)
 			return
 		case e := <-l.renewed:
 			if e.After(expiry) {
@@ -569,11 +510,11 @@ func (l *Lease) monitor(expiry time.Time, keepAlive bool) {
 // check ends the grant if the key no longer holds it; errors are left to
 // the expiry timer.
 func (l *Lease) check(ctx context.Context) {
-	ok, err := l.r.cli.HExists(ctx, l.name, l.field).Result()
+	ok, err := l.r.cli.HExists(ctx, l.Key(), l.field).Result()
 	if err == nil && !ok {
-		l.lost("key %q no longer holds this grant", l.name)
+		held.Lost(l.State, "key %q no longer holds this grant", l.Key())
 	} else if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") {
-		l.lost("key %q replaced", l.name)
+		held.Lost(l.State, "key %q replaced", l.Key())
 	}
 }
 
