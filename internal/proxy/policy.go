@@ -99,9 +99,12 @@ type Policy interface {
 	// on statements that cannot matter.
 	MayTouch(info *SessionInfo, sql string) bool
 	// DecisionCost returns the memory, in bytes, that deciding sql may
-	// hold while it is decided: 0 for a text it forwards without a look,
-	// up to many times its size for one it parses. The relay charges it
-	// to the large-message budget for texts over 64 KiB.
+	// hold at once while it is decided: 0 for a text it forwards without
+	// a look, up to thousands of times its size for one it parses. It
+	// must be cheap (no parse, no allocation). The relay asks for it for
+	// texts over 512 bytes and charges it to the large-message budget for
+	// texts over 64 KiB, and for shorter ones when it is over 4 MiB; so
+	// deciding a text of at most 512 bytes must hold less than 4 MiB.
 	DecisionCost(info *SessionInfo, sql string) int64
 	// TranslateError may rewrite an upstream ErrorResponse in place (e.g.
 	// the error a rewritten statement raised on purpose) and reports

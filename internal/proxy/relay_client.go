@@ -265,13 +265,33 @@ func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
 	return upstreamErr(writeMsg(r.uw, msg))
 }
 
+// Texts whose decision is charged to the large-message budget: every
+// text over largeBodyBytes, and a shorter one whose decision may hold more
+// than smallDecisionCharge. The policy is asked only for texts over
+// decisionCostBytes, so that ordinary statements pay nothing for it: a
+// text that short holds less than smallDecisionCharge while decided
+// (rules.TestDecisionCostCoversThePeak: 3.5 MB at most, for 512 bytes of
+// DELETE statements on a table in audit mode, in the prepared form).
+//
+// Below smallDecisionCharge a decision is not charged: each session may
+// hold that much uncharged, besides its 64 KiB body, as the budget's
+// collections (one per 100 ms at most, after releases of 1 MiB or more)
+// would otherwise run for every medium-sized statement. It is about what
+// a 10 KiB statement with a 2,000-item IN list holds.
+const (
+	decisionCostBytes   = 512
+	smallDecisionCharge = 4 << 20
+)
+
 // chargeDecision charges the budget of the message being handled for
 // deciding sql (Policy.DecisionCost: a parse holds many times the text),
-// so that the budget bounds the memory of large statements being decided
-// too (docs/design.md, "Memory of large messages").
+// so that the budget bounds the memory of statements being decided too
+// (docs/design.md, "Memory of large messages"): a text over
+// largeBodyBytes is charged its cost, a shorter one only when the cost is
+// over smallDecisionCharge.
 func (r *requests) chargeDecision(sql string) error {
 	n := r.srv.opts.Policy.DecisionCost(&r.info, sql)
-	if n <= 0 {
+	if n <= 0 || len(sql) <= largeBodyBytes && n <= smallDecisionCharge {
 		return nil
 	}
 	return r.cr.charge(n)
@@ -306,7 +326,7 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		}
 		sql = p.Query
 	}
-	if len(sql) > largeBodyBytes {
+	if len(sql) > decisionCostBytes {
 		if err := r.chargeDecision(sql); err != nil {
 			return r.refuseUnheld(typ, body, err)
 		}

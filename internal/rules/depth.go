@@ -344,25 +344,517 @@ func (r *Rules) tooLarge(sql string) bool {
 	return r.maxCheck > 0 && len(sql) > r.maxCheck
 }
 
-// ParseCost is how many times its size deciding a text that is parsed is
-// charged for: what a long VALUES list of plain rows, the largest batch
-// drivers and ORMs send, allocates while it is parsed, rewritten and
-// proven (about 66 times; a long string about 10), rounded up. Long IN
-// lists and texts of many small statements allocate more over their
-// decision (up to about 200 and 1,600 times), mostly short-lived;
-// max_check_bytes bounds those.
-const ParseCost = 80
+// What deciding a text holds.
+//
+// Deciding a text at or under Config.MaxCheckBytes parses it with
+// pg_query (its C parse tree, the protobuf-c tree and the packed protobuf,
+// then the Go tree unmarshalled from it), rewrites it, splices the
+// rewrite into the client's text and proves the splice by parsing it
+// again while the first tree is still alive. What that holds at its peak
+// follows the tree's nodes, so the tokens, not the bytes: a long IN list
+// of one-digit numbers holds about 400 times its size, a RETURNING list
+// of one-letter columns 800, a text of short fenced statements up to
+// 3,100 (5,300 on a table in audit mode), a long string literal 10. So
+// DecisionCost estimates from a scan of the text, lexed as PostgreSQL's
+// scanner does as libpg_query configures it (like nestingEstimate),
+// without allocating:
+//
+//	costFixed + costPerByte·bytes + costPerToken·tokens
+//	  + costPerStatement·(statements) + costPerLight·(light statements)
+//	  + costPerRow·(dropped rows) + costPerRowToken·(their tokens)
+//
+// times 3/2 when the set fences a table in audit mode (and the rows' part
+// three times). A string literal, a quoted identifier, a comment or a
+// dollar-quoted string is one token whatever its size (its bytes cost
+// costPerByte), except in a text that may hold stored code (DO, FUNCTION,
+// PROCEDURE), whose string bodies are parsed or scanned as code: there
+// every run of identifier bytes and every other byte but white space,
+// quoted or not, counts as a token. A light statement is one that starts
+// with a word that cannot begin a write (SELECT, SET, BEGIN, …: nothing
+// in it is rewritten). The rows of a long VALUES list that the values
+// fast path drops (decideValuesFast) cost only what that path holds for
+// them, when the text shows the path will take them: one VALUES list,
+// of at least valuesFastMinRows rows of one width, from the second on
+// plain (literals and parameters, signs, casts to common type names,
+// DEFAULT), in a text that names no fence column and has no DELETE or
+// MERGE (whose rewrites copy the client's text, which makes the fast
+// path give up) and no U&; otherwise every row is parsed, and costs its
+// tokens.
+//
+// The constants are the peak memory measured per unit, with a margin
+// (TestDecisionCostCoversThePeak: the growth of the process's peak
+// resident size over the decision, in a process of its own, with GOGC=10
+// so that the heap holds little garbage beyond the live data; pg_query's
+// C memory and the goroutine's stack included), at 60 KiB and 1 MiB, in
+// the plain, ServerFunctions, Prepared and lock forms and audit mode:
+//
+//   - per token: up to 850 bytes (an operator chain 1+1+…+1; 800 a
+//     RETURNING list, 510 an IN list of names, 410 of numbers, 730
+//     VALUES rows whose fence values the client gives, in which every row
+//     is parsed); 1,060 in audit mode;
+//   - per statement: a short fenced statement 55 to 75 KB, its tokens
+//     included (UPDATE config SET a = 1 WHERE id = 7; DELETE FROM
+//     config), 100 to 115 KB in audit mode; a light one 2 to 3 KB beyond
+//     its tokens;
+//   - per dropped VALUES row: 400 to 620 bytes ((1), and (1, 'k', 2));
+//     1,300 to 1,570 in audit mode;
+//   - per byte: 8 to 13 for long literals, identifiers and dollar-quoted
+//     strings at 1 MiB, 4 to 9 for comments (up to 15 at 60 KiB, with
+//     the fixed part);
+//   - fixed: 160 KB for the smallest fenced statement.
+//
+// The estimate is then at least 1.2 times every peak measured, and at
+// most about twice it for bulk VALUES rows (95 times their size against
+// 47), two to four times for IN lists, and 16 times their size for long
+// literals (against 9). A text over Config.MaxCheckBytes is decided in place, neither
+// copied nor parsed, for about its own size.
+const (
+	costFixed        = 256 << 10
+	costPerByte      = 16
+	costPerToken     = 1 << 10
+	costPerStatement = 96 << 10
+	costPerLight     = 8 << 10
+	costPerRow       = 512
+	costPerRowToken  = 64
+)
 
-// DecisionCost returns the memory, in bytes, that deciding sql may hold
-// while it is decided, for a text that may touch a protected table
-// (MayTouch): a text over Config.MaxCheckBytes is decided in place,
-// neither copied nor parsed (about its own size, rounded up); one at or
-// under it is parsed (ParseCost times its size).
+// costUnrefined is the bound under which DecisionCost does not scan the
+// text: a text at most that costly is not charged by the relay unless it
+// is over 64 KiB (proxy.smallDecisionCharge), so a coarser bound does.
+const costUnrefined = 4 << 20
+
+// DecisionCost returns an upper bound of the memory, in bytes, that
+// deciding sql holds at its peak, for a text that may touch a protected
+// table (MayTouch); see costFixed. It allocates nothing, and reads the
+// text once, or only counts its semicolons when the coarse bound that
+// every byte is a token is under costUnrefined (texts of a few KiB). A
+// text over Config.MaxCheckBytes costs its size: it is decided in place,
+// neither copied nor parsed.
 func (r *Rules) DecisionCost(sql string) int64 {
 	if r.tooLarge(sql) {
 		return int64(len(sql))
 	}
-	return ParseCost * int64(len(sql))
+	audit := false
+	for _, t := range r.tables {
+		audit = audit || t.audit
+	}
+	// Every token is at least a byte, every statement but the first ends
+	// at a semicolon, and a dropped VALUES row costs less than its tokens.
+	n := costFixed + (costPerByte+costPerToken)*int64(len(sql)) + costPerStatement*int64(strings.Count(sql, ";")+1)
+	if audit {
+		n += n / 2
+	}
+	if n <= costUnrefined {
+		return n
+	}
+	c := scanCost(sql)
+	if c.rows > 0 && (c.body || !r.valuesFastLikely(sql, &c)) {
+		c.tokens += c.rowTokens
+		c.rows, c.rowTokens = 0, 0
+	}
+	if c.body {
+		c.tokens = max(c.tokens, rawTokens(sql))
+	}
+	n = costFixed + costPerByte*int64(len(sql)) + costPerToken*int64(c.tokens) +
+		costPerStatement*int64(c.statements) + costPerLight*int64(c.light) +
+		costPerRow*int64(c.rows) + costPerRowToken*int64(c.rowTokens)
+	if audit {
+		// Audit rewrites are larger; a dropped row's stamp about three
+		// times.
+		n += n/2 + costPerRow*3/2*int64(c.rows)
+	}
+	return n
+}
+
+// valuesFastLikely reports whether the values fast path will decide sql
+// through its reduced statement, given the scan c found one long VALUES
+// list of plain rows: the text is long enough, names no fence column
+// (whose client values the rewrite keeps, copying them) and no DELETE or
+// MERGE (whose conditions the rewrite repeats), has no U& escape (which
+// may spell either) and no literal or comment that runs to its end.
+func (r *Rules) valuesFastLikely(sql string, c *costInfo) bool {
+	if len(sql) < valuesFastMinBytes || c.copies || c.open || strings.Contains(sql, "&") {
+		return false
+	}
+	for _, t := range r.tables {
+		if t.column != "" && (strings.IndexByte(t.column, '"') >= 0 || indexFoldASCII(sql, t.column) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// costInfo is what scanCost counts in a text.
+type costInfo struct {
+	tokens     int  // tokens, but for rowTokens
+	rows       int  // rows the values fast path would drop
+	rowTokens  int  // their tokens, the comma before each included
+	statements int  // non-empty statements but the light ones
+	light      int  // statements that cannot write: SELECT, SET, BEGIN, …
+	body       bool // may hold stored code (DO, FUNCTION, PROCEDURE)
+	copies     bool // DELETE or MERGE: the fast path may give up
+	open       bool // a literal, identifier or comment runs to the end
+}
+
+// valuesScan follows the first VALUES list of a text for scanCost.
+type valuesScan struct {
+	state int8 // vsNone, …
+	item  int8 // itemStart, … within a row
+	depth int  // bracket depth of the VALUES keyword
+	rows  int  // rows seen, the current one included
+	width int  // items of row 1 (the second row)
+	items int  // items of the current row so far
+	plain bool // rows from 1 on, the current one included, are plain
+	row   int  // tokens of the current row, its leading comma included
+	drop  int  // tokens of rows 2 and on
+	lists int  // VALUES keywords seen
+}
+
+const (
+	vsNone      = iota // no list yet
+	vsRow              // expecting "(" of a row
+	vsIn               // inside a row
+	vsAfter            // after a row's ")": a comma continues the list
+	vsEnded            // the list has ended
+	itemStart   = iota // (item states) expecting signs, a literal or DEFAULT
+	itemLiteral        // after a literal: "::", "," or ")"
+	itemCast           // after "::": a type name
+	itemDefault        // after DEFAULT: "," or ")"
+)
+
+// scanCost counts sql's tokens and statements for DecisionCost, lexing as
+// nestingEstimate does, and finds the first VALUES list's rows.
+func scanCost(sql string) costInfo {
+	var c costInfo
+	v := valuesScan{state: vsNone}
+	depth := 0
+	stmtOpen := false
+	for i := 0; i < len(sql); {
+		ch := sql[i]
+		start := i
+		n := 1 // tokens this step
+		kind := byte(0)
+		var word string
+		switch {
+		case ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v':
+			i++
+			continue
+		case ch == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			i = sqllex.SkipLineComment(sql, i)
+			continue
+		case ch == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			i = sqllex.SkipBlockComment(sql, i)
+			c.open = c.open || i == len(sql)
+			continue
+		case ch == '\'':
+			i = sqllex.SkipQuoted(sql, i+1, '\'', false)
+			kind = 's'
+		case ch == '"':
+			i = sqllex.SkipQuoted(sql, i+1, '"', false)
+		case ch == '$':
+			i = sqllex.SkipDollar(sql, i)
+			kind = 's'
+			if i > start+1 && sql[start+1] >= '0' && sql[start+1] <= '9' {
+				kind = 'p'
+				for k := start + 1; k < i; k++ {
+					if sql[k] < '0' || sql[k] > '9' {
+						kind = 0
+					}
+				}
+			} else if i == start+1 {
+				kind = 0
+			}
+		case sqllex.IsIdentStart(ch):
+			j := i + 1
+			for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
+				j++
+			}
+			word = sql[i:j]
+			i = j
+			kind = 'w'
+			if j < len(sql) && len(word) == 1 {
+				switch lowerASCII(word[0]) {
+				case 'e':
+					if sql[j] == '\'' {
+						i = sqllex.SkipQuoted(sql, j+1, '\'', true)
+						kind = 's'
+						if strings.IndexByte(sql[j:i], '\\') >= 0 {
+							kind = 0 // escapes the scanner may reject
+						}
+					}
+				case 'b', 'x':
+					if sql[j] == '\'' {
+						i = sqllex.SkipQuoted(sql, j+1, '\'', false)
+						kind = 's'
+					}
+				case 'n':
+					if sql[j] == '\'' {
+						i = sqllex.SkipQuoted(sql, j+1, '\'', false)
+						kind = 0
+					}
+				case 'u':
+					if sql[j] == '&' && j+1 < len(sql) && (sql[j+1] == '\'' || sql[j+1] == '"') {
+						i = sqllex.SkipQuoted(sql, j+2, sql[j+1], false)
+						kind = 0
+					}
+				}
+			}
+		case ch >= '0' && ch <= '9' || ch == '.' && i+1 < len(sql) && sql[i+1] >= '0' && sql[i+1] <= '9':
+			kind = 'n'
+			dots := 0
+			for ; i < len(sql) && (sqllex.IsIdentCont(sql[i]) || sql[i] == '.'); i++ {
+				switch {
+				case sql[i] == '.':
+					dots++
+				case sql[i] < '0' || sql[i] > '9':
+					kind = 0 // 1e5, 0x1F, 1_000: plain to PostgreSQL, not here
+				}
+			}
+			if dots > 1 {
+				kind = 0
+			}
+		case ch == ':':
+			i++
+			kind = ':'
+			if i < len(sql) && (sql[i] == ':' || sql[i] == '=') {
+				if sql[i] == '=' {
+					kind = 0
+				}
+				i++
+			} else {
+				kind = 0
+			}
+		case isOpChar(ch):
+			// As nestingEstimate: an operator may split at each + or -.
+			pm, other := 0, 0
+			for i < len(sql) && isOpChar(sql[i]) {
+				if i+1 < len(sql) && (sql[i] == '-' && sql[i+1] == '-' || sql[i] == '/' && sql[i+1] == '*') {
+					break
+				}
+				if sql[i] == '+' || sql[i] == '-' {
+					pm++
+				} else {
+					other = 1
+				}
+				i++
+			}
+			n = pm + other
+			if i == start+1 && pm == 1 {
+				kind = '+'
+			}
+		default:
+			// ( ) [ ] , ; . and any other byte: one token each.
+			i++
+			kind = ch
+		}
+		if i == len(sql) && (sql[start] == '\'' || sql[start] == '"' || sql[start] == '$' || i > start+1 && (sql[start+1] == '\'' || sql[start+1] == '&')) {
+			c.open = true // a literal or identifier that may run to the end
+		}
+		if kind == ';' {
+			stmtOpen = false
+			c.tokens++
+			v.step(kind, "", depth)
+			continue
+		}
+		if !stmtOpen {
+			stmtOpen = true
+			switch {
+			case kind == 'w' && lightStatement(word):
+				c.light++
+			default:
+				c.statements++
+			}
+			if kind == 'w' && equalFoldASCII(word, "do") {
+				c.body = true
+			}
+		}
+		if kind == 'w' {
+			switch {
+			case equalFoldASCII(word, "function"), equalFoldASCII(word, "procedure"):
+				c.body = true
+			case equalFoldASCII(word, "delete"), equalFoldASCII(word, "merge"):
+				c.copies = true
+			}
+		}
+		c.tokens += n
+		if v.state != vsEnded || kind == 'w' {
+			v.step(kind, word, depth)
+		}
+		switch kind {
+		case '(', '[':
+			depth++
+		case ')', ']':
+			depth = max(depth-1, 0)
+		}
+	}
+	if v.state == vsIn || v.state == vsRow {
+		v.end()
+	}
+	if v.state == vsAfter {
+		v.end()
+	}
+	if v.lists == 1 && v.rows >= valuesFastMinRows && v.plain {
+		c.tokens -= v.drop
+		c.rows, c.rowTokens = v.rows-2, v.drop
+	}
+	return c
+}
+
+// end finishes the first list.
+func (v *valuesScan) end() {
+	if v.state == vsIn || v.state == vsRow && v.rows > 0 {
+		// A row left open, or a comma with no row after it.
+		v.plain = false
+	}
+	v.state = vsEnded
+}
+
+// step takes one token (kind as scanCost classifies it, word for a word)
+// at bracket depth depth, before depth changes for it.
+func (v *valuesScan) step(kind byte, word string, depth int) {
+	if kind == 'w' && equalFoldASCII(word, "values") {
+		v.lists++
+		if v.lists == 1 {
+			v.state, v.depth, v.plain = vsRow, depth, true
+		}
+		return
+	}
+	switch v.state {
+	case vsRow:
+		if kind != '(' {
+			v.end()
+			return
+		}
+		v.state, v.item, v.items = vsIn, itemStart, 0
+		v.row++
+		v.rows++
+	case vsIn:
+		v.row++
+		if kind == ')' && depth == v.depth+1 {
+			if v.item == itemLiteral || v.item == itemDefault {
+				v.items++
+			} else {
+				v.notPlain()
+			}
+			if v.rows == 2 {
+				v.width = v.items
+			} else if v.rows > 2 && v.items != v.width {
+				v.notPlain()
+			}
+			if v.rows > 2 {
+				v.drop += v.row
+			}
+			v.row = 0
+			v.state = vsAfter
+			return
+		}
+		if depth != v.depth+1 {
+			v.notPlain()
+			return
+		}
+		switch {
+		case kind == '(' || kind == '[':
+			v.notPlain()
+		case v.item == itemStart && kind == '+':
+		case v.item == itemStart && (kind == 's' || kind == 'n' || kind == 'p'):
+			v.item = itemLiteral
+		case v.item == itemStart && kind == 'w' && (equalFoldASCII(word, "null") || equalFoldASCII(word, "true") || equalFoldASCII(word, "false")):
+			v.item = itemLiteral
+		case v.item == itemStart && kind == 'w' && equalFoldASCII(word, "default"):
+			v.item = itemDefault
+		case v.item == itemLiteral && kind == ':':
+			v.item = itemCast
+		case v.item == itemCast && kind == 'w' && plainTypeWord(word):
+			v.item = itemLiteral
+		case (v.item == itemLiteral || v.item == itemDefault) && kind == ',':
+			v.items++
+			v.item = itemStart
+		default:
+			v.notPlain()
+		}
+	case vsAfter:
+		if kind == ',' {
+			v.row = 1
+			v.state = vsRow
+			return
+		}
+		v.end()
+	}
+}
+
+// notPlain records that the current row is not plain (which matters
+// from row 1 on).
+func (v *valuesScan) notPlain() {
+	if v.rows >= 2 {
+		v.plain = false
+	}
+	v.item = -1 // nothing more makes this row plain
+}
+
+// plainTypeWord reports whether word is one of the one-word type names a
+// plain VALUES item may be cast to here: names PostgreSQL's scanner gives
+// as an identifier, an unreserved or a column-name keyword (typeWord).
+func plainTypeWord(word string) bool {
+	if len(word) > 11 {
+		return false
+	}
+	var lw [11]byte
+	for k := 0; k < len(word); k++ {
+		lw[k] = lowerASCII(word[k])
+	}
+	switch string(lw[:len(word)]) {
+	case "int", "int2", "int4", "int8", "integer", "smallint", "bigint", "numeric", "decimal", "real", "float", "float4", "float8",
+		"text", "varchar", "bool", "boolean", "date", "time", "timestamp", "timestamptz", "uuid", "json", "jsonb", "bytea":
+		return true
+	}
+	return false
+}
+
+// lightStatement reports whether a statement that starts with word
+// cannot write a table (nothing in it is rewritten): its decision holds a
+// few kilobytes beyond its tokens, not the tens a fenced write does.
+func lightStatement(word string) bool {
+	if len(word) > 9 {
+		return false
+	}
+	var lw [9]byte
+	for k := 0; k < len(word); k++ {
+		lw[k] = lowerASCII(word[k])
+	}
+	switch string(lw[:len(word)]) {
+	case "select", "values", "table", "set", "show", "reset", "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release":
+		return true
+	}
+	return false
+}
+
+// equalFoldASCII reports whether word is lower, ASCII case ignored.
+func equalFoldASCII(word, lower string) bool {
+	return len(word) == len(lower) && hasPrefixFoldASCII(word, lower)
+}
+
+// rawTokens counts the tokens of sql as if no byte were quoted or in a
+// comment: each run of identifier bytes and each other byte that is not
+// white space. Stored code's strings are parsed or scanned as code.
+func rawTokens(sql string) int {
+	n := 0
+	word := false
+	for i := 0; i < len(sql); i++ {
+		c := sql[i]
+		switch {
+		case sqllex.IsIdentCont(c):
+			if !word {
+				n++
+			}
+			word = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			word = false
+		default:
+			n++
+			word = false
+		}
+	}
+	return n
 }
 
 // refuseTooLarge refuses a statement larger than Config.MaxCheckBytes that
