@@ -32,10 +32,14 @@ var watchBody = dollarBody(watchSQL, "body")
 // CatalogCheckProc is the procedure of watch.sql the proxy calls in a
 // write's transaction, just before the write, with the stamp it decided
 // the write under: it raises FP003 when the catalog stamp is another.
-const CatalogCheckProc = "fenceproxy.catalog_is"
+// It is catalog_is with its common case made cheap; watch.sql keeps
+// catalog_is, which proxies of earlier versions call. A database whose
+// watch has catalog_is only (setup last ran with an earlier version)
+// reads as without the watch until setup runs again.
+const CatalogCheckProc = "fenceproxy.catalog_at"
 
 // catalogCheckBody is CatalogCheckProc's source.
-var catalogCheckBody = dollarBody(watchSQL, "check")
+var catalogCheckBody = dollarBody(watchSQL, "at")
 
 // CatalogChannel is the channel the catalog watch notifies in the
 // transaction of each change it counts.
@@ -62,7 +66,8 @@ ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 // readWatch reports whether the catalog watch is in place as watch.sql and
 // watchTriggersSQL install it: the stamp's table with its row and columns,
 // the function with this source and declaration, both event triggers
-// calling it, enabled always, for every command, and the check procedure.
+// calling it, enabled always, for every command, and the check procedure
+// (CatalogCheckProc) with this source, setting nothing.
 func readWatch(ctx context.Context, q catalog.Querier) (bool, error) {
 	var table, ok bool
 	err := q.QueryRow(ctx, `
@@ -82,9 +87,9 @@ func readWatch(ctx context.Context, q catalog.Querier) (bool, error) {
 				AND ((e.evtname = $2::text AND e.evtevent = 'ddl_command_end')
 					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2
 			AND EXISTS (SELECT FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-				WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_is' AND p.prokind = 'p'
+				WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_at' AND p.prokind = 'p'
 					AND p.proargtypes = '20'::pg_catalog.oidvector AND p.prosrc = $4 AND NOT p.prosecdef
-					AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'])`,
+					AND p.proconfig IS NULL)`,
 		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody).Scan(&table, &ok)
 	if err != nil {
 		return false, fmt.Errorf("read the catalog watch: %w", err)
