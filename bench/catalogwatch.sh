@@ -87,7 +87,7 @@ for v in base new; do
 	p=port_$v
 	for _ in $(seq 50); do psql -X -h 127.0.0.1 -p "${!p}" -U postgres -d "bench_$v" -c 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.2; done
 done
-psql_ -d bench_new -tAc "SELECT 'watch installed: ' || (to_regprocedure('fenceproxy.catalog_is(bigint)') IS NOT NULL)"
+psql_ -d bench_new -tAc "SELECT 'watch installed: ' || (to_regprocedure('fenceproxy.catalog_at(bigint)') IS NOT NULL)"
 
 printf '\\set aid random(1, 100000)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n' >"$work/write.sql"
 printf '\\set aid random(1, 100000)\nSELECT abalance FROM pgbench_accounts WHERE aid = :aid;\n' >"$work/read.sql"

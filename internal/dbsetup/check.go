@@ -172,8 +172,13 @@ func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 		rep.Problems = append(rep.Problems, guardProblem(p))
 	}
 	rep.Guarded = guarded
-	if rep.Watched, err = readWatch(ctx, tx); err != nil {
+	if rep.CheckProc, err = readWatch(ctx, tx); err != nil {
 		return fail(err)
+	}
+	rep.Watched = rep.CheckProc != ""
+	if rep.CheckProc == LegacyCatalogCheckProc {
+		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is of an earlier version: writes call its " + LegacyCatalogCheckProc +
+			", which costs them more than " + CatalogCheckProc + "; fenceproxy setup, run as a superuser, upgrades it"})
 	}
 	if !rep.Watched && obj.schema && unguardedEnforced(specs, rep.Database, guarded) {
 		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is not installed: a view, rule, parent or foreign key created " +

@@ -195,6 +195,9 @@ type Result struct {
 	// current.
 	Watched bool
 	Stamp   int64
+	// CheckProc is the procedure that checks the stamp in a write's
+	// transaction (Report.CheckProc), when Watched.
+	CheckProc string
 	// Guarded: the database guard protects some table here. Its
 	// triggers read the fence settings on the server, also for writes
 	// the proxy cannot see, so the proxy applies the session's values to
@@ -290,7 +293,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, Watched: watched, Stamp: stamp, Guarded: len(rep.Guarded) > 0}
+		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
 		d.ran = asked
 		close(d.ended)
 		d.ended = make(chan struct{})

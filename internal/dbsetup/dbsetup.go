@@ -172,6 +172,10 @@ type Report struct {
 	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
 	// and notified on CatalogChannel. Setup leaves it false.
 	Watched bool
+	// CheckProc is the watch's check procedure, when Watched:
+	// CatalogCheckProc, or LegacyCatalogCheckProc where setup last ran
+	// with an earlier version.
+	CheckProc string
 }
 
 // OK reports whether Check found no problem.

@@ -33,13 +33,21 @@ var watchBody = dollarBody(watchSQL, "body")
 // write's transaction, just before the write, with the stamp it decided
 // the write under: it raises FP003 when the catalog stamp is another.
 // It is catalog_is with its common case made cheap; watch.sql keeps
-// catalog_is, which proxies of earlier versions call. A database whose
-// watch has catalog_is only (setup last ran with an earlier version)
-// reads as without the watch until setup runs again.
+// catalog_is, which proxies of earlier versions call, and which this one
+// calls where setup last ran with an earlier version (Report.CheckProc).
 const CatalogCheckProc = "fenceproxy.catalog_at"
+
+// LegacyCatalogCheckProc is the check procedure of watches that setup
+// installed before CatalogCheckProc: the proxy calls it where the watch
+// has not been upgraded yet, so that an upgrade of the proxy never leaves
+// a database unwatched.
+const LegacyCatalogCheckProc = "fenceproxy.catalog_is"
 
 // catalogCheckBody is CatalogCheckProc's source.
 var catalogCheckBody = dollarBody(watchSQL, "at")
+
+// legacyCheckBody is LegacyCatalogCheckProc's source.
+var legacyCheckBody = dollarBody(watchSQL, "check")
 
 // CatalogChannel is the channel the catalog watch notifies in the
 // transaction of each change it counts.
@@ -63,13 +71,16 @@ ALTER EVENT TRIGGER ` + watchDDLTrigger + ` ENABLE ALWAYS;
 ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 `
 
-// readWatch reports whether the catalog watch is in place as watch.sql and
-// watchTriggersSQL install it: the stamp's table with its row and columns,
-// the function with this source and declaration, both event triggers
-// calling it, enabled always, for every command, and the check procedure
-// (CatalogCheckProc) with this source, setting nothing.
-func readWatch(ctx context.Context, q catalog.Querier) (bool, error) {
+// readWatch returns the check procedure of the catalog watch if the watch
+// is in place as watch.sql and watchTriggersSQL install it: the stamp's
+// table with its row and columns, the function with this source and
+// declaration, both event triggers calling it, enabled always, for every
+// command, and a check procedure with its source, CatalogCheckProc or,
+// where setup last ran with an earlier version, LegacyCatalogCheckProc.
+// It returns "" when the watch is not in place.
+func readWatch(ctx context.Context, q catalog.Querier) (string, error) {
 	var table, ok bool
+	var proc string
 	err := q.QueryRow(ctx, `
 		WITH f AS (
 			SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -78,45 +89,58 @@ func readWatch(ctx context.Context, q catalog.Querier) (bool, error) {
 				AND p.prosrc = $1 AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
 		t AS (
 			SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-			WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r')
+			WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r'),
+		checks AS (
+			SELECT p.proname::text AS name, p.prosrc, p.proconfig FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = 'fenceproxy' AND p.proname IN ('catalog_at', 'catalog_is') AND p.prokind = 'p'
+				AND p.proargtypes = '20'::pg_catalog.oidvector AND NOT p.prosecdef)
 		SELECT EXISTS (SELECT FROM t WHERE (SELECT count(*) FROM pg_catalog.pg_attribute a
 					WHERE a.attrelid = t.oid AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype
 					AND a.attname IN ('stamp', 'base', 'writer')) = 3),
 			(SELECT count(*) FROM pg_catalog.pg_event_trigger e JOIN f ON e.evtfoid = f.oid
 				WHERE e.evtenabled = 'A' AND e.evttags IS NULL
 				AND ((e.evtname = $2::text AND e.evtevent = 'ddl_command_end')
-					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2
-			AND EXISTS (SELECT FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-				WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_at' AND p.prokind = 'p'
-					AND p.proargtypes = '20'::pg_catalog.oidvector AND p.prosrc = $4 AND NOT p.prosecdef
-					AND p.proconfig IS NULL)`,
-		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody).Scan(&table, &ok)
+					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2,
+			CASE WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_at' AND prosrc = $4 AND proconfig IS NULL) THEN $6
+				WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_is' AND prosrc = $5
+					AND proconfig = ARRAY['search_path=pg_catalog, pg_temp']) THEN $7
+				ELSE '' END`,
+		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody, legacyCheckBody,
+		CatalogCheckProc, LegacyCatalogCheckProc).Scan(&table, &ok, &proc)
 	if err != nil {
-		return false, fmt.Errorf("read the catalog watch: %w", err)
+		return "", fmt.Errorf("read the catalog watch: %w", err)
 	}
-	if !table || !ok {
-		return false, nil
+	if !table || !ok || proc == "" {
+		return "", nil
 	}
 	// The row: without it the first change creates it, but a check that
 	// read no stamp has nothing to compare with.
 	var rows int
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM fenceproxy.catalog`).Scan(&rows); err != nil {
-		return false, fmt.Errorf("read the catalog watch: %w", err)
+		return "", fmt.Errorf("read the catalog watch: %w", err)
 	}
-	return rows == 1, nil
+	if rows != 1 {
+		return "", nil
+	}
+	return proc, nil
 }
 
 // installWatch installs or repairs the catalog watch when the connecting
 // role is a superuser (only superusers may create event triggers), and
 // notes it when it cannot.
 func installWatch(ctx context.Context, tx pgx.Tx, rep *Report) error {
-	ok, err := readWatch(ctx, tx)
-	if err != nil || ok {
+	proc, err := readWatch(ctx, tx)
+	if err != nil || proc == CatalogCheckProc {
 		return err
 	}
 	var super bool
 	if err := tx.QueryRow(ctx, `SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
 		return fmt.Errorf("read the connecting role: %w", err)
+	}
+	if !super && proc != "" {
+		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is of an earlier version: proxies call its " + LegacyCatalogCheckProc +
+			", which costs writes more than " + CatalogCheckProc + "; run fenceproxy setup as a superuser once to upgrade it"})
+		return nil
 	}
 	if !super {
 		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch (event triggers) needs a superuser: without it, a view, rule, " +
@@ -128,6 +152,10 @@ func installWatch(ctx context.Context, tx pgx.Tx, rep *Report) error {
 	}
 	if _, err := tx.Exec(ctx, watchTriggersSQL); err != nil {
 		return fmt.Errorf("install the catalog watch: %w", err)
+	}
+	if proc != "" {
+		rep.Actions = append(rep.Actions, "upgraded the catalog watch (its check "+CatalogCheckProc+")")
+		return nil
 	}
 	rep.Actions = append(rep.Actions, "installed the catalog watch (event triggers "+watchDDLTrigger+" and "+watchDropTrigger+")")
 	return nil

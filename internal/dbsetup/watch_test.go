@@ -292,18 +292,26 @@ func TestCatalogCheckForms(t *testing.T) {
 
 	t.Run("earlier watch", func(t *testing.T) {
 		// A watch installed by an earlier version has no catalog_at: it
-		// reads as missing, and setup completes it.
+		// is still watched, with catalog_is as its check (so that
+		// upgrading the proxy leaves no database unwatched), check notes
+		// it, and setup upgrades it.
 		execSQL(t, conn, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint)")
 		rep, err := dbsetup.Check(ctx, conn, sp)
-		if err != nil || rep.Watched {
-			t.Fatalf("check without catalog_at: %v, watched %v", err, rep.Watched)
+		if err != nil || !rep.Watched || rep.CheckProc != dbsetup.LegacyCatalogCheckProc ||
+			!slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check without catalog_at: %v, watched %v with %q, notes %v", err, rep.Watched, rep.CheckProc, rep.Notes)
 		}
 		rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{})
-		if err != nil || !slices.ContainsFunc(rep.Actions, func(a string) bool { return strings.Contains(a, "catalog watch") }) {
+		if err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch (its check "+dbsetup.CatalogCheckProc+")") {
 			t.Fatalf("setup: %v, actions %q", err, rep.Actions)
 		}
-		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched {
-			t.Fatalf("check after setup: %v, watched %v", err, rep.Watched)
+		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || rep.CheckProc != dbsetup.CatalogCheckProc {
+			t.Fatalf("check after setup: %v, watched %v with %q", err, rep.Watched, rep.CheckProc)
+		}
+		// Neither check in place: not watched.
+		execSQL(t, conn, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint); DROP PROCEDURE "+dbsetup.LegacyCatalogCheckProc+"(bigint)")
+		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || rep.Watched {
+			t.Fatalf("check without a check procedure: %v, watched %v", err, rep.Watched)
 		}
 	})
 }

@@ -153,3 +153,49 @@ func sendFunc(t *testing.T, c *pgconn.PgConn, proto, name, sql string) func() er
 	}
 	return func() error { return c.ExecPrepared(ctxT(t), name, nil, nil, nil).Read().Err }
 }
+
+// TestCatalogChangeLegacyCheck: in a database whose catalog watch setup
+// installed before catalog_at (it has catalog_is only), the proxy checks
+// the stamp with catalog_is: a rule created on a direct connection is
+// refused on the session's next statement, in both protocols.
+func TestCatalogChangeLegacyCheck(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	checker, specs := startChecker(t, hijackRules)
+	rs, err := rules.Compile(hijackRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
+	ctx := ctxT(t)
+	db := fmt.Sprintf("catlegacy%d", dbSeq.Add(1))
+	if err := cluster.CreateDatabase(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
+		t.Fatal(err)
+	}
+	d := direct(t, db)
+	if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	execDirect(t, d, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint)")
+	c := connectDSN(t, p.DSN("postgres", "", db), func(c *pgx.ConnConfig) { c.RuntimeParams["fence.token"] = "5" })
+	for _, proto := range []string{"simple", "unnamed"} {
+		write := sendFunc(t, c.PgConn(), proto, "", "UPDATE src SET v = v WHERE id = 1")
+		if err := retryCatalogCheck(t, write); err != nil {
+			t.Fatalf("%s: before the rule: %v", proto, err)
+		}
+		execDirect(t, d, "CREATE RULE src_to_acct AS ON UPDATE TO src DO INSTEAD UPDATE acct SET payload = 'rule' WHERE id = OLD.id")
+		before := tableText(t, d, "acct")
+		err := write()
+		if !isCatalogCheck(err) {
+			t.Errorf("%s: the first write after the rule: %v, want the refusal of catalog_is", proto, err)
+		}
+		wantCode(t, retryCatalogCheck(t, write), "FP003")
+		if after := tableText(t, d, "acct"); after != before {
+			t.Fatalf("%s: acct changed:\n before %s\n after  %s", proto, before, after)
+		}
+		execDirect(t, d, "DROP RULE src_to_acct ON src")
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 )
 
 // testRefusals covers what the proxy refuses on a protected table (FP003,
@@ -236,7 +238,7 @@ func testRefusals(t *testing.T, e *env) {
 				// Where the catalog watch runs, a write of another table
 				// checks the catalog stamp in its transaction first: the
 				// client's bytes follow the check unchanged.
-				if got != sql && !(strings.HasPrefix(got, "CALL fenceproxy.catalog_is(") && strings.HasSuffix(got, ");"+sql)) {
+				if got != sql && !(strings.HasPrefix(got, "CALL "+dbsetup.CatalogCheckProc+"(") && strings.HasSuffix(got, ");"+sql)) {
 					t.Errorf("%v: server received %q, client sent %q", mode, got, sql)
 				}
 				if _, err := d.Exec(ctx, "DELETE FROM src WHERE id = 90"); err != nil {

@@ -48,6 +48,9 @@ type dbChecks struct {
 	// the results describe, with the stamp now (stamp.go).
 	watched bool
 	stamp   int64
+	// checkProc is the watch's check procedure (dbsetup.CatalogCheckProc,
+	// or the legacy one where setup has not run since an upgrade).
+	checkProc string
 	// guarded: the database guard protects some table here
 	// (SettingsEverywhere).
 	guarded bool
@@ -126,7 +129,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, watched: known && res.Watched, stamp: res.Stamp, guarded: res.Guarded}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
 		// last hold while the stamp reads as it did then, and writes are
@@ -245,7 +248,7 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		}
 		// After a stamp read too: a change may commit before the
 		// statement runs.
-		check = stampCheck{on: inBand, stamp: st.stamp}
+		check = stampCheck{on: inBand, stamp: st.stamp, proc: st.checkProc}
 	}
 	var e *rules.Error
 	if quick {

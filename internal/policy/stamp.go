@@ -94,6 +94,16 @@ const catalogCheckMessage = "fenceproxy: the catalog of database "
 type stampCheck struct {
 	on    bool
 	stamp int64
+	proc  string // the check procedure; "" for dbsetup.CatalogCheckProc
+}
+
+// call returns the statement that runs the check.
+func (c stampCheck) call() string {
+	proc := c.proc
+	if proc == "" {
+		proc = dbsetup.CatalogCheckProc
+	}
+	return "CALL " + proc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
 }
 
 // firstCall lists the check as the first statement of a Query; the relay
@@ -108,7 +118,7 @@ var firstCall = []int{0}
 // registers no lock, so its success must not spare a later statement's
 // lock registration in the transaction.
 func catalogCheck(c stampCheck, text string) *rules.LockCall {
-	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
+	call := c.call()
 	// The call is ASCII and ends at its semicolon: the server reads the
 	// text after it as it would read it alone.
 	return &rules.LockCall{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true}
@@ -120,7 +130,7 @@ func catalogCheck(c stampCheck, text string) *rules.LockCall {
 // Query's text.
 func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
 	r := l
-	call := "CALL " + dbsetup.CatalogCheckProc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
+	call := c.call()
 	out := *r
 	out.Pre = call
 	if len(r.Calls) > 0 {
