@@ -197,12 +197,12 @@ func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 // the catalog watch runs, a statement that may write is checked against
 // the catalog as it is when it runs: by the in-band check it returns, or,
 // where that cannot go before it (inBandWrite), or where the catalog is
-// known to have moved, by a stamp read before it is forwarded
-// (freshState). Named prepared statements are checked at each Bind, as
-// unnamed ones are.
+// known to have moved, and for a named prepared statement, by a stamp
+// read before it is forwarded (freshState). Named prepared statements are
+// checked at each Bind too, as unnamed ones are.
 //
 // Quick, it reports false instead of parsing sql or reading the stamp.
-func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, quick bool) (*rules.Error, stampCheck, bool) {
+func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, d *rules.Decision, prepared, quick bool) (*rules.Error, stampCheck, bool) {
 	if st == nil || (!st.known && !st.watched) {
 		return nil, stampCheck{}, true
 	}
@@ -229,14 +229,17 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 	var check stampCheck
 	read := false // the stamp was read for this statement
 	if st.watched && mayWrite(sql) {
-		// A named prepared statement runs the check at every Bind too:
-		// decided once with a stamp read and again when the proxy learns
-		// that the stamp moved, it would run through a path created in
-		// between (the notification comes after the change commits).
+		// A named prepared statement is decided with a stamp read, so
+		// that one prepared after a change is decided with its paths
+		// rather than refused once at its first Bind, and it runs the
+		// check at every Bind too: decided again only when the proxy
+		// learns that the stamp moved, it would otherwise run through a
+		// path created in between (the notification comes after the
+		// change commits).
 		// With a lock registration the check runs just before it
 		// (rules.LockCall.Pre).
 		inBand := inBandWrite(sql)
-		if !inBand || st.moved.Load() {
+		if !inBand || prepared || st.moved.Load() {
 			if quick {
 				return nil, stampCheck{}, false
 			}

@@ -198,7 +198,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	var check stampCheck
 	if d.Action != rules.Refuse && st != nil {
-		e, c, ok := p.checkRefusal(st, info, sql, &d, quick)
+		e, c, ok := p.checkRefusal(st, info, sql, &d, lex.Prepared, quick)
 		if !ok {
 			return rules.Decision{}, false
 		}
