@@ -70,13 +70,17 @@ REVOKE ALL ON FUNCTION fenceproxy.guard_truncate() FROM PUBLIC;
 
 -- guard_triggers records the guard's triggers as setup left them, one row
 -- per trigger of a guarded table or of one of its partitions then: the
--- relation, the trigger's name, function and type, and the protected
--- table's display name. Setup keeps it in line with the triggers, in its
--- own transaction; only its owner writes it.
+-- relation, the trigger's name, its function's name (in schema fenceproxy)
+-- and type, and the protected table's display name. Setup keeps it in
+-- line with the triggers, in its own transaction; only its owner writes
+-- it. No OIDs but the relation's, kept as regclass: pg_dump writes it as
+-- the relation's name, which a restore turns into the new OID, and
+-- pg_upgrade keeps relations' OIDs (it refuses user columns of types such
+-- as regprocedure, whose OIDs it does not keep).
 CREATE TABLE IF NOT EXISTS fenceproxy.guard_triggers (
-	relid   oid NOT NULL,
+	relid   regclass NOT NULL,
 	name    name NOT NULL,
-	fn      oid NOT NULL,
+	fn      name NOT NULL,
 	typ     smallint NOT NULL,
 	display text NOT NULL,
 	PRIMARY KEY (relid, name)
@@ -104,8 +108,10 @@ DECLARE
 BEGIN
 	SELECT g.display INTO gone FROM fenceproxy.guard_triggers g
 	WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-		WHERE t.tgrelid = g.relid AND t.tgname = g.name AND t.tgfoid = g.fn AND t.tgtype = g.typ
-			AND t.tgenabled IN ('O', 'A') AND t.tgqual IS NULL
+		JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		WHERE t.tgrelid = g.relid::pg_catalog.oid AND t.tgname = g.name AND n.nspname = 'fenceproxy' AND p.proname = g.fn
+			AND t.tgtype = g.typ AND t.tgenabled IN ('O', 'A') AND t.tgqual IS NULL
 			AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) = 0)
 	ORDER BY 1 LIMIT 1;
 	-- The owner of schema fenceproxy, setup's role, may: it owns the

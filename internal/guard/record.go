@@ -54,7 +54,7 @@ func forgetTriggers(ctx context.Context, tx pgx.Tx, oids []uint32) error {
 	if len(oids) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM fenceproxy.guard_triggers WHERE relid = ANY($1::oid[])`, oids); err != nil {
+	if _, err := tx.Exec(ctx, `DELETE FROM fenceproxy.guard_triggers WHERE relid::pg_catalog.oid = ANY($1::oid[])`, oids); err != nil {
 		return fmt.Errorf("update fenceproxy.guard_triggers: %w", err)
 	}
 	return nil
@@ -67,7 +67,7 @@ func forgetTriggersExcept(ctx context.Context, tx pgx.Tx, keep map[uint32]bool) 
 	for oid := range keep {
 		oids = append(oids, oid)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM fenceproxy.guard_triggers WHERE relid <> ALL($1::oid[])`, oids); err != nil {
+	if _, err := tx.Exec(ctx, `DELETE FROM fenceproxy.guard_triggers WHERE relid::pg_catalog.oid <> ALL($1::oid[])`, oids); err != nil {
 		return fmt.Errorf("update fenceproxy.guard_triggers: %w", err)
 	}
 	return nil
@@ -79,7 +79,7 @@ func forgetTriggersExcept(ctx context.Context, tx pgx.Tx, keep map[uint32]bool) 
 // check reports it on its own, and the event trigger refuses DDL until it
 // fires again.
 const wantedRecordSQL = `
-	SELECT t.tgrelid AS relid, t.tgname AS name, t.tgfoid AS fn, t.tgtype AS typ, d.display
+	SELECT t.tgrelid::pg_catalog.regclass AS relid, t.tgname AS name, p.proname AS fn, t.tgtype AS typ, d.display
 	FROM ROWS FROM (pg_catalog.unnest($1::oid[]), pg_catalog.unnest($2::text[])) d(relid, display)
 	JOIN pg_catalog.pg_trigger t ON t.tgrelid = d.relid AND t.tgname IN ($3, $4)
 	JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
