@@ -317,6 +317,17 @@ func TestGuardPartitioned(t *testing.T) {
 		"ALTER TABLE events_2a DISABLE TRIGGER fenceproxy_guard", "DROP TABLE events CASCADE"} {
 		wantState(t, dba, sql, "FP003")
 	}
+	// DETACH ... CONCURRENTLY commits its first step before the event
+	// trigger runs: refused, it leaves the partition detach-pending (out
+	// of the parent's statements), still guarded, and FINALIZE is refused
+	// too, until an exempt role or setup's finishes it.
+	wantState(t, dba, "ALTER TABLE events DETACH PARTITION events_1 CONCURRENTLY", "FP003")
+	wantState(t, dba, "ALTER TABLE events DETACH PARTITION events_1 FINALIZE", "FP003")
+	wantState(t, none, "INSERT INTO events_1 (id) VALUES (2)", "FP002")
+	execSQL(t, admin, "ALTER TABLE events DETACH PARTITION events_1 FINALIZE; ALTER TABLE events ATTACH PARTITION events_1 FOR VALUES FROM (0) TO (100)")
+	if rep := guardCheck(t, admin, tables); !rep.OK() {
+		t.Fatalf("check after events_1 came back: %+v", rep)
+	}
 
 	execSQL(t, admin, "CREATE TABLE events_3 (id int, last_fence bigint NOT NULL DEFAULT 0); ALTER TABLE events ATTACH PARTITION events_3 FOR VALUES FROM (200) TO (300)")
 	rep := guardCheck(t, admin, tables)
