@@ -172,13 +172,14 @@ func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 		rep.Problems = append(rep.Problems, guardProblem(p))
 	}
 	rep.Guarded = guarded
-	if rep.CheckProc, err = readWatch(ctx, tx); err != nil {
+	var current bool
+	if rep.CheckProc, current, err = readWatch(ctx, tx); err != nil {
 		return fail(err)
 	}
 	rep.Watched = rep.CheckProc != ""
-	if rep.CheckProc == LegacyCatalogCheckProc {
-		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is of an earlier version: writes call its " + LegacyCatalogCheckProc +
-			", which costs them more than " + CatalogCheckProc + "; fenceproxy setup, run as a superuser, upgrades it"})
+	if rep.Watched && !current {
+		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is of an earlier version: it may not count every change that opens a path " +
+			"(a view renamed with ALTER INDEX), and its check may cost writes more; fenceproxy setup, run as a superuser, upgrades it"})
 	}
 	if !rep.Watched && obj.schema && unguardedEnforced(specs, rep.Database, guarded) {
 		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is not installed: a view, rule, parent or foreign key created " +

@@ -29,6 +29,15 @@ var watchSQL string
 // watchBody is the triggers' function's source, as pg_proc.prosrc keeps it.
 var watchBody = dollarBody(watchSQL, "body")
 
+// watchV1SQL is catalog_changed as setup installed it before it counted
+// renames tagged ALTER INDEX; a watch with it is still in place until
+// setup replaces it.
+//
+//go:embed watch_v1.sql
+var watchV1SQL string
+
+var watchBodyV1 = dollarBody(watchV1SQL, "body")
+
 // CatalogCheckProc is the procedure of watch.sql the proxy calls in a
 // write's transaction, just before the write, with the stamp it decided
 // the write under: it raises FP003 when the catalog stamp is another.
@@ -72,21 +81,22 @@ ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 `
 
 // readWatch returns the check procedure of the catalog watch if the watch
-// is in place as watch.sql and watchTriggersSQL install it: the stamp's
-// table with its row and columns, the function with this source and
-// declaration, both event triggers calling it, enabled always, for every
-// command, and a check procedure with its source, CatalogCheckProc or,
-// where setup last ran with an earlier version, LegacyCatalogCheckProc.
-// It returns "" when the watch is not in place.
-func readWatch(ctx context.Context, q catalog.Querier) (string, error) {
+// is in place as watch.sql and watchTriggersSQL install it, or as an
+// earlier version did: the stamp's table with its row and columns, the
+// function with this source (or watch_v1.sql's) and declaration, both
+// event triggers calling it, enabled always, for every command, and a
+// check procedure with its source, CatalogCheckProc or
+// LegacyCatalogCheckProc. It returns "" when the watch is not in place,
+// and current when it is this version's, which setup need not touch.
+func readWatch(ctx context.Context, q catalog.Querier) (proc string, current bool, err error) {
 	var table, ok bool
-	var proc string
-	err := q.QueryRow(ctx, `
+	var bodyCurrent bool
+	err = q.QueryRow(ctx, `
 		WITH f AS (
-			SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+			SELECT p.oid, p.prosrc = $1 AS current FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 			WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_changed' AND p.pronargs = 0
 				AND p.prorettype = 'pg_catalog.event_trigger'::pg_catalog.regtype
-				AND p.prosrc = $1 AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
+				AND p.prosrc IN ($1, $8) AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
 		t AS (
 			SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r'),
@@ -104,33 +114,34 @@ func readWatch(ctx context.Context, q catalog.Querier) (string, error) {
 			CASE WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_at' AND prosrc = $4 AND proconfig IS NULL) THEN $6
 				WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_is' AND prosrc = $5
 					AND proconfig = ARRAY['search_path=pg_catalog, pg_temp']) THEN $7
-				ELSE '' END`,
+				ELSE '' END,
+			coalesce((SELECT bool_and(current) FROM f), false)`,
 		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody, legacyCheckBody,
-		CatalogCheckProc, LegacyCatalogCheckProc).Scan(&table, &ok, &proc)
+		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1).Scan(&table, &ok, &proc, &bodyCurrent)
 	if err != nil {
-		return "", fmt.Errorf("read the catalog watch: %w", err)
+		return "", false, fmt.Errorf("read the catalog watch: %w", err)
 	}
 	if !table || !ok || proc == "" {
-		return "", nil
+		return "", false, nil
 	}
 	// The row: without it the first change creates it, but a check that
 	// read no stamp has nothing to compare with.
 	var rows int
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM fenceproxy.catalog`).Scan(&rows); err != nil {
-		return "", fmt.Errorf("read the catalog watch: %w", err)
+		return "", false, fmt.Errorf("read the catalog watch: %w", err)
 	}
 	if rows != 1 {
-		return "", nil
+		return "", false, nil
 	}
-	return proc, nil
+	return proc, bodyCurrent && proc == CatalogCheckProc, nil
 }
 
 // installWatch installs or repairs the catalog watch when the connecting
 // role is a superuser (only superusers may create event triggers), and
 // notes it when it cannot.
 func installWatch(ctx context.Context, tx pgx.Tx, rep *Report) error {
-	proc, err := readWatch(ctx, tx)
-	if err != nil || proc == CatalogCheckProc {
+	proc, current, err := readWatch(ctx, tx)
+	if err != nil || current {
 		return err
 	}
 	var super bool
@@ -138,8 +149,8 @@ func installWatch(ctx context.Context, tx pgx.Tx, rep *Report) error {
 		return fmt.Errorf("read the connecting role: %w", err)
 	}
 	if !super && proc != "" {
-		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is of an earlier version: proxies call its " + LegacyCatalogCheckProc +
-			", which costs writes more than " + CatalogCheckProc + "; run fenceproxy setup as a superuser once to upgrade it"})
+		rep.Notes = append(rep.Notes, Note{Text: "the catalog watch is of an earlier version (it may not count every change that opens a path, " +
+			"and its check may cost writes more); run fenceproxy setup as a superuser once to upgrade it"})
 		return nil
 	}
 	if !super {
@@ -154,7 +165,7 @@ func installWatch(ctx context.Context, tx pgx.Tx, rep *Report) error {
 		return fmt.Errorf("install the catalog watch: %w", err)
 	}
 	if proc != "" {
-		rep.Actions = append(rep.Actions, "upgraded the catalog watch (its check "+CatalogCheckProc+")")
+		rep.Actions = append(rep.Actions, "upgraded the catalog watch")
 		return nil
 	}
 	rep.Actions = append(rep.Actions, "installed the catalog watch (event triggers "+watchDDLTrigger+" and "+watchDropTrigger+")")

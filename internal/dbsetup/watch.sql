@@ -24,8 +24,9 @@ INSERT INTO fenceproxy.catalog (one, stamp) VALUES (true, 0) ON CONFLICT (one) D
 ALTER TABLE fenceproxy.catalog ADD COLUMN IF NOT EXISTS base bigint, ADD COLUMN IF NOT EXISTS writer bigint;
 
 -- catalog_changed() is the function of both event triggers. It counts
--- every command except those that cannot open a path (indexes, comments,
--- privileges, statistics, materialized view refreshes) and those on this
+-- every command except those that cannot open a path (of indexes and
+-- statistics objects only, comments, privileges, materialized view
+-- refreshes) and those on this
 -- session's temporary objects (other sessions cannot write through them),
 -- and notifies fenceproxy_catalog so that proxies check again at once.
 -- ddl_command_end reports no objects for DROP: sql_drop counts those (a
@@ -44,9 +45,14 @@ BEGIN
 				WHERE NOT is_temporary AND object_type NOT IN ('index', 'index column', 'statistics object')) THEN
 			RETURN;
 		END IF;
-	ELSIF TG_TAG IN ('CREATE INDEX', 'ALTER INDEX', 'REINDEX', 'COMMENT', 'GRANT', 'REVOKE',
-			'ALTER DEFAULT PRIVILEGES', 'SECURITY LABEL', 'REFRESH MATERIALIZED VIEW',
-			'CREATE STATISTICS', 'ALTER STATISTICS')
+	ELSIF TG_TAG IN ('COMMENT', 'GRANT', 'REVOKE', 'ALTER DEFAULT PRIVILEGES', 'SECURITY LABEL',
+			'REFRESH MATERIALIZED VIEW')
+		-- ALTER INDEX ... RENAME renames any relation, a view or a table
+		-- too: these tags count unless every object is an index or
+		-- statistics object.
+		OR (TG_TAG IN ('CREATE INDEX', 'ALTER INDEX', 'REINDEX', 'CREATE STATISTICS', 'ALTER STATISTICS')
+			AND NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands()
+				WHERE object_type NOT IN ('index', 'index column', 'statistics object')))
 		OR NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands() WHERE schema_name IS DISTINCT FROM 'pg_temp') THEN
 		RETURN;
 	END IF;

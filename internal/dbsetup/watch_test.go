@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -72,8 +73,12 @@ func TestWatch(t *testing.T) {
 		{"CREATE TEMP TABLE scratch (id int)", false},
 		{"CREATE TEMP VIEW tv AS SELECT 1", false},
 		{"DROP TABLE scratch", false},
-		{"CREATE INDEX ON other (n)", false},
+		{"CREATE INDEX other_n ON other (n)", false},
+		{"ALTER INDEX other_n RENAME TO other_n2", false},
 		{"COMMENT ON TABLE other IS 'x'", false},
+		// ALTER INDEX renames views and tables too.
+		{"ALTER INDEX v RENAME TO v2", true},
+		{"ALTER INDEX v2 RENAME TO v", true},
 		{"DROP VIEW v", true},
 	} {
 		before := stamp()
@@ -302,11 +307,30 @@ func TestCatalogCheckForms(t *testing.T) {
 			t.Fatalf("check without catalog_at: %v, watched %v with %q, notes %v", err, rep.Watched, rep.CheckProc, rep.Notes)
 		}
 		rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{})
-		if err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch (its check "+dbsetup.CatalogCheckProc+")") {
+		if err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch") {
 			t.Fatalf("setup: %v, actions %q", err, rep.Actions)
 		}
 		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || rep.CheckProc != dbsetup.CatalogCheckProc {
 			t.Fatalf("check after setup: %v, watched %v with %q", err, rep.Watched, rep.CheckProc)
+		}
+		// The triggers' function of the earlier version (it skipped
+		// ALTER INDEX, which renames views too): still watched, noted,
+		// and setup replaces it.
+		v1, err := os.ReadFile("watch_v1.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		execSQL(t, conn, string(v1))
+		rep, err = dbsetup.Check(ctx, conn, sp)
+		if err != nil || !rep.Watched || !slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check with the earlier catalog_changed: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
+		}
+		rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{})
+		if err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch") {
+			t.Fatalf("setup over the earlier catalog_changed: %v, actions %q", err, rep.Actions)
+		}
+		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check after setup: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
 		}
 		// Neither check in place: not watched.
 		execSQL(t, conn, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint); DROP PROCEDURE "+dbsetup.LegacyCatalogCheckProc+"(bigint)")
