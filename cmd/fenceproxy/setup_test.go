@@ -234,7 +234,7 @@ guard:
 		{name: "both flags", args: []string{"setup", "-c", changed, "--guard", "--remove-guard"}, wantCode: exitUsage},
 		{
 			name: "setup --remove-guard", args: []string{"setup", "-c", changed, "--remove-guard"},
-			want: []string{"database app:\n  removed the guard's event trigger fenceproxy_guard_ddl\n  removed the guard from public.config\n  removed the database guard's functions and its table of exempt roles\n"},
+			want: []string{"database app:\n  removed the guard's event triggers (fenceproxy_guard_ddl, fenceproxy_guard_rewrite)\n  removed the guard from public.config\n  removed the database guard's functions and its table of exempt roles\n"},
 		},
 		{name: "check after removal", args: []string{"check", "-c", changed}, want: []string{"database app: ok\n"}},
 	} {

@@ -240,13 +240,12 @@ var review27GuardHoles = []struct{ name, setup, body string }{
 			`EXECUTE 'UPD' || 'ATE public.ac' || 'ct SET n = n + 1'`},
 }
 
-// TestReview27GuardFenceReset: HOLES. See review27GuardHoles. Each case
-// asserts that either the DDL is refused (FP003) or the stale write that
-// follows still is (FP001); neither happens.
+// TestReview27GuardFenceReset: DDL that keeps the guard's triggers but
+// would reset or override the fence column (review27GuardHoles): each
+// case asserts that either the DDL is refused (FP003) or the stale write
+// that follows still is (FP001). The guard's event triggers refuse all of
+// them (guard_relations, table_rewrite); before they did, each passed.
 func TestReview27GuardFenceReset(t *testing.T) {
-	t.Skip("HOLE: DDL that keeps the guard's triggers resets or overrides the fence column " +
-		"(ALTER COLUMN last_fence TYPE ... USING 0; RENAME/DROP COLUMN last_fence + ADD COLUMN last_fence; " +
-		"a BEFORE row trigger named after fenceproxy_guard setting NEW.last_fence): no FP003, and a stale token's write then lands")
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startEnv(t)
@@ -274,13 +273,11 @@ func TestReview27GuardFenceReset(t *testing.T) {
 	}
 }
 
-// TestReview27GuardSetUnlogged: HOLE (durability). ALTER TABLE ... SET
-// UNLOGGED keeps the guard's triggers, so the event trigger lets it pass:
-// the guarded table is then emptied by crash recovery and is empty on
-// every standby (unlogged tables are not replicated), a loss of all its
-// rows that no TRUNCATE trigger sees.
+// TestReview27GuardSetUnlogged: ALTER TABLE ... SET UNLOGGED keeps the
+// guard's triggers, but an unlogged table is emptied by crash recovery and
+// is empty on every standby, a loss of all its rows that no TRUNCATE
+// trigger sees: the event triggers refuse it.
 func TestReview27GuardSetUnlogged(t *testing.T) {
-	t.Skip("HOLE: ALTER TABLE <guarded> SET UNLOGGED passes the guard's event trigger; crash recovery or a failover then loses every row")
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startEnv(t)

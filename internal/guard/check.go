@@ -154,19 +154,21 @@ func Check(ctx context.Context, tx pgx.Tx, specs []rules.TableSpec, cfg Config) 
 			ps = append(ps, setupProblem("", "fenceproxy.guard_triggers does not record the guard's triggers as they are, so DDL that drops a guarded table or its guard is not refused everywhere"))
 		}
 	}
-	if state, ours, err := ddlTriggerState(ctx, tx); err != nil {
-		return nil, nil, err
-	} else if !ours || (state != "O" && state != "A") {
-		what := "is missing"
-		switch {
-		case state != "" && !ours:
-			what = "is not the guard's"
-		case state != "":
-			what = "is disabled"
+	for _, et := range guardEventTriggers {
+		if state, ours, err := ddlTriggerState(ctx, tx, et); err != nil {
+			return nil, nil, err
+		} else if !ours || (state != "O" && state != "A") {
+			what := "is missing"
+			switch {
+			case state != "" && !ours:
+				what = "is not the guard's"
+			case state != "":
+				what = "is disabled"
+			}
+			ps = append(ps, Problem{Description: "the database guard's event trigger " + et.name + " " + what +
+				": stored code that builds DDL at run time, or a direct connection, can drop a guarded table or weaken its guard",
+				Fix: "run fenceproxy setup -c FILE --guard as a superuser"})
 		}
-		ps = append(ps, Problem{Description: "the database guard's event trigger " + guardDDLTrigger + " " + what +
-			": stored code that builds DDL at run time, or a direct connection, can drop a guarded table or its guard",
-			Fix: "run fenceproxy setup -c FILE --guard as a superuser"})
 	}
 	for _, name := range stray {
 		ps = append(ps, setupProblem("", fmt.Sprintf("the database guard is installed on %s, which no entry in mode enforce protects in this database", name)))

@@ -72,7 +72,8 @@ const (
 	guardTruncateFunc    = "guard_truncate"
 	guardExemptedFunc    = "guard_exempted"
 	guardDDLFunc         = "guard_ddl"
-	guardDDLTrigger      = "fenceproxy_guard_ddl" // the event trigger
+	guardDDLTrigger      = "fenceproxy_guard_ddl"     // the event trigger on ddl_command_end
+	guardRewriteTrigger  = "fenceproxy_guard_rewrite" // the event trigger on table_rewrite
 )
 
 // pg_trigger.tgtype bits (catalog/pg_trigger.h).

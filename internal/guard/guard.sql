@@ -87,13 +87,34 @@ CREATE TABLE IF NOT EXISTS fenceproxy.guard_triggers (
 );
 REVOKE ALL ON fenceproxy.guard_triggers FROM PUBLIC;
 
--- guard_ddl() is the function of the event trigger fenceproxy_guard_ddl
--- (ddl_command_end, installed by a superuser's setup): after every command,
+-- guard_relations records, for each relation of guard_triggers, what else
+-- fencing rests on as setup left it: its persistence (an unlogged table
+-- loses its rows in a crash, and on standbys), its fence column (name,
+-- number and type: renamed, dropped and added again, it would start from
+-- nothing), and the BEFORE ROW INSERT or UPDATE triggers that run after
+-- the guard's row trigger (trigger names sort the order), each as its
+-- name and function: one created later could overwrite the stamp.
+CREATE TABLE IF NOT EXISTS fenceproxy.guard_relations (
+	relid       regclass PRIMARY KEY,
+	persistence "char" NOT NULL,
+	col         name,
+	colnum      smallint,
+	coltype     regtype,
+	later       text[] NOT NULL,
+	display     text NOT NULL
+);
+REVOKE ALL ON fenceproxy.guard_relations FROM PUBLIC;
+
+-- guard_ddl() is the function of the event triggers fenceproxy_guard_ddl
+-- (ddl_command_end) and fenceproxy_guard_rewrite (table_rewrite: a
+-- rewrite of a recorded relation), installed by a superuser's setup.
+-- After every command,
 -- whatever its spelling and wherever it ran (stored code, dynamic SQL
 -- built at run time, DROP OWNED, DROP EXTENSION, DROP SCHEMA ... CASCADE,
 -- a direct connection), each trigger guard_triggers records must still be
 -- on its relation, with its function and type, enabled, without a WHEN
--- condition or UPDATE OF columns. Otherwise the command dropped a guarded
+-- condition or UPDATE OF columns, and each relation guard_relations
+-- records as it was. Otherwise the command dropped a guarded
 -- table or partition, or dropped, disabled, renamed or replaced its
 -- guard, and only an exempt session may do that: anyone else's command is
 -- undone (FP003). Setup forgets the triggers it is about to change, and
@@ -106,14 +127,34 @@ AS $body$
 DECLARE
 	gone text;
 BEGIN
-	SELECT g.display INTO gone FROM fenceproxy.guard_triggers g
-	WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-		JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		WHERE t.tgrelid = g.relid::pg_catalog.oid AND t.tgname = g.name AND n.nspname = 'fenceproxy' AND p.proname = g.fn
-			AND t.tgtype = g.typ AND t.tgenabled IN ('O', 'A') AND t.tgqual IS NULL
-			AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) = 0)
-	ORDER BY 1 LIMIT 1;
+	IF TG_EVENT = 'table_rewrite' THEN
+		-- A rewrite can give every row a new fence (ALTER COLUMN ...
+		-- TYPE ... USING 0) without a row trigger firing.
+		SELECT g.display INTO gone FROM fenceproxy.guard_relations g
+		WHERE g.relid::pg_catalog.oid = pg_catalog.pg_event_trigger_table_rewrite_oid();
+	ELSE
+		SELECT g.display INTO gone FROM fenceproxy.guard_triggers g
+		WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
+			JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+			JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+			WHERE t.tgrelid = g.relid::pg_catalog.oid AND t.tgname = g.name AND n.nspname = 'fenceproxy' AND p.proname = g.fn
+				AND t.tgtype = g.typ AND t.tgenabled IN ('O', 'A') AND t.tgqual IS NULL
+				AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) = 0)
+		ORDER BY 1 LIMIT 1;
+		IF gone IS NULL THEN
+			SELECT g.display INTO gone FROM fenceproxy.guard_relations g
+			LEFT JOIN pg_catalog.pg_class c ON c.oid = g.relid::pg_catalog.oid
+			WHERE c.oid IS NULL OR c.relpersistence <> g.persistence
+				OR (g.col IS NOT NULL AND NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+					WHERE a.attrelid = c.oid AND a.attnum = g.colnum AND a.attname = g.col
+						AND a.atttypid = g.coltype::pg_catalog.oid AND NOT a.attisdropped))
+				OR EXISTS (SELECT FROM pg_catalog.pg_trigger t
+					WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D'
+						AND (t.tgtype & 3) = 3 AND (t.tgtype & 20) <> 0 AND t.tgname COLLATE "C" > 'fenceproxy_guard'
+						AND pg_catalog.format('%s %s', t.tgname, t.tgfoid::pg_catalog.regprocedure) <> ALL (g.later))
+			ORDER BY 1 LIMIT 1;
+		END IF;
+	END IF;
 	-- The owner of schema fenceproxy, setup's role, may: it owns the
 	-- guard's functions already, and setup must be able to repair a guard
 	-- someone broke.
@@ -123,8 +164,8 @@ BEGIN
 		RETURN;
 	END IF;
 	RAISE EXCEPTION USING ERRCODE = 'FP003',
-		MESSAGE = format('fenceproxy guard: %s would drop protected table %s or remove its guard', TG_TAG, gone),
-		DETAIL = 'The database guard fences every write to the table; only sessions of a role it exempts (guard.exempt_roles) or of the owner of schema fenceproxy may drop the table or its partitions, or drop, disable or replace the guard''s triggers.',
+		MESSAGE = format('fenceproxy guard: %s would drop protected table %s or weaken its guard', TG_TAG, gone),
+		DETAIL = 'The database guard fences every write to the table; only sessions of a role it exempts (guard.exempt_roles) or of the owner of schema fenceproxy may drop the table or its partitions, rewrite it, make it unlogged, rename, drop or retype its fence column, drop, disable or replace the guard''s triggers, or add a BEFORE ROW trigger that runs after the guard''s.',
 		HINT = 'Run it as a role listed in guard.exempt_roles, or as the role that runs fenceproxy setup; or first take the table out of the guard''s configuration and run fenceproxy setup --guard, which removes its guard.';
 END
 $body$;

@@ -362,7 +362,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 		"installed the database guard (its functions and table fenceproxy.guard_exempt)",
 		"installed the guard on public.config",
 		"installed the guard on public.jobs",
-		"installed the guard's event trigger fenceproxy_guard_ddl, which refuses DDL that drops a guarded table or its guard",
+		"installed the guard's event triggers (fenceproxy_guard_ddl, fenceproxy_guard_rewrite), which refuse DDL that drops a guarded table or weakens its guard",
 	}
 	if !slices.Equal(rep.Actions, want) {
 		t.Errorf("first setup: %q, want %q", rep.Actions, want)
@@ -437,7 +437,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 	}
 
 	rep, err = dbsetup.Setup(t.Context(), admin, sp, dbsetup.SetupOptions{RemoveGuard: true})
-	want = []string{"removed the guard's event trigger fenceproxy_guard_ddl", "removed the guard from public.config", "removed the database guard's functions and its table of exempt roles"}
+	want = []string{"removed the guard's event triggers (fenceproxy_guard_ddl, fenceproxy_guard_rewrite)", "removed the guard from public.config", "removed the database guard's functions and its table of exempt roles"}
 	if err != nil || !slices.Equal(rep.Actions, want) {
 		t.Errorf("setup --remove-guard: %+v, %v; want %q", rep, err, want)
 	}

@@ -261,14 +261,20 @@ func remove(ctx context.Context, tx pgx.Tx, rep *Result) error {
 	if err != nil {
 		return err
 	}
-	// The event trigger first: it would refuse the drops below.
-	if state, _, err := ddlTriggerState(ctx, tx); err != nil {
-		return err
-	} else if state != "" {
-		if _, err := tx.Exec(ctx, `DROP EVENT TRIGGER `+guardDDLTrigger); err != nil {
-			return fmt.Errorf("drop event trigger %s (as a superuser): %w", guardDDLTrigger, err)
+	// The event triggers first: they would refuse the drops below.
+	var dropped []string
+	for _, et := range guardEventTriggers {
+		if state, _, err := ddlTriggerState(ctx, tx, et); err != nil {
+			return err
+		} else if state != "" {
+			if _, err := tx.Exec(ctx, `DROP EVENT TRIGGER `+et.name); err != nil {
+				return fmt.Errorf("drop event trigger %s (as a superuser): %w", et.name, err)
+			}
+			dropped = append(dropped, et.name)
 		}
-		rep.Actions = append(rep.Actions, "removed the guard's event trigger "+guardDDLTrigger)
+	}
+	if len(dropped) > 0 {
+		rep.Actions = append(rep.Actions, "removed the guard's event triggers ("+strings.Join(dropped, ", ")+")")
 	}
 	if ok, err := recordExists(ctx, tx); err != nil {
 		return err
@@ -311,7 +317,7 @@ func remove(ctx context.Context, tx pgx.Tx, rep *Result) error {
 			return fmt.Errorf("drop guard function %s: %w", name, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS fenceproxy.guard_exempt, fenceproxy.guard_triggers; DELETE FROM fenceproxy.meta WHERE key = 'guard'`); err != nil {
+	if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS fenceproxy.guard_exempt, fenceproxy.guard_triggers, fenceproxy.guard_relations; DELETE FROM fenceproxy.meta WHERE key = 'guard'`); err != nil {
 		return fmt.Errorf("remove the guard: %w", err)
 	}
 	rep.Actions = append(rep.Actions, "removed the database guard's functions and its table of exempt roles")

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -24,15 +25,16 @@ import (
 type guardedRel struct {
 	oid     uint32
 	display string
+	col     string // the fence column; "" for none
 }
 
 // guardedRels returns the relations of placed, tables and partitions.
 func guardedRels(placed []placedGuard) []guardedRel {
 	var out []guardedRel
 	for _, p := range placed {
-		out = append(out, guardedRel{p.rel.OID, p.spec.Display})
+		out = append(out, guardedRel{p.rel.OID, p.spec.Display, p.spec.Column})
 		for _, part := range p.parts {
-			out = append(out, guardedRel{part.oid, p.spec.Display})
+			out = append(out, guardedRel{part.oid, p.spec.Display, p.spec.Column})
 		}
 	}
 	return out
@@ -54,7 +56,8 @@ func forgetTriggers(ctx context.Context, tx pgx.Tx, oids []uint32) error {
 	if len(oids) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM fenceproxy.guard_triggers WHERE relid::pg_catalog.oid = ANY($1::oid[])`, oids); err != nil {
+	if _, err := tx.Exec(ctx, `WITH r AS (DELETE FROM fenceproxy.guard_relations WHERE relid::pg_catalog.oid = ANY($1::oid[]))
+		DELETE FROM fenceproxy.guard_triggers WHERE relid::pg_catalog.oid = ANY($1::oid[])`, oids); err != nil {
 		return fmt.Errorf("update fenceproxy.guard_triggers: %w", err)
 	}
 	return nil
@@ -67,7 +70,8 @@ func forgetTriggersExcept(ctx context.Context, tx pgx.Tx, keep map[uint32]bool) 
 	for oid := range keep {
 		oids = append(oids, oid)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM fenceproxy.guard_triggers WHERE relid::pg_catalog.oid <> ALL($1::oid[])`, oids); err != nil {
+	if _, err := tx.Exec(ctx, `WITH r AS (DELETE FROM fenceproxy.guard_relations WHERE relid::pg_catalog.oid <> ALL($1::oid[]))
+		DELETE FROM fenceproxy.guard_triggers WHERE relid::pg_catalog.oid <> ALL($1::oid[])`, oids); err != nil {
 		return fmt.Errorf("update fenceproxy.guard_triggers: %w", err)
 	}
 	return nil
@@ -85,6 +89,30 @@ const wantedRecordSQL = `
 	JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
 	JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'fenceproxy'`
+
+// wantedRelationsSQL selects the record of the relations $1 (display
+// names $2, fence columns $3, "" for none) as guard_relations keeps it.
+const wantedRelationsSQL = `
+	SELECT c.oid::pg_catalog.regclass AS relid, c.relpersistence AS persistence, a.attname AS col, a.attnum AS colnum,
+		a.atttypid::pg_catalog.regtype AS coltype,
+		ARRAY(SELECT pg_catalog.format('%s %s', t.tgname, t.tgfoid::pg_catalog.regprocedure) FROM pg_catalog.pg_trigger t
+			WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND (t.tgtype & 3) = 3 AND (t.tgtype & 20) <> 0
+				AND t.tgname COLLATE "C" > 'fenceproxy_guard'
+			ORDER BY 1) AS later,
+		d.display
+	FROM ROWS FROM (pg_catalog.unnest($1::oid[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) d(relid, display, col)
+	JOIN pg_catalog.pg_class c ON c.oid = d.relid
+	LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = d.col AND NOT a.attisdropped AND a.attnum > 0`
+
+func relationArgs(rels []guardedRel) []any {
+	oids := make([]uint32, len(rels))
+	names := make([]string, len(rels))
+	cols := make([]string, len(rels))
+	for i, r := range rels {
+		oids[i], names[i], cols[i] = r.oid, r.display, r.col
+	}
+	return []any{oids, names, cols}
+}
 
 func recordArgs(rels []guardedRel) []any {
 	oids := make([]uint32, len(rels))
@@ -112,7 +140,20 @@ func recordTriggers(ctx context.Context, tx pgx.Tx, rels []guardedRel) (bool, er
 	if err != nil {
 		return false, fmt.Errorf("update fenceproxy.guard_triggers: %w", err)
 	}
-	return del.RowsAffected()+ins.RowsAffected() > 0, nil
+	rdel, err := tx.Exec(ctx, `WITH want AS (`+wantedRelationsSQL+`)
+		DELETE FROM fenceproxy.guard_relations g
+		WHERE NOT EXISTS (SELECT FROM want w WHERE (w.relid, w.persistence, w.col, w.colnum, w.coltype, w.later, w.display)
+			IS NOT DISTINCT FROM (g.relid, g.persistence, g.col, g.colnum, g.coltype, g.later, g.display))`, relationArgs(rels)...)
+	if err != nil {
+		return false, fmt.Errorf("update fenceproxy.guard_relations: %w", err)
+	}
+	rins, err := tx.Exec(ctx, `INSERT INTO fenceproxy.guard_relations (relid, persistence, col, colnum, coltype, later, display)
+		SELECT * FROM (`+wantedRelationsSQL+`) w
+		WHERE NOT EXISTS (SELECT FROM fenceproxy.guard_relations g WHERE g.relid = w.relid)`, relationArgs(rels)...)
+	if err != nil {
+		return false, fmt.Errorf("update fenceproxy.guard_relations: %w", err)
+	}
+	return del.RowsAffected()+ins.RowsAffected()+rdel.RowsAffected()+rins.RowsAffected() > 0, nil
 }
 
 // recordCurrent reports whether fenceproxy.guard_triggers is what
@@ -126,19 +167,36 @@ func recordCurrent(ctx context.Context, tx pgx.Tx, rels []guardedRel) (bool, err
 	if err != nil {
 		return false, fmt.Errorf("read fenceproxy.guard_triggers: %w", err)
 	}
+	if differ {
+		return false, nil
+	}
+	err = tx.QueryRow(ctx, `WITH want AS (`+wantedRelationsSQL+`),
+		have AS (SELECT relid, persistence, col, colnum, coltype, later, display FROM fenceproxy.guard_relations)
+		SELECT EXISTS (SELECT * FROM want EXCEPT SELECT * FROM have) OR EXISTS (SELECT * FROM have EXCEPT SELECT * FROM want)`,
+		relationArgs(rels)...).Scan(&differ)
+	if err != nil {
+		return false, fmt.Errorf("read fenceproxy.guard_relations: %w", err)
+	}
 	return !differ, nil
 }
 
+// guardEventTrigger is one of the guard's event triggers, both calling
+// fenceproxy.guard_ddl().
+type guardEventTrigger struct{ name, event string }
+
+var guardEventTriggers = []guardEventTrigger{{guardDDLTrigger, "ddl_command_end"}, {guardRewriteTrigger, "table_rewrite"}}
+
 // ddlTriggerState returns the event trigger's pg_event_trigger.evtenabled
-// ("" when it is missing) and whether it calls fenceproxy.guard_ddl().
-func ddlTriggerState(ctx context.Context, tx pgx.Tx) (enabled string, ours bool, err error) {
+// ("" when it is missing) and whether it calls fenceproxy.guard_ddl() on
+// its event, for every command.
+func ddlTriggerState(ctx context.Context, tx pgx.Tx, et guardEventTrigger) (enabled string, ours bool, err error) {
 	err = tx.QueryRow(ctx, `
 		SELECT coalesce(max(e.evtenabled::text), ''),
-			coalesce(bool_and(e.evtfoid = pg_catalog.to_regprocedure('fenceproxy.guard_ddl()') AND e.evtevent = 'ddl_command_end'
+			coalesce(bool_and(e.evtfoid = pg_catalog.to_regprocedure('fenceproxy.guard_ddl()') AND e.evtevent = $2
 				AND e.evttags IS NULL), false)
-		FROM pg_catalog.pg_event_trigger e WHERE e.evtname = $1`, guardDDLTrigger).Scan(&enabled, &ours)
+		FROM pg_catalog.pg_event_trigger e WHERE e.evtname = $1`, et.name, et.event).Scan(&enabled, &ours)
 	if err != nil {
-		return "", false, fmt.Errorf("read event trigger %s: %w", guardDDLTrigger, err)
+		return "", false, fmt.Errorf("read event trigger %s: %w", et.name, err)
 	}
 	return enabled, ours, nil
 }
@@ -153,44 +211,57 @@ func isSuperuser(ctx context.Context, tx pgx.Tx) (bool, error) {
 }
 
 // ddlTriggerNote is the note of a guard without its event trigger.
-const ddlTriggerNote = "the database guard's event trigger " + guardDDLTrigger + " needs a superuser and is not installed: " +
+const ddlTriggerNote = "the database guard's event triggers " + guardDDLTrigger + " and " + guardRewriteTrigger + " need a superuser and are not installed: " +
 	"without it, stored code that builds its DDL at run time (EXECUTE 'DROP ' || ...), DROP OWNED or DROP EXTENSION in it, " +
 	"or a direct connection can drop a guarded table or its guard; run fenceproxy setup --guard as a superuser once"
 
-// installDDLTrigger creates or enables the event trigger, as a superuser;
-// otherwise it notes that it is missing.
+// installDDLTrigger creates or enables the event triggers, as a
+// superuser; otherwise it notes that they are missing.
 func installDDLTrigger(ctx context.Context, tx pgx.Tx, rep *Result) error {
-	state, ours, err := ddlTriggerState(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if ours && (state == "O" || state == "A") {
-		return nil
-	}
-	super, err := isSuperuser(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if !super {
-		rep.Notes = append(rep.Notes, Note{Text: ddlTriggerNote})
-		return nil
-	}
-	switch {
-	case state == "":
-		if _, err := tx.Exec(ctx, `CREATE EVENT TRIGGER `+guardDDLTrigger+` ON ddl_command_end EXECUTE FUNCTION fenceproxy.`+guardDDLFunc+`()`); err != nil {
-			return fmt.Errorf("create event trigger %s: %w", guardDDLTrigger, err)
+	noted := false
+	var created []string
+	defer func() {
+		if len(created) > 0 {
+			rep.Actions = append(rep.Actions, "installed the guard's event triggers ("+strings.Join(created, ", ")+"), which refuse DDL that drops a guarded table or weakens its guard")
 		}
-		rep.Actions = append(rep.Actions, "installed the guard's event trigger "+guardDDLTrigger+", which refuses DDL that drops a guarded table or its guard")
-	case !ours:
-		if _, err := tx.Exec(ctx, `DROP EVENT TRIGGER `+guardDDLTrigger+`; CREATE EVENT TRIGGER `+guardDDLTrigger+` ON ddl_command_end EXECUTE FUNCTION fenceproxy.`+guardDDLFunc+`()`); err != nil {
-			return fmt.Errorf("replace event trigger %s: %w", guardDDLTrigger, err)
+	}()
+	for _, et := range guardEventTriggers {
+		state, ours, err := ddlTriggerState(ctx, tx, et)
+		if err != nil {
+			return err
 		}
-		rep.Actions = append(rep.Actions, "replaced the event trigger "+guardDDLTrigger+", which was not the guard's")
-	default:
-		if _, err := tx.Exec(ctx, `ALTER EVENT TRIGGER `+guardDDLTrigger+` ENABLE`); err != nil {
-			return fmt.Errorf("enable event trigger %s: %w", guardDDLTrigger, err)
+		if ours && (state == "O" || state == "A") {
+			continue
 		}
-		rep.Actions = append(rep.Actions, "enabled the guard's event trigger "+guardDDLTrigger)
+		super, err := isSuperuser(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if !super {
+			if !noted {
+				rep.Notes = append(rep.Notes, Note{Text: ddlTriggerNote})
+				noted = true
+			}
+			continue
+		}
+		create := `CREATE EVENT TRIGGER ` + et.name + ` ON ` + et.event + ` EXECUTE FUNCTION fenceproxy.` + guardDDLFunc + `()`
+		switch {
+		case state == "":
+			if _, err := tx.Exec(ctx, create); err != nil {
+				return fmt.Errorf("create event trigger %s: %w", et.name, err)
+			}
+			created = append(created, et.name)
+		case !ours:
+			if _, err := tx.Exec(ctx, `DROP EVENT TRIGGER `+et.name+`; `+create); err != nil {
+				return fmt.Errorf("replace event trigger %s: %w", et.name, err)
+			}
+			rep.Actions = append(rep.Actions, "replaced the event trigger "+et.name+", which was not the guard's")
+		default:
+			if _, err := tx.Exec(ctx, `ALTER EVENT TRIGGER `+et.name+` ENABLE`); err != nil {
+				return fmt.Errorf("enable event trigger %s: %w", et.name, err)
+			}
+			rep.Actions = append(rep.Actions, "enabled the guard's event trigger "+et.name)
+		}
 	}
 	return nil
 }
