@@ -238,16 +238,15 @@ func TestReview27CatalogRenameUncounted(t *testing.T) {
 	}
 }
 
-// TestReview27CatalogStoredCode: HOLE. A function created through the
-// proxy whose body updates a view over acct writes acct unfenced when
-// called through the proxy: SELECT f() holds none of the words that make
-// the proxy compare the stamp, and a body is judged on the protected
-// tables it names, not on the paths (views, rules, parents, foreign keys)
-// the database check found. Both where the view reached acct when the
-// function was created ("known path") and where it was redefined over
-// acct on a direct connection after ("path created after").
+// TestReview27CatalogStoredCode: a function created through the proxy
+// whose body updates a view over acct is refused when it is created
+// ("known path"), as one that names acct is: the database check's paths
+// (views, rules, parents, foreign keys) count as the protected table's
+// names for stored code. Where the view is redefined over acct on a
+// direct connection after the function was created ("path created
+// after"), the call writes acct unfenced: stored code is fenced only by
+// the database guard (a documented limit), and that case stays skipped.
 func TestReview27CatalogStoredCode(t *testing.T) {
-	t.Skip("HOLE: stored code created through the proxy that writes a view (or other indirect path) over a protected table is neither refused at CREATE nor checked at the call: SELECT f() writes acct unfenced")
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p, specs := review27CatalogProxy(t)
@@ -259,16 +258,19 @@ func TestReview27CatalogStoredCode(t *testing.T) {
 		before := tableText(t, x.d, "acct")
 		// A plain write through v is refused: the proxy knows the path.
 		x.wantRefusedUnchanged(t, "UPDATE v", x.q(t, "UPDATE v SET payload = 'view' WHERE id = 1"), before)
-		err := x.q(t, "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$UPDATE v SET payload = 'stored' WHERE id = 1$$")
-		if sqlState(err) == "FP003" {
-			return
+		for _, create := range []string{
+			"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$UPDATE v SET payload = 'stored' WHERE id = 1$$",
+			"CREATE FUNCTION g() RETURNS void LANGUAGE plpgsql AS $$BEGIN EXECUTE 'UPDATE v SET payload = ''stored'' WHERE id = 1'; END$$",
+			"DO $$BEGIN UPDATE v SET payload = 'stored' WHERE id = 1; END$$",
+		} {
+			x.wantRefusedUnchanged(t, create, x.q(t, create), before)
 		}
-		if err != nil {
-			t.Fatalf("create f: %v", err)
+		if err := x.q(t, "SELECT f()"); sqlState(err) != "42883" {
+			t.Errorf("SELECT f(): %v, want 42883 (f was not created)", err)
 		}
-		x.wantRefusedUnchanged(t, "SELECT f()", x.q(t, "SELECT f()"), before)
 	})
 	t.Run("path created after", func(t *testing.T) {
+		t.Skip("LIMIT: stored code created before a path exists writes through it unfenced when called; only the database guard fences stored code")
 		t.Parallel()
 		x := review27Catalog(t, p, specs)
 		x.settle(t)

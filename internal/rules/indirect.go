@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -128,6 +129,12 @@ func (s *IndirectSet) check(sql string) *Error {
 				if n.IsFrom {
 					out = s.hit(n.Relation, "INSERT", false)
 				}
+			case *pg.CreateFunctionStmt, *pg.DoStmt:
+				// Stored code runs its statements where the proxy sees
+				// only the call: one that mentions such a relation is
+				// refused when it is created, as one that mentions a
+				// protected table is.
+				out = s.storedCodeHit(sql)
 			case *pg.TruncateStmt:
 				for _, r := range n.Relations {
 					if out = s.hit(r.GetRangeVar(), "TRUNCATE", n.Behavior == pg.DropBehavior_DROP_CASCADE); out != nil {
@@ -142,6 +149,51 @@ func (s *IndirectSet) check(sql string) *Error {
 		}
 	}
 	return out
+}
+
+// storedCodeHit returns the refusal of stored code whose text mentions,
+// as a word (ASCII case ignored), the name of one of the set's relations,
+// whatever it does with it: its body may write through it, also as
+// dynamic SQL.
+func (s *IndirectSet) storedCodeHit(sql string) *Error {
+	names := make([]string, 0, len(s.byRel))
+	for name := range s.byRel {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if !mentionsWord(sql, name) {
+			continue
+		}
+		p := s.byRel[name][0]
+		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
+		return &Error{
+			Code:    CodeRefused,
+			Message: fmt.Sprintf("fenceproxy: stored code mentions %s, which writes protected table %s without naming it; statements inside it cannot be fenced", rel, p.Target),
+			Detail:  p.Via,
+			Hint:    "Write the protected table directly, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
+			Table:   p.Target,
+		}
+	}
+	return nil
+}
+
+// mentionsWord reports whether name appears in sql (ASCII case ignored)
+// with no identifier byte on either side.
+func mentionsWord(sql, name string) bool {
+	for i := 0; i+len(name) <= len(sql); i++ {
+		if !hasPrefixFoldASCII(sql[i:], name) {
+			continue
+		}
+		if i > 0 && sqllex.IsIdentCont(sql[i-1]) {
+			continue
+		}
+		if j := i + len(name); j < len(sql) && sqllex.IsIdentCont(sql[j]) {
+			continue
+		}
+		return true
+	}
+	return false
 }
 
 // hit returns the refusal for a write of kind op to rv, if rv may be one

@@ -57,3 +57,24 @@ func TestIndirectSet(t *testing.T) {
 		t.Error("empty set refused")
 	}
 }
+
+// TestIndirectStoredCode: stored code that mentions one of the set's
+// relations as a word is refused when it is created, whatever it does with
+// it (a write, dynamic SQL, a read); a longer name that only contains it
+// is not.
+func TestIndirectStoredCode(t *testing.T) {
+	s := rules.NewIndirectSet([]rules.Indirect{{Schema: "public", Name: "v", Ops: []string{"UPDATE"}, Target: "public.acct", Via: "a view"}})
+	for sql, refused := range map[string]bool{
+		"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$UPDATE v SET a = 1$$":              true,
+		"CREATE PROCEDURE p() LANGUAGE plpgsql AS $$BEGIN EXECUTE 'UPDATE V SET a = 1'; END$$": true,
+		"DO $$BEGIN PERFORM * FROM public.v; END$$":                                            true,
+		"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$UPDATE v_other SET a = 1$$":        false,
+		"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$SELECT 1$$":                         false,
+		"UPDATE v SET a = 1": true,
+		"SELECT * FROM v":    false,
+	} {
+		if e := s.Check(sql); (e != nil) != refused {
+			t.Errorf("%s: refusal %v, want refused %v", sql, e, refused)
+		}
+	}
+}
