@@ -191,11 +191,18 @@ func (s *session) readFirstPacket() ([]byte, error) {
 // reset (unread input makes the kernel reset it), as with PostgreSQL, which
 // reads ahead into an 8 KiB buffer: a client that wrote Terminate and its
 // startup packet at once sees the end of the connection, not an error.
+// What was sent is normally there already and the read returns at once;
+// the deadline only bounds the wait when nothing is, and it must be long
+// enough that it has not passed before the read starts on a loaded
+// machine (a read whose deadline has passed reads nothing).
 func discardPending(c net.Conn) {
 	var buf [8 << 10]byte
-	_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+	_ = c.SetReadDeadline(time.Now().Add(discardWait))
 	_, _ = c.Read(buf[:])
 }
+
+// discardWait bounds discardPending's wait for input that has not come.
+const discardWait = 50 * time.Millisecond
 
 // prefixConn replays bytes already read before reading from the conn.
 type prefixConn struct {
