@@ -91,21 +91,22 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Errorf("the rendered page lacks %q:\n%s", want, text)
 		}
 	}
-	// The page may be reloading: a query then waits for the new one.
-	staleCell := func() string {
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`tr[data-table="public.obs_row"] td.stale`)))
-		if err != nil {
-			t.Fatal(err)
+	// The page may be reloading: a query then waits for the new one, but
+	// a node found just before the old page goes is gone when it is read
+	// ("No node with given id found"): that read is tried again.
+	text1 := func(sel string) string {
+		for try := 0; ; try++ {
+			s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+			if err == nil {
+				return s
+			}
+			if try == 4 || !strings.Contains(err.Error(), "No node with given id") {
+				t.Fatal(err)
+			}
 		}
-		return strings.TrimSpace(s)
 	}
-	lockRow := func() string {
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`tr[data-lock="job/7"]`)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	staleCell := func() string { return strings.TrimSpace(text1(`tr[data-table="public.obs_row"] td.stale`)) }
+	lockRow := func() string { return text1(`tr[data-lock="job/7"]`) }
 	if got := staleCell(); got != "1" {
 		t.Fatalf("stale-token count of public.obs_row = %q, want 1", got)
 	}
