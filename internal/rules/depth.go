@@ -181,18 +181,8 @@ func nestingEstimate(sql string, limit int) int {
 			// One operator token, or several when PostgreSQL splits off
 			// trailing + and -: at most one per + or -, plus one. It
 			// ends where a comment starts.
-			pm, other := 0, 0
-			for i < len(sql) && isOpChar(sql[i]) {
-				if i+1 < len(sql) && (sql[i] == '-' && sql[i+1] == '-' || sql[i] == '/' && sql[i+1] == '*') {
-					break
-				}
-				if sql[i] == '+' || sql[i] == '-' {
-					pm++
-				} else {
-					other = 1
-				}
-				i++
-			}
+			var pm, other int
+			i, pm, other = operatorRun(sql, i)
 			over = e.count(pm + other)
 		default:
 			i++
@@ -626,18 +616,8 @@ func scanCost(sql string) costInfo {
 			}
 		case isOpChar(ch):
 			// As nestingEstimate: an operator may split at each + or -.
-			pm, other := 0, 0
-			for i < len(sql) && isOpChar(sql[i]) {
-				if i+1 < len(sql) && (sql[i] == '-' && sql[i+1] == '-' || sql[i] == '/' && sql[i+1] == '*') {
-					break
-				}
-				if sql[i] == '+' || sql[i] == '-' {
-					pm++
-				} else {
-					other = 1
-				}
-				i++
-			}
+			var pm, other int
+			i, pm, other = operatorRun(sql, i)
 			n = pm + other
 			if i == start+1 && pm == 1 {
 				kind = '+'
@@ -912,4 +892,23 @@ func protoDepth(b []byte, md protoreflect.MessageDescriptor) int {
 		b = b[n:]
 	}
 	return depth
+}
+
+// operatorRun reads the run of operator characters at sql[i:], up to the
+// start of a comment, and returns where it ends, how many of its
+// characters are + or - (PostgreSQL may split a token off at each), and
+// 1 if it has any other character, else 0.
+func operatorRun(sql string, i int) (end, pm, other int) {
+	for i < len(sql) && isOpChar(sql[i]) {
+		if i+1 < len(sql) && (sql[i] == '-' && sql[i+1] == '-' || sql[i] == '/' && sql[i+1] == '*') {
+			break
+		}
+		if sql[i] == '+' || sql[i] == '-' {
+			pm++
+		} else {
+			other = 1
+		}
+		i++
+	}
+	return i, pm, other
 }
