@@ -86,18 +86,7 @@ func TestCatalogChangeMatrix(t *testing.T) {
 				for _, target := range []string{"acct", "racct"} {
 					t.Run(proto+"/"+target, func(t *testing.T) {
 						t.Parallel()
-						ctx := ctxT(t)
-						db := fmt.Sprintf("catmatrix%d", dbSeq.Add(1))
-						if err := cluster.CreateDatabase(ctx, db); err != nil {
-							t.Fatal(err)
-						}
-						if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
-							t.Fatal(err)
-						}
-						d := direct(t, db)
-						if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{}); err != nil {
-							t.Fatal(err)
-						}
+						db, d := catalogMatrixDB(t, "catmatrix", specs)
 						c := connectDSN(t, p.DSN("postgres", "", db), func(c *pgx.ConnConfig) {
 							c.RuntimeParams["fence.lock"] = "L/" + db
 							c.RuntimeParams["fence.token"] = "5"
@@ -167,18 +156,8 @@ func TestCatalogChangeLegacyCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
-	ctx := ctxT(t)
-	db := fmt.Sprintf("catlegacy%d", dbSeq.Add(1))
-	if err := cluster.CreateDatabase(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
-		t.Fatal(err)
-	}
-	d := direct(t, db)
-	if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, d := catalogMatrixDB(t, "catlegacy", specs)
+	db := d.Config().Database
 	execDirect(t, d, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint)")
 	c := connectDSN(t, p.DSN("postgres", "", db), func(c *pgx.ConnConfig) { c.RuntimeParams["fence.token"] = "5" })
 	for _, proto := range []string{"simple", "unnamed"} {
@@ -198,4 +177,27 @@ func TestCatalogChangeLegacyCheck(t *testing.T) {
 		}
 		execDirect(t, d, "DROP RULE src_to_acct ON src")
 	}
+}
+
+// catalogMatrixDB creates a database named prefix and a number with
+// catalogMatrixSchema, runs setup for specs as the superuser (so the
+// catalog watch is installed), and returns its name and a direct
+// connection.
+func catalogMatrixDB(t *testing.T, prefix string, specs []rules.TableSpec) (string, *pgx.Conn) {
+	t.Helper()
+	ctx := ctxT(t)
+	db := fmt.Sprintf("%s%d", prefix, dbSeq.Add(1))
+	if err := cluster.CreateDatabase(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
+		t.Fatal(err)
+	}
+	d := direct(t, db)
+	if specs != nil {
+		if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db, d
 }

@@ -51,18 +51,11 @@ func TestUnnamedDDLMatrix(t *testing.T) {
 				t.Run(proto, func(t *testing.T) {
 					t.Parallel()
 					ctx := ctxT(t)
-					db := fmt.Sprintf("ddlmatrix%d", dbSeq.Add(1))
+					db, d := catalogMatrixDB(t, "ddlmatrix", nil)
 					owner, heir := "fp_dm_"+db, "fp_dmh_"+db
-					if err := cluster.CreateDatabase(ctx, db); err != nil {
-						t.Fatal(err)
-					}
-					if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
-						t.Fatal(err)
-					}
 					if err := cluster.Exec(ctx, fmt.Sprintf("CREATE ROLE %[1]s LOGIN; CREATE ROLE %[2]s; GRANT %[2]s TO %[1]s", owner, heir)); err != nil {
 						t.Fatal(err)
 					}
-					d := direct(t, db)
 					execDirect(t, d, fmt.Sprintf(`
 GRANT CREATE ON DATABASE %[1]s TO %[2]s;
 GRANT CREATE ON SCHEMA public TO %[2]s;
