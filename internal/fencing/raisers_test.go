@@ -47,18 +47,46 @@ func TestRaisersUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A fresh write: fenced, through the raisers' form.
+	// A fresh write: fenced, through the raisers' token form (the
+	// session's token written into the statement, the stale branch
+	// raising through fenceproxy.stale).
 	setToken(t, cF, "60")
 	if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = 2", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	if q := pid2query(t, dF, pid); !strings.Contains(q, "fenceproxy.advance(") || !strings.Contains(q, "fenceproxy.tok_b(") || strings.Contains(q, "'fenceproxy:stale:'") {
-		t.Fatalf("the proxy did not send the raisers' form: %s", q)
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "60::bigint THEN 60::bigint ELSE fenceproxy.stale(") || strings.Contains(q, "pg_catalog.current_setting") || strings.Contains(q, "'fenceproxy:stale:'") {
+		t.Fatalf("the proxy did not send the raisers' token form: %s", q)
 	}
 	var fence int64
 	if err := dF.QueryRow(ctxT(t), "SELECT last_fence FROM acct WHERE id = 2").Scan(&fence); err != nil || fence != 60 {
 		t.Fatalf("fence of the written row: %d, %v; want 60", fence, err)
 	}
+	if _, err := dF.Exec(ctxT(t), "INSERT INTO acct (id, payload) VALUES (9, 'z')"); err != nil {
+		t.Fatal(err)
+	}
+	// A text that sets the token before its write reads it on the server:
+	// the raisers' form, with the value set there.
+	if _, err := cF.Exec(ctxT(t), "SET fence.token = '0061'; UPDATE acct SET n = n + 1 WHERE id = 9", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "fenceproxy.advance(") || !strings.Contains(q, "fenceproxy.tok_b(") || strings.Contains(q, "'fenceproxy:stale:'") {
+		t.Fatalf("the proxy did not send the raisers' form: %s", q)
+	}
+	if err := dF.QueryRow(ctxT(t), "SELECT last_fence FROM acct WHERE id = 9").Scan(&fence); err != nil || fence != 61 {
+		t.Fatalf("fence of the written row: %d, %v; want 61", fence, err)
+	}
+	// The next write takes the record's token, written without its zeros
+	// (a text not sent before: this environment prepares repeated ones).
+	if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 2 WHERE id = 9", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "SET LOCAL fence.token = '0061';") || !strings.Contains(q, "61::bigint THEN 61::bigint") {
+		t.Fatalf("the proxy did not send the token form of token 61: %s", q)
+	}
+	if _, err := dF.Exec(ctxT(t), "DELETE FROM acct WHERE id = 9"); err != nil {
+		t.Fatal(err)
+	}
+	setToken(t, cF, "60")
 
 	// A named prepared statement gets the prepared form (the checks as
 	// expressions, a check call only behind the short pattern, raisers in

@@ -230,15 +230,15 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	case check.on && d.Lock != nil:
 		// The catalog check goes first, then the lock registration, in
 		// the statement's transaction.
-		return rules.Decision{Action: d.Action, SQL: d.SQL, Tables: d.Tables, Lock: checkedRegistration(check, d.Lock), Preparable: d.Preparable}, true
+		return rules.Decision{Action: d.Action, SQL: d.SQL, Tables: d.Tables, Lock: checkedRegistration(check, d.Lock), Preparable: d.Preparable, Tok: d.Tok}, true
 	case check.on && d.Action == rules.Rewrite:
 		// The catalog check goes before the statement, in its
 		// transaction.
-		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable}, true
+		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable, Tok: d.Tok}, true
 	case check.on:
 		return rules.Decision{Tables: d.Tables, Lock: catalogCheck(check, sql)}, true
 	case d.Action == rules.Rewrite:
-		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: d.Lock, Preparable: d.Preparable}, true
+		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: d.Lock, Preparable: d.Preparable, Tok: d.Tok}, true
 	default:
 		return rules.Decision{Tables: d.Tables, Lock: d.Lock}, true
 	}

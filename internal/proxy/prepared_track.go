@@ -281,6 +281,8 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 			}
 		}
 	}
+	// The token form of the rewritten text, if any: d is rebuilt below.
+	tf := d.Tok
 	var calls []int
 	spare := r.fence.on && r.spare(d.Lock)
 	var regLock *rules.LockCall // the registration sent, if any
@@ -332,10 +334,19 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		// text: two statements, whose CommandCompletes are swallowed.
 		r.mu.Lock()
 		pre := r.fence.simplePrelude()
+		token, valid := rules.CanonicalToken(r.fence.cur.token)
 		r.mu.Unlock()
 		base := sql
 		if d.Action == Rewrite {
 			base = d.SQL
+			// The prelude applies the record, and the text changes no
+			// fence setting: the token the statement would read is the
+			// record's, which may then be written into it.
+			if valid && tf != nil && len(ft.ops) == 0 {
+				if s, ok := tf.Fill(base, token); ok {
+					base = s
+				}
+			}
 		}
 		*d = rules.Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
 		shifted := []int{0, 1}

@@ -73,7 +73,7 @@ func TestSplicePreservesRewrittenTree(t *testing.T) {
 			if final != nil {
 				continue
 			}
-			out, check, err := res.sp.apply()
+			out, check, _, err := res.sp.apply()
 			if err == nil {
 				err = verify(check, res.tree)
 			}

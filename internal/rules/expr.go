@@ -111,6 +111,37 @@ type fencer struct {
 	raisers bool
 	// prepared: the form that costs less per execution (Rules.Prepared).
 	prepared bool
+	// sp is the splicer the fencer's fragments go into; when it makes the
+	// token form (splicer.tokForm), dual builds each expression twice.
+	sp *splicer
+	// lit: the expressions being built are the token form's, with the
+	// token a constant the proxy fills in (see tokenform.go).
+	lit bool
+}
+
+// dual returns the expression build makes and, when the splicer makes the
+// token form, builds it again in that form and records the pair, so that
+// the fragment holding the first can be printed with the second in its
+// place (splicer.tokText).
+func (f *fencer) dual(build func() *pg.Node) *pg.Node {
+	n := build()
+	if f.lit || f.sp == nil || !f.sp.tokForm {
+		return n
+	}
+	f.lit = true
+	t := build()
+	f.lit = false
+	// An expression that returns another's node (tokenGuard its guard's)
+	// keeps one pair, with the outer build: swapTwins needs pairs that
+	// share no node.
+	for i := len(f.sp.twins) - 1; i >= 0; i-- {
+		if f.sp.twins[i][0] == n {
+			f.sp.twins[i][1] = t
+			return n
+		}
+	}
+	f.sp.twins = append(f.sp.twins, [2]*pg.Node{n, t})
+	return n
 }
 
 // setting returns pg_catalog.current_setting('<setting>', true).
@@ -122,19 +153,36 @@ func (f *fencer) settingExpr() *pg.Node {
 // s ~ '<tokenPattern>') IS TRUE, which matches the same strings and spares
 // most tokens the full pattern's cost when the statement executes.
 func (f *fencer) valid() *pg.Node {
-	full := op("~", f.settingExpr(), aStr(tokenPattern))
-	if f.prepared {
-		return isTrue(or(f.validShort(), full))
+	if f.lit {
+		return litBool(true)
 	}
-	return isTrue(full)
+	return f.dual(func() *pg.Node {
+		full := op("~", f.settingExpr(), aStr(tokenPattern))
+		if f.prepared {
+			return isTrue(or(f.validShort(), full))
+		}
+		return isTrue(full)
+	})
 }
 
 // tok returns TOK.
-func (f *fencer) tok() *pg.Node { return cast(f.settingExpr(), "int8") }
+func (f *fencer) tok() *pg.Node { return f.dual(f.tokForm) }
+
+// tokForm builds tok's expression in the fencer's form: in the token
+// form, the token's placeholder cast to bigint.
+func (f *fencer) tokForm() *pg.Node {
+	if f.lit {
+		return cast(f.sp.tokHole(), "int8")
+	}
+	return cast(f.settingExpr(), "int8")
+}
 
 // validShort returns s ~ '<shortTokenPattern>': true for most valid
 // tokens, false for the others and for invalid ones, NULL when unset.
 func (f *fencer) validShort() *pg.Node {
+	if f.lit {
+		return litBool(true)
+	}
 	return op("~", f.settingExpr(), aStr(shortTokenPattern))
 }
 
@@ -246,7 +294,13 @@ func sized(s string) string { return strconv.Itoa(len(s)) + ":" + s }
 //	s ~ '<shortTokenPattern>' OR fenceproxy.tok_b(...)
 //
 // (NULL OR x is x: an unset token calls it too).
-func (f *fencer) guard() *pg.Node {
+func (f *fencer) guard() *pg.Node { return f.dual(func() *pg.Node { return f.guardForm() }) }
+
+// guardForm builds guard's expression in the fencer's form (lit or not).
+func (f *fencer) guardForm() *pg.Node {
+	if f.lit {
+		return litBool(true)
+	}
 	if f.raisers {
 		call := raiserCall("tok", "bool", aStr(f.setting), aStr(f.sizedNames()))
 		if f.prepared {
@@ -275,7 +329,10 @@ func (f *fencer) mode() string {
 //
 //	reject:       GUARD (raises FP002)
 //	allow, audit: CASE WHEN V THEN true ELSE NOTIFY(missing_token, true) END (never false)
-func (f *fencer) tokenGuard() *pg.Node {
+func (f *fencer) tokenGuard() *pg.Node { return f.dual(func() *pg.Node { return f.tokenGuardForm() }) }
+
+// tokenGuardForm builds tokenGuard's expression in the fencer's form (lit or not).
+func (f *fencer) tokenGuardForm() *pg.Node {
 	if !f.lenient() {
 		return f.guard()
 	}
@@ -297,6 +354,14 @@ func (f *fencer) tokenGuard() *pg.Node {
 // prepared form CASE WHEN s ~ '<shortTokenPattern>' THEN TOK ELSE
 // fenceproxy.tok(...) END.
 func (f *fencer) stamp(record bool) *pg.Node {
+	return f.dual(func() *pg.Node { return f.stampForm(record) })
+}
+
+// stampForm builds stamp's expression in the fencer's form (lit or not).
+func (f *fencer) stampForm(record bool) *pg.Node {
+	if f.lit {
+		return f.tok()
+	}
 	var invalid *pg.Node
 	switch {
 	case !f.lenient() && f.raisers && f.prepared:
@@ -364,7 +429,12 @@ func (f *fencer) rowStamp(first bool) (string, *pg.Node) {
 // (the guard, the first row's stamp), and the value is the CASE above with
 // fenceproxy.stale raising.
 func (f *fencer) errorSetValue(checkV bool) *pg.Node {
-	if f.raisers && !f.t.allow && !(f.prepared && !checkV) {
+	return f.dual(func() *pg.Node { return f.errorSetValueForm(checkV) })
+}
+
+// errorSetValueForm builds errorSetValue's expression in the fencer's form (lit or not).
+func (f *fencer) errorSetValueForm(checkV bool) *pg.Node {
+	if f.raisers && !f.t.allow && !(f.prepared && !checkV) && !f.lit {
 		return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode("advance")},
 			[]*pg.Node{aStr(f.setting), f.fence(), aBool(f.t.strict), aStr(sized(f.t.display)), aStr(f.sizedNames())}, -1)
 	}
@@ -387,6 +457,11 @@ func (f *fencer) errorSetValue(checkV bool) *pg.Node {
 // with the NOT V branch recording the write when checkV is true, as in
 // errorSetValue.
 func (f *fencer) auditSetValue(checkV bool) *pg.Node {
+	return f.dual(func() *pg.Node { return f.auditSetValueForm(checkV) })
+}
+
+// auditSetValueForm builds auditSetValue's expression in the fencer's form (lit or not).
+func (f *fencer) auditSetValueForm(checkV bool) *pg.Node {
 	return caseExpr([]*pg.Node{not(f.valid()), f.missingKeep(checkV), f.fresh(), f.tok()},
 		f.notify(AuditStale, f.fence()))
 }
@@ -404,6 +479,11 @@ func (f *fencer) missingKeep(record bool) *pg.Node {
 // TOK, or with missing_token: allow, CASE WHEN V THEN TOK ELSE F END (with
 // the write recorded in the ELSE branch when checkV is true).
 func (f *fencer) skipSetValue(checkV bool) *pg.Node {
+	return f.dual(func() *pg.Node { return f.skipSetValueForm(checkV) })
+}
+
+// skipSetValueForm builds skipSetValue's expression in the fencer's form (lit or not).
+func (f *fencer) skipSetValueForm(checkV bool) *pg.Node {
 	if f.t.allow {
 		return caseExpr([]*pg.Node{f.valid(), f.tok()}, f.missingKeep(checkV))
 	}
@@ -413,7 +493,10 @@ func (f *fencer) skipSetValue(checkV bool) *pg.Node {
 // skipCond returns the WHERE conjunct of on_stale: skip mode:
 // reject: F CMP TOK?            (an invalid token matches no row)
 // allow:  CASE WHEN V THEN FRESH ELSE true END
-func (f *fencer) skipCond() *pg.Node {
+func (f *fencer) skipCond() *pg.Node { return f.dual(func() *pg.Node { return f.skipCondForm() }) }
+
+// skipCondForm builds skipCond's expression in the fencer's form (lit or not).
+func (f *fencer) skipCondForm() *pg.Node {
 	if f.t.allow {
 		return caseExpr([]*pg.Node{f.valid(), f.fresh()}, aBool(true))
 	}
@@ -425,6 +508,11 @@ func (f *fencer) skipCond() *pg.Node {
 // the token is invalid). extra, if not nil, is a condition that must also
 // hold before the stale error is raised; rows failing it yield false.
 func (f *fencer) freshOrRaise(extra *pg.Node) *pg.Node {
+	return f.dual(func() *pg.Node { return f.freshOrRaiseForm(extra) })
+}
+
+// freshOrRaiseForm builds freshOrRaise's expression in the fencer's form (lit or not).
+func (f *fencer) freshOrRaiseForm(extra *pg.Node) *pg.Node {
 	var whens []*pg.Node
 	if f.t.allow {
 		whens = append(whens, not(f.valid()), aBool(true))
@@ -444,6 +532,11 @@ func (f *fencer) freshOrRaise(extra *pg.Node) *pg.Node {
 //
 // (the invalid token is recorded by tokenGuard).
 func (f *fencer) freshOrNotify(extra *pg.Node) *pg.Node {
+	return f.dual(func() *pg.Node { return f.freshOrNotifyForm(extra) })
+}
+
+// freshOrNotifyForm builds freshOrNotify's expression in the fencer's form (lit or not).
+func (f *fencer) freshOrNotifyForm(extra *pg.Node) *pg.Node {
 	whens := []*pg.Node{not(f.valid()), aBool(true), f.fresh(), aBool(true)}
 	if extra == nil {
 		return caseExpr(whens, f.notify(AuditStale, aBool(true)))
@@ -456,7 +549,10 @@ func (f *fencer) freshOrNotify(extra *pg.Node) *pg.Node {
 // action, which has no WHERE clause for tokenGuard; it is never false:
 //
 //	CASE WHEN NOT V THEN NOTIFY(missing_token, true) WHEN FRESH THEN true ELSE NOTIFY(stale, true) END
-func (f *fencer) auditCheck() *pg.Node {
+func (f *fencer) auditCheck() *pg.Node { return f.dual(func() *pg.Node { return f.auditCheckForm() }) }
+
+// auditCheckForm builds auditCheck's expression in the fencer's form (lit or not).
+func (f *fencer) auditCheckForm() *pg.Node {
 	return caseExpr([]*pg.Node{not(f.valid()), f.notify(AuditMissingToken, aBool(true)), f.fresh(), aBool(true)},
 		f.notify(AuditStale, aBool(true)))
 }
@@ -533,6 +629,11 @@ func (f *fencer) notify(reason string, val *pg.Node) *pg.Node {
 // for a stale row (a NULL fence counts as stale), <invalid> when the token
 // is invalid.
 func (f *fencer) notFresh(invalid *pg.Node) *pg.Node {
+	return f.dual(func() *pg.Node { return f.notFreshForm(invalid) })
+}
+
+// notFreshForm builds notFresh's expression in the fencer's form (lit or not).
+func (f *fencer) notFreshForm(invalid *pg.Node) *pg.Node {
 	return caseExpr([]*pg.Node{f.valid(), isNotTrue(f.fresh())}, invalid)
 }
 
@@ -542,6 +643,32 @@ func aStr(s string) *pg.Node { return pg.MakeAConstStrNode(s, -1) }
 
 func aInt(i int32) *pg.Node {
 	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Val: &pg.A_Const_Ival{Ival: &pg.Integer{Ival: i}}, Location: -1}}}
+}
+
+// litLocation marks the boolean constants of the token form (litBool),
+// which the constructors fold: no client node and no other node the
+// rewriter builds has this location.
+const litLocation = -2
+
+// litBool is a boolean constant of the token form: what the validity of a
+// token the proxy has checked, say, becomes.
+func litBool(b bool) *pg.Node {
+	n := aBool(b)
+	n.GetAConst().Location = litLocation
+	return n
+}
+
+// litValue reports the value of a litBool node.
+func litValue(n *pg.Node) (v, ok bool) {
+	c := n.GetAConst()
+	if c == nil || c.Location != litLocation {
+		return false, false
+	}
+	b, isBool := c.Val.(*pg.A_Const_Boolval)
+	if !isBool {
+		return false, false
+	}
+	return b.Boolval.Boolval, true
 }
 
 func aNull() *pg.Node {
@@ -580,10 +707,27 @@ func cast(arg *pg.Node, typ string) *pg.Node {
 
 // caseExpr builds CASE WHEN w0 THEN r0 WHEN w1 THEN r1 ... ELSE def END from
 // whens = [w0, r0, w1, r1, ...]; def may be nil.
+//
+// Conditions that are the token form's constants (litBool) are folded: a
+// false one's branch is left out, a true one's result becomes the ELSE and
+// ends the list, and a CASE left with no branch is its ELSE.
 func caseExpr(whens []*pg.Node, def *pg.Node) *pg.Node {
 	args := make([]*pg.Node, 0, len(whens)/2)
 	for i := 0; i+1 < len(whens); i += 2 {
+		if v, ok := litValue(whens[i]); ok {
+			if !v {
+				continue
+			}
+			def = whens[i+1]
+			break
+		}
 		args = append(args, pg.MakeCaseWhenNode(whens[i], whens[i+1], -1))
+	}
+	if len(args) == 0 {
+		if def == nil {
+			return aNull()
+		}
+		return def
 	}
 	n := pg.MakeCaseExprNode(nil, args, -1)
 	n.GetCaseExpr().Defresult = def
@@ -591,6 +735,9 @@ func caseExpr(whens []*pg.Node, def *pg.Node) *pg.Node {
 }
 
 func not(x *pg.Node) *pg.Node {
+	if v, ok := litValue(x); ok {
+		return litBool(!v)
+	}
 	return pg.MakeBoolExprNode(pg.BoolExprType_NOT_EXPR, []*pg.Node{x}, -1)
 }
 
@@ -599,10 +746,19 @@ func isNotTrue(x *pg.Node) *pg.Node {
 }
 
 func isTrue(x *pg.Node) *pg.Node {
+	if _, ok := litValue(x); ok {
+		return x
+	}
 	return &pg.Node{Node: &pg.Node_BooleanTest{BooleanTest: &pg.BooleanTest{Arg: x, Booltesttype: pg.BoolTestType_IS_TRUE, Location: -1}}}
 }
 
 func or(x, y *pg.Node) *pg.Node {
+	if v, ok := litValue(x); ok {
+		if v {
+			return x
+		}
+		return y
+	}
 	return pg.MakeBoolExprNode(pg.BoolExprType_OR_EXPR, []*pg.Node{x, y}, -1)
 }
 

@@ -9,7 +9,7 @@ import (
 // branch of ON CONFLICT like an UPDATE (audit: records a stale row and
 // keeps its watermark).
 func (r *Rules) rewriteInsert(ins *pg.InsertStmt, t *tableRule, sp *splicer) *Error {
-	f := r.fencer(t, ins.Relation)
+	f := r.fencer(t, ins.Relation, sp)
 	rel := sp.relTok(ins.Relation)
 	if sp.err != nil {
 		return nil

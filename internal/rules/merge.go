@@ -34,7 +34,7 @@ import (
 // runs (cond is evaluated once, and nothing is recorded for a row the
 // action does not take).
 func (r *Rules) rewriteMerge(m *pg.MergeStmt, t *tableRule, sp *splicer) *Error {
-	f := r.fencer(t, m.Relation)
+	f := r.fencer(t, m.Relation, sp)
 	clauses := sp.mergeClauses(m)
 	if sp.err != nil {
 		return nil

@@ -38,7 +38,7 @@ func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
 	if final != nil {
 		return *final, nil
 	}
-	out, check, err := res.sp.apply()
+	out, check, tok, err := res.sp.apply()
 	if err == nil {
 		err = verify(check, res.tree)
 	}
@@ -51,6 +51,9 @@ func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
 	}
 	d := Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
 	d.Preparable = res.audit == nil && preparable(res.tree)
+	if res.sp.tokForm && !res.sp.tokFail {
+		d.Tok = newTokenForm(out, tok)
+	}
 	if res.lock != nil {
 		d = r.withLock(d, out, res.tree.Version, res.lock)
 	}
@@ -132,6 +135,7 @@ func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 		}
 		sp.version = tree.Version
 		sp.choosePrefix(tree, r.unicodeEscape(sql))
+		sp.tokForm = len(sql) < valuesFastMinBytes && !r.prepared && tokenFormStatements(tree) && !containsFoldASCII(sql, tokHoleName) && !r.unicodeEscape(sql)
 		w.apply(tree, sp, changed)
 	}
 	if w.err != nil {
@@ -600,8 +604,8 @@ func qualifier(rv *pg.RangeVar) string {
 	return rv.Relname
 }
 
-func (r *Rules) fencer(t *tableRule, rv *pg.RangeVar) *fencer {
-	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers, prepared: r.prepared}
+func (r *Rules) fencer(t *tableRule, rv *pg.RangeVar, sp *splicer) *fencer {
+	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers, prepared: r.prepared, sp: sp}
 }
 
 func refused(t *tableRule, msg, detail, hint string) *Error {

@@ -69,6 +69,10 @@ type Decision struct {
 	// answers as the simple Query does under the same settings, so a relay
 	// may run a text it sees repeatedly that way (see preparable).
 	Preparable bool
+	// Tok, on a Rewrite, is SQL's token form (tokenform.go), nil when it
+	// has none: a relay that knows the session's token may send it
+	// instead under the conditions TokenForm documents.
+	Tok *TokenForm
 }
 
 // Rules is a compiled configuration, or the part of it that applies to one

@@ -58,6 +58,14 @@ type splicer struct {
 	copied  bool
 	version int32 // of the parse tree, which the deparser checks
 	err     error
+	// The token form (tokenform.go): tokForm asks for it; twins are the
+	// fencers' expressions paired with their token-form builds, tokHoles
+	// the token's places in those builds; tokFail says it could not be
+	// made, and the decision then has none.
+	tokForm  bool
+	twins    [][2]*pg.Node
+	tokHoles []*pg.Node
+	tokFail  bool
 }
 
 type scanTok struct {
@@ -72,13 +80,14 @@ type edit struct {
 	seq        int
 }
 
-// txt is text to insert, in two versions: the real one, sent to the
-// server, and the one checked against the tree, with placeholders for the
-// fragments (see verify).
-type txt struct{ real, check string }
+// txt is text to insert, in three versions: the real one, sent to the
+// server; the one checked against the tree, with placeholders for the
+// fragments (see verify); and the token form's, the real one with the
+// fragments' token-form prints (tokenform.go).
+type txt struct{ real, check, tok string }
 
-// lit is text that is the same in both versions.
-func lit(s string) txt { return txt{s, s} }
+// lit is text that is the same in every version.
+func lit(s string) txt { return txt{s, s, s} }
 
 // cat joins texts.
 func cat(parts ...txt) txt {
@@ -86,6 +95,7 @@ func cat(parts ...txt) txt {
 	for _, p := range parts {
 		out.real += p.real
 		out.check += p.check
+		out.tok += p.tok
 	}
 	return out
 }
@@ -94,7 +104,20 @@ func cat(parts ...txt) txt {
 // number of its placeholder.
 type fragInfo struct {
 	pieces []string
-	id     int
+	// tokPieces are the token form's pieces, nil when they are pieces.
+	tokPieces []string
+	id        int
+}
+
+// texts returns the fragment's texts, check the checked one, with the
+// client's texts in its holes.
+func (f *fragInfo) texts(check string, clients ...string) txt {
+	t := txt{real: fill(f.pieces, clients...), check: check}
+	t.tok = t.real
+	if f.tokPieces != nil {
+		t.tok = fill(f.tokPieces, clients...)
+	}
+	return t
 }
 
 func newSplicer(sql string) (*splicer, error) {
@@ -183,9 +206,9 @@ func (s *splicer) replace(start, end int, text txt) {
 
 // apply returns the client's text with the edits made, and the same with
 // placeholders for the fragments (see verify).
-func (s *splicer) apply() (out, check string, err error) {
+func (s *splicer) apply() (out, check, tok string, err error) {
 	if s.err != nil {
-		return "", "", s.err
+		return "", "", "", s.err
 	}
 	sort.SliceStable(s.edits, func(i, j int) bool {
 		a, b := s.edits[i], s.edits[j]
@@ -199,23 +222,30 @@ func (s *splicer) apply() (out, check string, err error) {
 		n += len(e.text.real) - (e.end - e.start)
 		m += len(e.text.check) - (e.end - e.start)
 	}
-	var b, c strings.Builder
+	var b, c, t strings.Builder
 	b.Grow(n)
 	c.Grow(m)
 	pos := 0
 	for _, e := range s.edits {
 		if e.start < pos {
-			return "", "", fmt.Errorf("overlapping edits at byte %d", e.start)
+			return "", "", "", fmt.Errorf("overlapping edits at byte %d", e.start)
 		}
 		b.WriteString(s.sql[pos:e.start])
 		b.WriteString(e.text.real)
 		c.WriteString(s.sql[pos:e.start])
 		c.WriteString(e.text.check)
+		if s.tokForm {
+			t.WriteString(s.sql[pos:e.start])
+			t.WriteString(e.text.tok)
+		}
 		pos = e.end
 	}
 	b.WriteString(s.sql[pos:])
 	c.WriteString(s.sql[pos:])
-	return b.String(), c.String(), nil
+	if s.tokForm {
+		t.WriteString(s.sql[pos:])
+	}
+	return b.String(), c.String(), t.String(), nil
 }
 
 // text returns the client's text of tokens i..j-1, to be copied into a
@@ -463,6 +493,9 @@ func (s *splicer) fragment(key string, holes int, build func(h []*pg.Node) *pg.N
 	if err != nil {
 		s.fail("%v", err)
 		return f
+	}
+	if s.tokForm && !s.tokFail && len(s.twins) > 0 {
+		f.tokPieces = s.tokText(node, holes, text)
 	}
 	for i := 0; i < holes; i++ {
 		k := strings.Index(text, holeName(i))

@@ -28,7 +28,7 @@ func (s *splicer) exprText(key string, node *pg.Node) txt {
 	f := s.fragment(key, 0, func([]*pg.Node) *pg.Node { return node })
 	name := s.placeholderName(f.id)
 	node.Node = &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{pg.MakeStrNode(name)}, Location: -1}}
-	return txt{real: fill(f.pieces), check: "(" + name + ")"}
+	return f.texts("(" + name + ")")
 }
 
 // leaf is exprText for a fragment built by build only when its text is not
@@ -36,7 +36,7 @@ func (s *splicer) exprText(key string, node *pg.Node) txt {
 func (s *splicer) leaf(key string, build func() *pg.Node) (*pg.Node, txt) {
 	if f, ok := s.frags[key]; ok {
 		name := s.placeholderName(f.id)
-		return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(name)}, -1), txt{real: fill(f.pieces), check: "(" + name + ")"}
+		return pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(name)}, -1), f.texts("(" + name + ")")
 	}
 	n := build()
 	return n, s.exprText(key, n)
@@ -58,7 +58,7 @@ func (s *splicer) withHoles(key string, build func(h []*pg.Node) *pg.Node, clien
 		b.WriteString("(" + t + ")")
 	}
 	b.WriteString("))")
-	return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode(name)}, clients, -1), txt{real: fill(f.pieces, texts...), check: b.String()}
+	return pg.MakeFuncCallNode([]*pg.Node{pg.MakeStrNode(name)}, clients, -1), f.texts(b.String(), texts...)
 }
 
 // relTok returns the token of a statement's target relation.

@@ -22,7 +22,7 @@ import (
 // audit: like on_stale: error, with a recording guard, and a stale row
 // recorded and left with its watermark instead of raising.
 func (r *Rules) rewriteUpdate(u *pg.UpdateStmt, t *tableRule, sp *splicer) *Error {
-	f := r.fencer(t, u.Relation)
+	f := r.fencer(t, u.Relation, sp)
 	currentOf := isCurrentOf(u.WhereClause)
 	var val func() *pg.Node
 	var key string
@@ -104,7 +104,7 @@ func (f *fencer) condTexts(sp *splicer, conds []*pg.Node) []txt {
 // audit: the same forms with freshOrNotify, which records a stale row and
 // never filters one out.
 func (r *Rules) rewriteDelete(d *pg.DeleteStmt, t *tableRule, sp *splicer) *Error {
-	f := r.fencer(t, d.Relation)
+	f := r.fencer(t, d.Relation, sp)
 	if isCurrentOf(d.WhereClause) {
 		return refused(t, "fenceproxy: DELETE ... WHERE CURRENT OF on protected table %s is not supported",
 			"WHERE CURRENT OF cannot be combined with the fence check.",

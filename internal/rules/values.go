@@ -62,6 +62,9 @@ func (r *Rules) decideValuesFast(sql string) (d Decision, ok bool, toks []scanTo
 	q := sp.toks[vl.close[len(vl.close)-1]].end
 	reduced := sql[:p] + sql[q:]
 	rd, res := r.decideFull(reduced, nil)
+	// The reduced text's token form is not the statement's, which has
+	// none (it is too large for one to pay).
+	rd.Tok = nil
 	if rd.Action != Rewrite {
 		// Dropped rows cannot write, name or call anything: the decision
 		// is the whole statement's.

@@ -91,7 +91,7 @@ func TestValuesFastPathMatchesFullPath(t *testing.T) {
 			full, _ := r.decideFull(sql, nil)
 			got := r.decide(sql)
 			if !reflect.DeepEqual(full, got) {
-				t.Errorf("%s/%s: fast path differs:\n full %v %v\n got  %v %v", tbl.Mode+tbl.OnStale+tbl.MissingToken, name, full.Action, full.Err, got.Action, got.Err)
+				t.Errorf("%s/%s: fast path differs:\n full %v %v %v\n got  %v %v %v", tbl.Mode+tbl.OnStale+tbl.MissingToken, name, full.Action, full.Err, full.Tok, got.Action, got.Err, got.Tok)
 				if len(full.SQL) == len(got.SQL) {
 					continue
 				}

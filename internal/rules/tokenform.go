@@ -1,0 +1,223 @@
+package rules
+
+import (
+	"errors"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+)
+
+// The token form of a rewrite is the same statement with the session's
+// token written into it as a constant, where the rewrite reads it from the
+// setting: the proxy knows the token (it keeps the session's record and
+// applies it, transaction-locally, before every fenced statement), so the
+// server need not read, validate and cast it for every fence. With a valid
+// token, the checks that only an invalid one fails fall away, and so do
+// the raisers' calls that exist for it: an UPDATE's fence is then
+//
+//	CASE WHEN F <= <token> THEN <token> ELSE fenceproxy.stale(...) END
+//
+// which costs the server about what the hand-written conditional UPDATE
+// does. The stale branch still reads the setting for its message: the
+// applied value is the token.
+//
+// The rewriter builds every fence expression twice (fencer.dual), the
+// second time with the token's validity a constant true (folded by the
+// constructors) and the token a placeholder column, tokHoleName. Each
+// fragment is printed a second time with the token-form expressions in
+// place (tokText), its placeholders found with PostgreSQL's own scanner and
+// the print proven, with a constant in their places, to parse into the
+// expression it stands for. The placeholders are then NUL bytes, which no
+// statement text can hold, and Decision.Tok keeps the statement split at
+// them. The fragments take the same places as the real form's, which verify
+// proves for both (the checked text has placeholders for the fragments).
+//
+// A relay may send the token form only where the record is what the
+// statement would read: a simple Query sent with the session's values
+// applied in front of it, whose text changes no fence setting, in a
+// session whose token is valid (CanonicalToken). The decision has a token
+// form only when every statement of the text runs at once (INSERT, UPDATE,
+// DELETE, MERGE, SELECT and transaction commands): a PREPARE's, a rule's or
+// a function's body would keep the constant for later runs.
+
+// tokHoleName is the token's placeholder in a token-form print. A text
+// that holds it (in any case) gets no token form.
+const tokHoleName = "fenceproxy_token_hole"
+
+// TokenForm is a rewritten text in its token form.
+type TokenForm struct {
+	// real is the decided text (Decision.SQL) it is the token form of.
+	real string
+	// pieces are the token form's text split at the token's places.
+	pieces []string
+	size   int
+}
+
+// Fill returns sent, a text that ends with the decided text (the relay may
+// have put a registration or the session's values in front of it), with
+// that end in its token form for token, a canonical token
+// (CanonicalToken). It returns false when sent does not end so.
+func (t *TokenForm) Fill(sent, token string) (string, bool) {
+	if t == nil || !strings.HasSuffix(sent, t.real) {
+		return "", false
+	}
+	head := sent[:len(sent)-len(t.real)]
+	var b strings.Builder
+	b.Grow(len(head) + t.size + len(token)*(len(t.pieces)-1))
+	b.WriteString(head)
+	for i, p := range t.pieces {
+		if i > 0 {
+			b.WriteString(token)
+		}
+		b.WriteString(p)
+	}
+	return b.String(), true
+}
+
+// Places returns the number of places the token takes.
+func (t *TokenForm) Places() int { return len(t.pieces) - 1 }
+
+// newTokenForm splits tok, the token form of real with NUL bytes in the
+// token's places; nil when there are none.
+func newTokenForm(real, tok string) *TokenForm {
+	if strings.IndexByte(tok, 0) < 0 {
+		return nil
+	}
+	pieces := strings.Split(tok, "\x00")
+	return &TokenForm{real: real, pieces: pieces, size: len(tok) - (len(pieces) - 1)}
+}
+
+// CanonicalToken returns a valid token's decimal digits without leading
+// zeros, the constant the token form is filled with; false for an invalid
+// token (the rewrites' TokenPattern says which are valid).
+func CanonicalToken(s string) (string, bool) {
+	i := 0
+	for i < len(s)-1 && s[i] == '0' {
+		i++
+	}
+	d := s[i:]
+	if d == "" || d[0] < '1' || d[0] > '9' || len(d) > len(MaxToken) {
+		return "", false
+	}
+	for j := 1; j < len(d); j++ {
+		if d[j] < '0' || d[j] > '9' {
+			return "", false
+		}
+	}
+	if len(d) == len(MaxToken) && d > MaxToken {
+		return "", false
+	}
+	return d, true
+}
+
+// tokenFormStatements reports whether every statement of tree runs when
+// the text is sent, keeping nothing of it for later.
+func tokenFormStatements(tree *pg.ParseResult) bool {
+	for _, raw := range tree.Stmts {
+		switch raw.Stmt.GetNode().(type) {
+		case *pg.Node_InsertStmt, *pg.Node_UpdateStmt, *pg.Node_DeleteStmt, *pg.Node_MergeStmt,
+			*pg.Node_SelectStmt, *pg.Node_TransactionStmt:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// tokHole returns a new placeholder for the token, for a token-form build.
+func (s *splicer) tokHole() *pg.Node {
+	h := pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(tokHoleName)}, -1)
+	s.tokHoles = append(s.tokHoles, h)
+	return h
+}
+
+// swapTwins exchanges each fencer expression with its token-form build;
+// a second call undoes the first.
+func (s *splicer) swapTwins() {
+	for _, p := range s.twins {
+		p[0].Node, p[1].Node = p[1].Node, p[0].Node
+	}
+}
+
+// tokText returns the token form's pieces of a fragment printed as text
+// from node, which has the given number of client holes: nil when the
+// form is the same text, or when it cannot be made (tokFail is then set).
+func (s *splicer) tokText(node *pg.Node, holes int, text string) []string {
+	s.swapTwins()
+	form, err := fragmentText(s.version, node)
+	if err == nil && form != text {
+		form, err = s.proveTokText(node, form)
+	}
+	s.swapTwins()
+	if err != nil {
+		s.tokFail = true
+		return nil
+	}
+	if form == text {
+		return nil
+	}
+	pieces := make([]string, holes+1)
+	for i := 0; i < holes; i++ {
+		k := strings.Index(form, holeName(i))
+		if k < 0 {
+			s.tokFail = true
+			return nil
+		}
+		pieces[i] = form[:k]
+		form = form[k+len(holeName(i)):]
+	}
+	pieces[holes] = form
+	return pieces
+}
+
+// proveTokText finds the token's placeholders in form, the print of node
+// (its token-form expressions in place), as names the scanner reads, and
+// proves that the print with the constant 1 in their places parses into
+// node with that constant in the placeholders' nodes. It returns the
+// form with NUL bytes in the token's places.
+func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
+	toks, err := scan(form)
+	if err != nil {
+		return "", err
+	}
+	var b, p strings.Builder
+	pos, n := 0, 0
+	for _, t := range toks {
+		if t.tok == pg.Token_IDENT && form[t.start:t.end] == tokHoleName {
+			b.WriteString(form[pos:t.start])
+			b.WriteByte(0)
+			p.WriteString(form[pos:t.start])
+			p.WriteByte('1')
+			pos = t.end
+			n++
+		}
+	}
+	b.WriteString(form[pos:])
+	p.WriteString(form[pos:])
+	if n == 0 {
+		return form, nil
+	}
+	if containsFoldASCII(b.String(), tokHoleName) {
+		return "", errors.New("a token placeholder is left in the token form")
+	}
+	// The proof depends on form alone: form parses into exactly the node
+	// it was printed from (fragmentText proved it).
+	key := "tok|" + form
+	if _, ok := provenFragments.get(key); ok {
+		return b.String(), nil
+	}
+	ones := make([]*pg.Node, len(s.tokHoles))
+	for i, h := range s.tokHoles {
+		ones[i] = aInt(1)
+		h.Node, ones[i].Node = ones[i].Node, h.Node
+	}
+	err = checkFragment(s.version, node, p.String())
+	for i, h := range s.tokHoles {
+		h.Node, ones[i].Node = ones[i].Node, h.Node
+	}
+	if err != nil {
+		return "", err
+	}
+	provenFragments.put(key, "")
+	return b.String(), nil
+}
