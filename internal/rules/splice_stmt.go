@@ -209,6 +209,9 @@ func (s *splicer) findWhere(i int, end ...pg.Token) whereClause {
 
 // addConds ANDs conds (with their texts) to the condition w holds, as
 // "(W) AND c1 AND c2", or adds "WHERE c1 AND c2".
+//
+// In the token form, conditions that folded to true (the token's checks)
+// are left out, and so is the WHERE when nothing is left.
 func (s *splicer) addConds(w whereClause, texts ...txt) {
 	if len(texts) == 0 {
 		return
@@ -217,13 +220,34 @@ func (s *splicer) addConds(w whereClause, texts ...txt) {
 	for _, t := range texts[1:] {
 		tail = cat(tail, lit(" AND "), t)
 	}
+	var kept []string
+	for _, t := range texts {
+		if t.tok != litTrueText {
+			kept = append(kept, t.tok)
+		}
+	}
+	tok := strings.Join(kept, " AND ")
 	if w.from < w.to {
 		s.insert(s.toks[w.from].start, lit("("))
-		s.insert(s.endOf(w.to), cat(lit(") AND "), tail))
+		and := cat(lit(") AND "), tail)
+		and.tok = ")"
+		if tok != "" {
+			and.tok += " AND " + tok
+		}
+		s.insert(s.endOf(w.to), and)
 		return
 	}
-	s.insert(w.at, cat(lit(" WHERE "), tail))
+	where := cat(lit(" WHERE "), tail)
+	where.tok = ""
+	if tok != "" {
+		where.tok = " WHERE " + tok
+	}
+	s.insert(w.at, where)
 }
+
+// litTrueText is the text of a fragment that folded to true in the token
+// form.
+const litTrueText = "(true)"
 
 // key builds a fragment cache key for fencer f.
 func (f *fencer) key(kind string) string {

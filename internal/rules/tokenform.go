@@ -15,7 +15,7 @@ import (
 // token, the checks that only an invalid one fails fall away, and so do
 // the raisers' calls that exist for it: an UPDATE's fence is then
 //
-//	CASE WHEN F <= <token> THEN <token> ELSE fenceproxy.stale(...) END
+//	CASE WHEN F <= '<token>'::bigint THEN '<token>'::bigint ELSE fenceproxy.stale(...) END
 //
 // which costs the server about what the hand-written conditional UPDATE
 // does. The stale branch still reads the setting for its message: the
@@ -23,13 +23,15 @@ import (
 //
 // The rewriter builds every fence expression twice (fencer.dual), the
 // second time with the token's validity a constant true (folded by the
-// constructors) and the token a placeholder column, tokHoleName. Each
+// constructors) and the token a placeholder string, tokHoleName, cast to
+// bigint. Each
 // fragment is printed a second time with the token-form expressions in
 // place (tokText), its placeholders found with PostgreSQL's own scanner and
 // the print proven, with a constant in their places, to parse into the
-// expression it stands for. The placeholders are then NUL bytes, which no
-// statement text can hold, and Decision.Tok keeps the statement split at
-// them. The fragments take the same places as the real form's, which verify
+// expression it stands for. The placeholders' contents are then NUL
+// bytes, which no statement text can hold, and Decision.Tok keeps the
+// statement split at them. A WHERE conjunct that folded to true is left
+// out (addConds). The fragments take the same places as the real form's, which verify
 // proves for both (the checked text has placeholders for the fragments).
 //
 // A relay may send the token form only where the record is what the
@@ -41,7 +43,8 @@ import (
 // a function's body would keep the constant for later runs.
 
 // tokHoleName is the token's placeholder in a token-form print. A text
-// that holds it (in any case) gets no token form.
+// that holds it (in any case) gets no token form; a configured name that
+// is it fails the proof (proveTokText), and the decision has none.
 const tokHoleName = "fenceproxy_token_hole"
 
 // TokenForm is a rewritten text in its token form.
@@ -124,9 +127,12 @@ func tokenFormStatements(tree *pg.ParseResult) bool {
 	return true
 }
 
-// tokHole returns a new placeholder for the token, for a token-form build.
+// tokHole returns a new placeholder for the token, for a token-form build:
+// a string constant, which the token form casts to bigint. An unknown-type
+// constant is converted when the statement is analysed, where an integer
+// one would need the int4-to-int8 cast looked up.
 func (s *splicer) tokHole() *pg.Node {
-	h := pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(tokHoleName)}, -1)
+	h := aStr(tokHoleName)
 	s.tokHoles = append(s.tokHoles, h)
 	return h
 }
@@ -171,8 +177,8 @@ func (s *splicer) tokText(node *pg.Node, holes int, text string) []string {
 }
 
 // proveTokText finds the token's placeholders in form, the print of node
-// (its token-form expressions in place), as names the scanner reads, and
-// proves that the print with the constant 1 in their places parses into
+// (its token-form expressions in place), as string constants the scanner
+// reads, and proves that the print with '1' in their places parses into
 // node with that constant in the placeholders' nodes. It returns the
 // form with NUL bytes in the token's places.
 func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
@@ -182,12 +188,13 @@ func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
 	}
 	var b, p strings.Builder
 	pos, n := 0, 0
+	const quoted = "'" + tokHoleName + "'"
 	for _, t := range toks {
-		if t.tok == pg.Token_IDENT && form[t.start:t.end] == tokHoleName {
+		if t.tok == pg.Token_SCONST && form[t.start:t.end] == quoted {
 			b.WriteString(form[pos:t.start])
-			b.WriteByte(0)
+			b.WriteString("'\x00'")
 			p.WriteString(form[pos:t.start])
-			p.WriteByte('1')
+			p.WriteString("'1'")
 			pos = t.end
 			n++
 		}
@@ -208,7 +215,7 @@ func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
 	}
 	ones := make([]*pg.Node, len(s.tokHoles))
 	for i, h := range s.tokHoles {
-		ones[i] = aInt(1)
+		ones[i] = aStr("1")
 		h.Node, ones[i].Node = ones[i].Node, h.Node
 	}
 	err = checkFragment(s.version, node, p.String())
