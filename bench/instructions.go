@@ -66,9 +66,11 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		{"hand-written conditional UPDATE", nil, f.hand, 0},
 		{"hand-written registration + conditional UPDATE (one simple Query, one transaction)", nil, f.handLock, 1},
 		{"row fencing, inline form (no fenceproxy setup)", nil, f.inline, 0},
-		{"row fencing, with the error raisers (after fenceproxy setup)", nil, f.raisers, 0},
-		{"lock fencing (registration + rewritten UPDATE)", nil, f.lock, 1},
-		{"row fencing's statement calling no-op functions (the calls alone)", nil, f.noop, 0},
+		{"row fencing, with the error raisers (after fenceproxy setup), the token written in (what a session with a valid token sends)", nil, f.raisers, 0},
+		{"lock fencing (registration + rewritten UPDATE, the token written in)", nil, f.lock, 1},
+		{"row fencing's statement reading the token, calling no-op functions (the calls alone)", nil, f.noop, 0},
+		{"row fencing, with the error raisers, reading the token (a text that sets the token itself)", nil, f.raisersSetting, 0},
+		{"lock fencing, reading the token (registration + rewritten UPDATE)", nil, f.lockSetting, 1},
 	})
 	if err != nil {
 		return err
@@ -94,10 +96,10 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		{"hand-written registration + conditional UPDATE", prep(f.hand), handCall + "; " + exec, 1},
 		{"row fencing, inline form (no fenceproxy setup)", prep(f.inline), exec, 0},
 		{"row fencing, inline form, prepared form (a named prepared statement, no fenceproxy setup)", prep(f.inlinePrepared), exec, 0},
-		{"row fencing, with the error raisers (after fenceproxy setup)", prep(f.raisers), exec, 0},
+		{"row fencing, with the error raisers (after fenceproxy setup)", prep(f.raisersSetting), exec, 0},
 		{"row fencing, prepared form (a named prepared statement, after fenceproxy setup)", prep(f.raisersPrepared), exec, 0},
 		{"lock fencing, prepared form (registration + EXECUTE)", prep(f.raisersPrepared), f.lockCall + "; " + exec, 1},
-		{"row fencing's statement calling no-op functions (the calls alone)", prep(f.noop), exec, 0},
+		{"row fencing's statement reading the token, calling no-op functions (the calls alone)", prep(f.noop), exec, 0},
 	})
 	if err != nil {
 		return err
@@ -123,9 +125,9 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		fencing, sending string
 		fenced, hand     counted
 	}{
-		{"row (after setup)", "first (simple Query)", simple[3], simple[0]},
+		{"row (after setup)", "first (simple Query, the token written in)", simple[3], simple[0]},
 		{"row (after setup)", "repeated (EXECUTE of the prepared form)", prepared[5], prepared[0]},
-		{"lock", "first (simple Query)", simple[4], simple[1]},
+		{"lock", "first (simple Query, the token written in)", simple[4], simple[1]},
 		{"lock", "repeated (registration + EXECUTE of the prepared form)", prepared[6], prepared[1]},
 	} {
 		ratio := t.fenced.net / t.hand.net

@@ -103,25 +103,35 @@ func run() error {
 			return fmt.Errorf("build fenceproxy: %w", err)
 		}
 	}
+	// The proxies and poolers, stopped in reverse order at the end or by
+	// an earlier stopAll.
+	var stops []func()
+	stopAll := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+		stops = nil
+	}
+	defer func() { stopAll() }()
 	proxyPort, stopProxy, err := startProxy(bin, work, cl.Port(), "")
 	if err != nil {
 		return err
 	}
-	defer stopProxy()
+	stops = append(stops, stopProxy)
 	// The same proxy held to one OS thread running Go code: on a small
 	// machine shared with PostgreSQL this avoids cross-thread wake-ups.
 	proxy1Port, stopProxy1, err := startProxy(bin, work, cl.Port(), "", "GOMAXPROCS=1")
 	if err != nil {
 		return err
 	}
-	defer stopProxy1()
+	stops = append(stops, stopProxy1)
 	// With the proxy's own prepared statements for repeated simple
 	// Queries (opt-in).
 	proxyAutoPort, stopProxyAuto, err := startProxy(bin, work, cl.Port(), "auto_prepare: 2\n")
 	if err != nil {
 		return err
 	}
-	defer stopProxyAuto()
+	stops = append(stops, stopProxyAuto)
 
 	var cs []int
 	for _, s := range strings.Split(*clients, ",") {
@@ -137,7 +147,7 @@ func run() error {
 		fmt.Fprintf(os.Stderr, "bench: PgBouncer not measured: %v\n", err)
 		bouncerPort = 0
 	} else {
-		defer stopBouncer()
+		stops = append(stops, stopBouncer)
 	}
 	pooledPort := 0
 	if bouncerPort != 0 {
@@ -145,7 +155,7 @@ func run() error {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: pooled PgBouncer not measured: %v\n", err)
 		} else {
-			defer stop()
+			stops = append(stops, stop)
 			pooledPort = port
 		}
 	}
@@ -172,7 +182,10 @@ func run() error {
 		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN, forms); err != nil {
 			return err
 		}
-		// Last: it stops the server for a while.
+		// Last: it stops the server for a while. The proxies and poolers
+		// go first, so that nothing of theirs retries connecting (and logs
+		// it) meanwhile.
+		stopAll()
 		if err := serverInstructionsTable(ctx, cl, forms); err != nil {
 			return err
 		}

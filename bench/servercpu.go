@@ -114,11 +114,16 @@ type fencedForms struct {
 	// inline and raisers: row fencing without and after fenceproxy setup;
 	// lock: the registration and raisers in one simple Query; lockCall the
 	// registration alone, as the proxy sends it before a prepared
-	// statement.
+	// statement. raisers and lock are the token forms (token 42), which
+	// the proxy sends for a simple Query in a session with a valid token;
+	// raisersSetting and lockSetting the forms that read the token on the
+	// server, which it sends when the text itself changes the token (and
+	// which a PREPARE gets).
 	inline, raisers, lock, lockCall string
+	raisersSetting, lockSetting     string
 	// The forms a named prepared statement gets (rules.Prepared).
 	inlinePrepared, raisersPrepared string
-	// noop is raisers calling functions of the same signatures that only
+	// noop is raisersSetting calling functions of the same signatures that only
 	// return a constant (setupObjects): what the two calls cost whatever
 	// the functions do.
 	noop string
@@ -148,9 +153,15 @@ func newFencedForms() (fencedForms, error) {
 	if pd.Lock == nil || pd.Lock.Call == "" {
 		return f, fmt.Errorf("server cost: no registration for the prepared form")
 	}
-	f.inline, f.raisers, f.lock, f.lockCall = d.SQL, fd.SQL, fd.Lock.Query, pd.Lock.Call
+	f.inline, f.raisersSetting, f.lockSetting, f.lockCall = d.SQL, fd.SQL, fd.Lock.Query, pd.Lock.Call
+	var ok1, ok2 bool
+	f.raisers, ok1 = fd.Tok.Fill(fd.SQL, "42")
+	f.lock, ok2 = fd.Tok.Fill(fd.Lock.Query, "42")
+	if !ok1 || !ok2 {
+		return f, fmt.Errorf("server cost: no token form")
+	}
 	f.inlinePrepared, f.raisersPrepared = pi.SQL, pd.SQL
-	f.noop = strings.ReplaceAll(fd.SQL, "fenceproxy.", noopSchema+".")
+	f.noop = strings.ReplaceAll(f.raisersSetting, "fenceproxy.", noopSchema+".")
 	if f.lockCall != handCall {
 		// Still measured: the hand-written baseline is what a client
 		// writes, whatever the proxy's call has become.
@@ -178,9 +189,10 @@ func serverCPUTable(ctx context.Context, dsn, proxyDSN string, f fencedForms) er
 		{cpuStatement{"hand-written conditional UPDATE", f.hand}, 0, false},
 		{cpuStatement{"hand-written registration + conditional UPDATE (one simple Query, one transaction)", f.handLock}, 1, false},
 		{cpuStatement{"row fencing, inline form (no fenceproxy setup)", f.inline}, 0, false},
-		{cpuStatement{"row fencing, with the error raisers (after fenceproxy setup)", f.raisers}, 0, true},
-		{cpuStatement{"lock fencing (registration + rewritten UPDATE)", f.lock}, 1, true},
-		{cpuStatement{"row fencing's statement calling no-op functions (the calls alone)", f.noop}, 0, false},
+		{cpuStatement{"row fencing, with the error raisers (after fenceproxy setup), the token written in", f.raisers}, 0, true},
+		{cpuStatement{"lock fencing (registration + rewritten UPDATE, the token written in)", f.lock}, 1, true},
+		{cpuStatement{"row fencing's statement reading the token, calling no-op functions (the calls alone)", f.noop}, 0, false},
+		{cpuStatement{"row fencing, with the error raisers, reading the token (a text that sets the token itself)", f.raisersSetting}, 0, false},
 	}
 	stmts := make([]cpuStatement, len(rows))
 	for i, r := range rows {
