@@ -54,7 +54,7 @@ func TestRaisersUsed(t *testing.T) {
 	if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = 2", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	if q := pid2query(t, dF, pid); !strings.Contains(q, "60::bigint THEN 60::bigint ELSE fenceproxy.stale(") || strings.Contains(q, "pg_catalog.current_setting") || strings.Contains(q, "'fenceproxy:stale:'") {
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "'60'::bigint THEN '60'::bigint ELSE fenceproxy.stale(") || strings.Contains(q, "pg_catalog.current_setting") || strings.Contains(q, "'fenceproxy:stale:'") {
 		t.Fatalf("the proxy did not send the raisers' token form: %s", q)
 	}
 	var fence int64
@@ -80,7 +80,7 @@ func TestRaisersUsed(t *testing.T) {
 	if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 2 WHERE id = 9", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	if q := pid2query(t, dF, pid); !strings.Contains(q, "SET LOCAL fence.token = '0061';") || !strings.Contains(q, "61::bigint THEN 61::bigint") {
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "SET LOCAL fence.token = '0061';") || !strings.Contains(q, "'61'::bigint THEN '61'::bigint") {
 		t.Fatalf("the proxy did not send the token form of token 61: %s", q)
 	}
 	if _, err := dF.Exec(ctxT(t), "DELETE FROM acct WHERE id = 9"); err != nil {

@@ -152,17 +152,19 @@ func (f *fencer) settingExpr() *pg.Node {
 // valid returns V; in the prepared form (s ~ '<shortTokenPattern>' OR
 // s ~ '<tokenPattern>') IS TRUE, which matches the same strings and spares
 // most tokens the full pattern's cost when the statement executes.
-func (f *fencer) valid() *pg.Node {
+func (f *fencer) valid() *pg.Node { return f.dual(f.validForm) }
+
+// validForm builds valid's expression in the fencer's form: in the token
+// form, true.
+func (f *fencer) validForm() *pg.Node {
 	if f.lit {
 		return litBool(true)
 	}
-	return f.dual(func() *pg.Node {
-		full := op("~", f.settingExpr(), aStr(tokenPattern))
-		if f.prepared {
-			return isTrue(or(f.validShort(), full))
-		}
-		return isTrue(full)
-	})
+	full := op("~", f.settingExpr(), aStr(tokenPattern))
+	if f.prepared {
+		return isTrue(or(f.validShort(), full))
+	}
+	return isTrue(full)
 }
 
 // tok returns TOK.
