@@ -120,28 +120,43 @@ type fencer struct {
 }
 
 // dual returns the expression build makes and, when the splicer makes the
-// token form, builds it again in that form and records the pair, so that
-// the fragment holding the first can be printed with the second in its
-// place (splicer.tokText).
+// token form, records build beside it, so that the fragment holding the
+// expression can be printed with build's token-form expression in its
+// place (splicer.tokText), which is built only when that print is not
+// known yet.
 func (f *fencer) dual(build func() *pg.Node) *pg.Node {
 	n := build()
 	if f.lit || f.sp == nil || !f.sp.tokForm {
 		return n
 	}
-	f.lit = true
-	t := build()
-	f.lit = false
 	// An expression that returns another's node (tokenGuard its guard's)
-	// keeps one pair, with the outer build: swapTwins needs pairs that
-	// share no node.
-	for i := len(f.sp.twins) - 1; i >= 0; i-- {
-		if f.sp.twins[i][0] == n {
-			f.sp.twins[i][1] = t
-			return n
-		}
+	// keeps the outer build: swapTwins needs pairs that share no node.
+	if t, ok := f.sp.twins[n]; ok {
+		t.build = build
+		return n
 	}
-	f.sp.twins = append(f.sp.twins, [2]*pg.Node{n, t})
+	if f.sp.twins == nil {
+		f.sp.twins = map[*pg.Node]*twin{}
+	}
+	f.sp.twins[n] = &twin{f: f, build: build}
 	return n
+}
+
+// twin is the token-form build of an expression dual made.
+type twin struct {
+	f     *fencer
+	build func() *pg.Node
+	lit   *pg.Node // built, when a print needed it
+}
+
+// litNode returns the token-form expression, building it on first use.
+func (t *twin) litNode() *pg.Node {
+	if t.lit == nil {
+		t.f.lit = true
+		t.lit = t.build()
+		t.f.lit = false
+	}
+	return t.lit
 }
 
 // setting returns pg_catalog.current_setting('<setting>', true).

@@ -63,7 +63,7 @@ type splicer struct {
 	// the token's places in those builds; tokFail says it could not be
 	// made, and the decision then has none.
 	tokForm  bool
-	twins    [][2]*pg.Node
+	twins    map[*pg.Node]*twin
 	tokHoles []*pg.Node
 	tokFail  bool
 }
@@ -489,13 +489,13 @@ func (s *splicer) fragment(key string, holes int, build func(h []*pg.Node) *pg.N
 		hs[i] = hole(i)
 	}
 	node := build(hs)
-	text, err := fragmentText(s.version, node)
+	text, key, err := fragmentTextKey(s.version, node)
 	if err != nil {
 		s.fail("%v", err)
 		return f
 	}
 	if s.tokForm && !s.tokFail && len(s.twins) > 0 {
-		f.tokPieces = s.tokText(node, holes, text)
+		f.tokPieces = s.tokText(node, key, holes, text)
 	}
 	for i := 0; i < holes; i++ {
 		k := strings.Index(text, holeName(i))
@@ -585,7 +585,13 @@ func verify(out string, tree *pg.ParseResult) error {
 // keyed by an exact encoding of the node (fragmentKey, or else protobuf's):
 // a hit skips a deparse and a parse.
 func fragmentText(version int32, node *pg.Node) (string, error) {
-	key := ""
+	text, _, err := fragmentTextKey(version, node)
+	return text, err
+}
+
+// fragmentTextKey is fragmentText, also returning the node's key ("" when
+// it has none).
+func fragmentTextKey(version int32, node *pg.Node) (text, key string, err error) {
 	kb := strconv.AppendInt(make([]byte, 0, 512), int64(version), 10)
 	if enc, ok := fragmentKey(append(kb, "|f|"...), node); ok {
 		key = string(enc)
@@ -594,20 +600,20 @@ func fragmentText(version int32, node *pg.Node) (string, error) {
 	}
 	if key != "" {
 		if t, ok := provenFragments.get(key); ok {
-			return t, nil
+			return t, key, nil
 		}
 	}
-	text, err := deparseExpr(version, node)
+	text, err = deparseExpr(version, node)
 	if err == nil {
 		err = checkFragment(version, node, text)
 	}
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if key != "" {
 		provenFragments.put(key, text)
 	}
-	return text, nil
+	return text, key, nil
 }
 
 // fragmentCache holds proven fragment prints; when full it starts over

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // The token form of a rewrite is the same statement with the session's
@@ -21,12 +22,12 @@ import (
 // does. The stale branch still reads the setting for its message: the
 // applied value is the token.
 //
-// The rewriter builds every fence expression twice (fencer.dual), the
-// second time with the token's validity a constant true (folded by the
+// Every fence expression can be built a second time by the same code
+// (fencer.dual), with the token's validity a constant true (folded by the
 // constructors) and the token a placeholder string, tokHoleName, cast to
-// bigint. Each
-// fragment is printed a second time with the token-form expressions in
-// place (tokText), its placeholders found with PostgreSQL's own scanner and
+// bigint. Each fragment is printed a second time with the token-form
+// expressions in place (tokText; a print already proven for the same
+// expression is reused, and then nothing is built), its placeholders found with PostgreSQL's own scanner and
 // the print proven, with a constant in their places, to parse into the
 // expression it stands for. The placeholders' contents are then NUL
 // bytes, which no statement text can hold, and Decision.Tok keeps the
@@ -137,27 +138,66 @@ func (s *splicer) tokHole() *pg.Node {
 	return h
 }
 
-// swapTwins exchanges each fencer expression with its token-form build;
-// a second call undoes the first.
-func (s *splicer) swapTwins() {
-	for _, p := range s.twins {
+// swapTwins exchanges each expression in pairs with its token-form
+// build; a second call undoes the first.
+func swapTwins(pairs [][2]*pg.Node) {
+	for _, p := range pairs {
 		p[0].Node, p[1].Node = p[1].Node, p[0].Node
 	}
 }
 
+// twinsIn returns the expressions dual made that node holds, paired with
+// their token-form builds (built now if need be).
+func (s *splicer) twinsIn(node *pg.Node) [][2]*pg.Node {
+	var pairs [][2]*pg.Node
+	walkMessages(node.ProtoReflect(), func(m protoreflect.Message) bool {
+		n, ok := m.Interface().(*pg.Node)
+		if !ok {
+			return true
+		}
+		if t := s.twins[n]; t != nil {
+			pairs = append(pairs, [2]*pg.Node{n, t.litNode()})
+			return false // its token form replaces all of it
+		}
+		return true
+	})
+	return pairs
+}
+
 // tokText returns the token form's pieces of a fragment printed as text
-// from node, which has the given number of client holes: nil when the
-// form is the same text, or when it cannot be made (tokFail is then set).
-func (s *splicer) tokText(node *pg.Node, holes int, text string) []string {
-	s.swapTwins()
-	form, err := fragmentText(s.version, node)
-	if err == nil && form != text {
-		form, err = s.proveTokText(node, form)
+// from node, whose key (fragmentTextKey) is key and which has the given
+// number of client holes: nil when the form is the same text, or when it
+// cannot be made (tokFail is then set).
+//
+// The token form of an expression is defined by the expression: any
+// print proven for an expression with the same key serves. So proven
+// token forms are kept by the real expression's key, and a hit builds and
+// prints nothing.
+func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) []string {
+	form, ok := "", false
+	if key != "" {
+		form, ok = provenFragments.get("lit|" + key)
 	}
-	s.swapTwins()
-	if err != nil {
-		s.tokFail = true
-		return nil
+	if !ok {
+		pairs := s.twinsIn(node)
+		if len(pairs) == 0 {
+			form = text
+		} else {
+			swapTwins(pairs)
+			var err error
+			form, err = fragmentText(s.version, node)
+			if err == nil && form != text {
+				form, err = s.proveTokText(node, form)
+			}
+			swapTwins(pairs)
+			if err != nil {
+				s.tokFail = true
+				return nil
+			}
+		}
+		if key != "" {
+			provenFragments.put("lit|"+key, form)
+		}
 	}
 	if form == text {
 		return nil
@@ -182,6 +222,13 @@ func (s *splicer) tokText(node *pg.Node, holes int, text string) []string {
 // node with that constant in the placeholders' nodes. It returns the
 // form with NUL bytes in the token's places.
 func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
+	// The proof depends on form alone: form parses into exactly the node
+	// it was printed from (fragmentText proved it). So proven forms are
+	// kept, with their NUL form, and a hit needs no scan.
+	key := "tok|" + form
+	if out, ok := provenFragments.get(key); ok {
+		return out, nil
+	}
 	toks, err := scan(form)
 	if err != nil {
 		return "", err
@@ -202,16 +249,11 @@ func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
 	b.WriteString(form[pos:])
 	p.WriteString(form[pos:])
 	if n == 0 {
+		provenFragments.put(key, form)
 		return form, nil
 	}
 	if containsFoldASCII(b.String(), tokHoleName) {
 		return "", errors.New("a token placeholder is left in the token form")
-	}
-	// The proof depends on form alone: form parses into exactly the node
-	// it was printed from (fragmentText proved it).
-	key := "tok|" + form
-	if _, ok := provenFragments.get(key); ok {
-		return b.String(), nil
 	}
 	ones := make([]*pg.Node, len(s.tokHoles))
 	for i, h := range s.tokHoles {
@@ -225,6 +267,6 @@ func (s *splicer) proveTokText(node *pg.Node, form string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	provenFragments.put(key, "")
+	provenFragments.put(key, b.String())
 	return b.String(), nil
 }
