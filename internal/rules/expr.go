@@ -112,7 +112,8 @@ type fencer struct {
 	// prepared: the form that costs less per execution (Rules.Prepared).
 	prepared bool
 	// sp is the splicer the fencer's fragments go into; when it makes the
-	// token form (splicer.tokForm), dual builds each expression twice.
+	// token form (splicer.tokForm), dual records how to build each
+	// expression's token form.
 	sp *splicer
 	// lit: the expressions being built are the token form's, with the
 	// token a constant the proxy fills in (see tokenform.go).
