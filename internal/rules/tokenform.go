@@ -60,9 +60,14 @@ type TokenForm struct {
 // Fill returns sent, a text that ends with the decided text (the relay may
 // have put a registration or the session's values in front of it), with
 // that end in its token form for token, a canonical token
-// (CanonicalToken). It returns false when sent does not end so.
+// (CanonicalToken). It returns false when sent does not end so, or when
+// token is not canonical.
 func (t *TokenForm) Fill(sent, token string) (string, bool) {
 	if t == nil || !strings.HasSuffix(sent, t.real) {
+		return "", false
+	}
+	// The token goes between quotes: only canonical digits may.
+	if c, ok := CanonicalToken(token); !ok || c != token {
 		return "", false
 	}
 	head := sent[:len(sent)-len(t.real)]
@@ -77,9 +82,6 @@ func (t *TokenForm) Fill(sent, token string) (string, bool) {
 	}
 	return b.String(), true
 }
-
-// Places returns the number of places the token takes.
-func (t *TokenForm) Places() int { return len(t.pieces) - 1 }
 
 // newTokenForm splits tok, the token form of real with NUL bytes in the
 // token's places; nil when there are none.
