@@ -186,13 +186,7 @@ func TestCatalogChangeLegacyCheck(t *testing.T) {
 func catalogMatrixDB(t *testing.T, prefix string, specs []rules.TableSpec) (string, *pgx.Conn) {
 	t.Helper()
 	ctx := ctxT(t)
-	db := fmt.Sprintf("%s%d", prefix, dbSeq.Add(1))
-	if err := cluster.CreateDatabase(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
-		t.Fatal(err)
-	}
+	db := schemaDB(t, prefix, catalogMatrixSchema)
 	d := direct(t, db)
 	if specs != nil {
 		if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{}); err != nil {

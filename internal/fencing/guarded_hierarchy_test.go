@@ -84,14 +84,8 @@ func TestGuardedHierarchyDDL(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
-	db := fmt.Sprintf("guardhier%d", dbSeq.Add(1))
+	db := schemaDB(t, "guardhier", guardedHierSchema)
 	ctx := ctxT(t)
-	if err := cluster.CreateDatabase(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, db, guardedHierSchema); err != nil {
-		t.Fatal(err)
-	}
 	d := direct(t, db)
 	if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{Guard: true, Tables: guardedHierRules.Tables}); err != nil {
 		t.Fatal(err)

@@ -245,15 +245,7 @@ func TestRegistrationHijackRequired(t *testing.T) {
 
 func newHijackDB(t *testing.T) string {
 	t.Helper()
-	name := fmt.Sprintf("hijackdb%d", dbSeq.Add(1))
-	ctx := ctxT(t)
-	if err := cluster.CreateDatabase(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, name, hijackSchema+objectsSQL(t)); err != nil {
-		t.Fatal(err)
-	}
-	return name
+	return schemaDB(t, "hijackdb", hijackSchema+objectsSQL(t))
 }
 
 func testHijackRequired(t *testing.T, p *proxytest.Proxy, db string, mode pgx.QueryExecMode, f hijackForm, base int64) {

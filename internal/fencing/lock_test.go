@@ -73,21 +73,13 @@ func objectsSQL(t testing.TB) string {
 
 // newLockDB makes a database with lockSchema and, when objects, the
 // fenceproxy objects.
-func newLockDB(t *testing.T, objects bool) string {
+func newLockDB(t testing.TB, objects bool) string {
 	t.Helper()
-	name := fmt.Sprintf("lockdb%d", dbSeq.Add(1))
-	ctx := ctxT(t)
-	if err := cluster.CreateDatabase(ctx, name); err != nil {
-		t.Fatal(err)
-	}
 	sql := lockSchema
 	if objects {
 		sql += objectsSQL(t)
 	}
-	if err := cluster.ExecDB(ctx, name, sql); err != nil {
-		t.Fatal(err)
-	}
-	return name
+	return schemaDB(t, "lockdb", sql)
 }
 
 // holder connects through the proxy as a holder of lock with token tok,

@@ -288,11 +288,12 @@ func TestEdgesRaisers(t *testing.T) {
 
 var dbSeq atomic.Int64
 
-// newDB creates a database with schema and returns its name. Databases are
-// left for the cluster's removal at the end of the run.
-func (e *env) newDB(t testing.TB) string {
+// schemaDB creates a database named prefix and a number, runs schema in
+// it, and returns its name. Databases are left for the cluster's removal
+// at the end of the run.
+func schemaDB(t testing.TB, prefix, schema string) string {
 	t.Helper()
-	name := fmt.Sprintf("db%d", dbSeq.Add(1))
+	name := fmt.Sprintf("%s%d", prefix, dbSeq.Add(1))
 	ctx := ctxT(t)
 	if err := cluster.CreateDatabase(ctx, name); err != nil {
 		t.Fatal(err)
@@ -300,6 +301,15 @@ func (e *env) newDB(t testing.TB) string {
 	if err := cluster.ExecDB(ctx, name, schema); err != nil {
 		t.Fatal(err)
 	}
+	return name
+}
+
+// newDB creates a database with schema and returns its name. Databases are
+// left for the cluster's removal at the end of the run.
+func (e *env) newDB(t testing.TB) string {
+	t.Helper()
+	name := schemaDB(t, "db", schema)
+	ctx := ctxT(t)
 	if e.specs != nil {
 		conn, err := pgx.Connect(ctx, cluster.SuperuserDSN(name))
 		if err != nil {

@@ -59,14 +59,7 @@ func startReload(t *testing.T, mode string, edit ...func(*proxy.Options)) *reloa
 	t.Helper()
 	r := &reloadEnv{pol: policy.New(docRules(t, mode), false, policy.Options{})}
 	r.proxy = startProxy(t, r.pol, edit...)
-	r.db = fmt.Sprintf("reload%d", dbSeq.Add(1))
-	ctx := ctxT(t)
-	if err := cluster.CreateDatabase(ctx, r.db); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, r.db, reloadSchema); err != nil {
-		t.Fatal(err)
-	}
+	r.db = schemaDB(t, "reload", reloadSchema)
 	r.direct = direct(t, r.db)
 	return r
 }

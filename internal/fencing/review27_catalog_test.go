@@ -1,7 +1,6 @@
 package fencing_test
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
@@ -33,13 +32,7 @@ type review27CatalogEnv struct {
 func review27Catalog(t *testing.T, p proxytestProxy, specs []rules.TableSpec) *review27CatalogEnv {
 	t.Helper()
 	ctx := ctxT(t)
-	db := fmt.Sprintf("r27cat%d", dbSeq.Add(1))
-	if err := cluster.CreateDatabase(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, db, catalogMatrixSchema); err != nil {
-		t.Fatal(err)
-	}
+	db := schemaDB(t, "r27cat", catalogMatrixSchema)
 	d := direct(t, db)
 	if _, err := dbsetup.Setup(ctx, d, specs, dbsetup.SetupOptions{}); err != nil {
 		t.Fatal(err)

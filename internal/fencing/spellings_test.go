@@ -963,7 +963,7 @@ func FuzzSpellings(f *testing.F) {
 	// One proxy and database for the fuzz target (an input's t would end
 	// them with the input).
 	e := &lockEnv{proxy: startLockProxyTB(f)}
-	db := newLockDBTB(f)
+	db := newLockDB(f, true)
 	s := &spellEnv{e: e, db: db, d: connectDSN(f, cluster.SuperuserDSN(db))}
 	f.Fuzz(func(t *testing.T, seed uint64) {
 		sp, v := genSpelling(seed)
@@ -984,20 +984,6 @@ func startLockProxyTB(tb testing.TB) *proxytest.Proxy {
 		Policy: policy.New(rs, false, policy.Options{}),
 		Logger: zaptest.NewLogger(tb, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})
-}
-
-// newLockDBTB is newLockDB with the fenceproxy objects, for any testing.TB.
-func newLockDBTB(tb testing.TB) string {
-	tb.Helper()
-	name := fmt.Sprintf("lockdb%d", dbSeq.Add(1))
-	ctx := ctxT(tb)
-	if err := cluster.CreateDatabase(ctx, name); err != nil {
-		tb.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, name, lockSchema+objectsSQL(tb)); err != nil {
-		tb.Fatal(err)
-	}
-	return name
 }
 
 func envInt(t *testing.T, name string, def int) int {

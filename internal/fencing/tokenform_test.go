@@ -440,14 +440,8 @@ func tokenFormError(err error) string {
 // with opts.Guard the database guard).
 func tokenFormDB(t *testing.T, setup bool, opts dbsetup.SetupOptions) string {
 	t.Helper()
-	name := fmt.Sprintf("tfdb%d", dbSeq.Add(1))
+	name := schemaDB(t, "tfdb", tokenFormSchema)
 	ctx := ctxT(t)
-	if err := cluster.CreateDatabase(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.ExecDB(ctx, name, tokenFormSchema); err != nil {
-		t.Fatal(err)
-	}
 	if setup {
 		specs, err := rules.Specs(tokenFormRules)
 		if err != nil {
