@@ -74,6 +74,17 @@ type stmtDef struct {
 	// fence: what the statement does to the fence settings when it runs
 	// (set_config with parameters is resolved at each Bind).
 	fence []rules.SettingOp
+	// The token form (tokenFormAtBind): tok is the decision's, nil when
+	// the statement may not get it; tokSent is the canonical token written
+	// into what the server has, "" for the form that reads the setting;
+	// tokOff keeps the statement in that form (its token changed before
+	// tokenFormMinBinds Binds). binds counts the Binds of the definition
+	// since it was sent: the one field that changes once shared (under
+	// session.mu), a hint only.
+	tok     *rules.TokenForm
+	tokSent string
+	tokOff  bool
+	binds   int
 }
 
 // stmtEntry is what the server may have under one name.
@@ -102,6 +113,12 @@ type portalEntry struct {
 	uncertain bool   // another portal of that name may still be open
 	// fence: the fence-setting changes its first Execute makes.
 	fence []fenceApplied
+	// tokSent: the token written into its statement ("" for none), and
+	// tokSeq the record's count of setting changes at the Bind
+	// (fenceRecord.changes): its Execute checks that the token is still
+	// the session's.
+	tokSent string
+	tokSeq  uint64
 }
 
 // outcome of a message, from the responses.

@@ -37,11 +37,14 @@ import (
 //
 // A relay may send the token form only where the record is what the
 // statement would read: a simple Query sent with the session's values
-// applied in front of it, whose text changes no fence setting, in a
-// session whose token is valid (CanonicalToken). The decision has a token
-// form only when every statement of the text runs at once (INSERT, UPDATE,
-// DELETE, MERGE, SELECT and transaction commands): a PREPARE's, a rule's or
-// a function's body would keep the constant for later runs.
+// applied in front of it, or a Parse whose every execution is, whose text
+// changes no fence setting, in a session whose token is valid
+// (CanonicalToken). A relay that sends it in a Parse keeps the constant
+// for every later run of the statement, so it prepares the statement again
+// before a run under another token. The decision has a token form only
+// when every statement of the text is one of INSERT, UPDATE, DELETE,
+// MERGE, SELECT and transaction commands: a PREPARE's, a rule's or a
+// function's body would keep the constant where no relay sees it run.
 
 // tokHoleName is the token's placeholder in a token-form print. A text
 // that holds it (in any case) gets no token form; a configured name that
@@ -82,6 +85,10 @@ func (t *TokenForm) Fill(sent, token string) (string, bool) {
 	}
 	return b.String(), true
 }
+
+// Real returns the decided text the token form is of: the form that reads
+// the token from the setting.
+func (t *TokenForm) Real() string { return t.real }
 
 // newTokenForm splits tok, the token form of real with NUL bytes in the
 // token's places; nil when there are none.

@@ -1,0 +1,233 @@
+package fencing_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
+)
+
+// preparedText is what the server has under a prepared statement's name.
+func preparedText(t *testing.T, c *pgx.Conn, name string) string {
+	t.Helper()
+	var q string
+	if err := c.QueryRow(ctxT(t), "SELECT statement FROM pg_prepared_statements WHERE name = $1", name).Scan(&q); err != nil {
+		t.Fatalf("prepared statement %s: %v", name, err)
+	}
+	return q
+}
+
+// rowOf reads n and last_fence of acct's row id, on a direct connection.
+func rowOf(t *testing.T, d *pgx.Conn, id int) (n int, fence int64) {
+	t.Helper()
+	if err := d.QueryRow(ctxT(t), "SELECT n, last_fence FROM acct WHERE id = $1", id).Scan(&n, &fence); err != nil {
+		t.Fatal(err)
+	}
+	return n, fence
+}
+
+// TestPreparedTokenForm: a prepared statement parsed with a valid token has
+// the token written in; the proxy prepares it again before any run under
+// another token (in the form that reads the setting when the token changed
+// after fewer than 8 Binds, in the new token's form after more), and the
+// rows written carry the session's token every time. A portal bound with
+// one token does not run once the session's token is another.
+func TestPreparedTokenForm(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	e := startRaisersEnv(t)
+	db := e.newDB(t)
+	d := direct(t, db)
+	c := e.connect(t, db)
+	const upd = "UPDATE acct SET n = n + 1 WHERE id = $1"
+	tokenForm := func(q, tok string) bool {
+		return strings.Contains(q, "'"+tok+"'::bigint THEN '"+tok+"'::bigint") && !strings.Contains(q, "pg_catalog.current_setting")
+	}
+	settingForm := func(q string) bool {
+		return strings.Contains(q, "pg_catalog.current_setting") && !strings.Contains(q, "'::bigint THEN '")
+	}
+	exec := func(name string, id int) {
+		t.Helper()
+		if _, err := c.Exec(ctxT(t), name, id); err != nil {
+			t.Fatalf("execute %s: %v", name, err)
+		}
+	}
+	prepare := func(name string) {
+		t.Helper()
+		if _, err := c.Prepare(ctxT(t), name, upd); err != nil {
+			t.Fatalf("prepare %s: %v", name, err)
+		}
+	}
+
+	// Parsed with token 60: its token form, which writes 60.
+	setToken(t, c, "60")
+	prepare("soon")
+	if q := preparedText(t, c, "soon"); !tokenForm(q, "60") {
+		t.Fatalf("prepared with token 60: %s", q)
+	}
+	exec("soon", 1)
+	if n, f := rowOf(t, d, 1); n != 1 || f != 60 {
+		t.Fatalf("row 1: n %d, fence %d; want 1 and 60", n, f)
+	}
+	// The token changes after one Bind: prepared again, in the form that
+	// reads the setting, and it stays in it.
+	setToken(t, c, "61")
+	for range 10 {
+		exec("soon", 1)
+	}
+	if q := preparedText(t, c, "soon"); !settingForm(q) {
+		t.Fatalf("after a change of token at the second Bind: %s", q)
+	}
+	if n, f := rowOf(t, d, 1); n != 11 || f != 61 {
+		t.Fatalf("row 1: n %d, fence %d; want 11 and 61", n, f)
+	}
+
+	// Bound 8 times with token 61: the change to 62 prepares it again in
+	// 62's form.
+	prepare("often")
+	for range 8 {
+		exec("often", 2)
+	}
+	setToken(t, c, "0062")
+	exec("often", 2)
+	if q := preparedText(t, c, "often"); !tokenForm(q, "62") {
+		t.Fatalf("after 8 Binds with 61 and a change to 0062: %s", q)
+	}
+	if n, f := rowOf(t, d, 2); n != 9 || f != 62 {
+		t.Fatalf("row 2: n %d, fence %d; want 9 and 62", n, f)
+	}
+
+	// A stale token in the token form: the same error as the form that
+	// reads the setting gives, nothing written.
+	stale := func(name string) *pgconn.PgError {
+		t.Helper()
+		_, err := c.Exec(ctxT(t), name, 2)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) {
+			t.Fatalf("%s with a stale token: %v, want an error", name, err)
+		}
+		return pe
+	}
+	setToken(t, c, "55")
+	prepare("stale_tok")
+	if q := preparedText(t, c, "stale_tok"); !tokenForm(q, "55") {
+		t.Fatalf("prepared with token 55: %s", q)
+	}
+	got := stale("stale_tok")
+	resetToken(t, c)
+	prepare("stale_set")
+	setToken(t, c, "55")
+	want := stale("stale_set")
+	if q := preparedText(t, c, "stale_set"); !settingForm(q) {
+		t.Fatalf("prepared without a token: %s", q)
+	}
+	if got.Code != "FP001" || got.Code != want.Code || got.Message != want.Message || got.Detail != want.Detail || got.Hint != want.Hint {
+		t.Errorf("stale token:\n token form: %s %s %s %s\n setting:    %s %s %s %s", got.Code, got.Message, got.Detail, got.Hint, want.Code, want.Message, want.Detail, want.Hint)
+	}
+	// The token removed: the statement with 62 written in is prepared
+	// again and refuses as the form that reads the setting does.
+	for range 8 {
+		setToken(t, c, "62")
+		exec("often", 2)
+	}
+	resetToken(t, c)
+	if pe := stale("often"); pe.Code != "FP002" {
+		t.Errorf("without a token: %s %s, want FP002", pe.Code, pe.Message)
+	}
+	if q := preparedText(t, c, "often"); !settingForm(q) {
+		t.Fatalf("after the token was removed: %s", q)
+	}
+	if n, f := rowOf(t, d, 2); n != 17 || f != 62 {
+		t.Fatalf("row 2: n %d, fence %d; want 17 and 62", n, f)
+	}
+
+	// Parsed without a token, then bound 8 times with one: the 9th Bind
+	// prepares it again in the token form.
+	prepare("upgrade")
+	setToken(t, c, "63")
+	for range 8 {
+		exec("upgrade", 3)
+	}
+	if q := preparedText(t, c, "upgrade"); !settingForm(q) {
+		t.Fatalf("after 8 Binds: %s", q)
+	}
+	exec("upgrade", 3)
+	if q := preparedText(t, c, "upgrade"); !tokenForm(q, "63") {
+		t.Fatalf("after 9 Binds: %s", q)
+	}
+	if n, f := rowOf(t, d, 3); n != 9 || f != 63 {
+		t.Fatalf("row 3: n %d, fence %d; want 9 and 63", n, f)
+	}
+
+	// A portal bound with token 63, then the token set to 64 before it
+	// runs: refused, nothing written. Set to the same token (spelled
+	// otherwise), it runs.
+	prepare("portal")
+	if q := preparedText(t, c, "portal"); !tokenForm(q, "63") {
+		t.Fatalf("prepared with token 63: %s", q)
+	}
+	hc, err := c.PgConn().Hijack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Conn.Close()
+	fe := hc.Frontend
+	roundTrip := func(msgs ...pgproto3.FrontendMessage) (errs []*pgproto3.ErrorResponse) {
+		t.Helper()
+		for _, m := range msgs {
+			fe.Send(m)
+		}
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := m.(type) {
+			case *pgproto3.ErrorResponse:
+				cp := *m
+				errs = append(errs, &cp)
+			case *pgproto3.ReadyForQuery:
+				return errs
+			}
+		}
+	}
+	for _, tc := range []struct {
+		tok     string
+		refused bool
+	}{{"'64'", true}, {"'00063'", false}} {
+		if errs := roundTrip(&pgproto3.Query{String: "BEGIN"}); len(errs) > 0 {
+			t.Fatalf("BEGIN: %s", errs[0].Message)
+		}
+		if errs := roundTrip(&pgproto3.Bind{DestinationPortal: "p", PreparedStatement: "portal", Parameters: [][]byte{[]byte("3")}}, &pgproto3.Sync{}); len(errs) > 0 {
+			t.Fatalf("Bind: %s", errs[0].Message)
+		}
+		if errs := roundTrip(&pgproto3.Query{String: "SET fence.token = " + tc.tok}); len(errs) > 0 {
+			t.Fatalf("SET: %s", errs[0].Message)
+		}
+		errs := roundTrip(&pgproto3.Execute{Portal: "p"}, &pgproto3.Sync{})
+		switch {
+		case tc.refused && (len(errs) != 1 || errs[0].Code != "FP003" || !strings.Contains(errs[0].Message, "another fence token")):
+			t.Errorf("token %s: %+v, want FP003 naming the token", tc.tok, errs)
+		case !tc.refused && len(errs) > 0:
+			t.Errorf("token %s: %s", tc.tok, errs[0].Message)
+		}
+		end := "COMMIT"
+		if tc.refused {
+			end = "ROLLBACK"
+		}
+		if errs := roundTrip(&pgproto3.Query{String: end}); len(errs) > 0 {
+			t.Fatalf("%s: %s", end, errs[0].Message)
+		}
+	}
+	if n, f := rowOf(t, d, 3); n != 10 || f != 63 {
+		t.Fatalf("row 3: n %d, fence %d; want 10 and 63 (the refused portal wrote nothing)", n, f)
+	}
+}
