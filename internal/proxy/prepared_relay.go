@@ -109,7 +109,7 @@ type stmtVerdict struct {
 	refuse    *rules.Error
 	reprepare *stmtDef // prepare this definition again before the message
 	newSQL    string
-	token     bool // reprepare is for the session's token only (tokenFormAtBind)
+	token     bool     // reprepare is for the session's token only (tokenFormAtBind)
 	def       *stmtDef // the definition the message runs (nil: none known)
 }
 
