@@ -66,27 +66,39 @@ type Column struct {
 	Generated string  // pg_attribute.attgenerated: "" or "s"
 }
 
+// ErrChanged reports a relation dropped while a transaction's snapshot
+// still shows it: the catalog functions that print definitions read the
+// latest catalog, not the snapshot, and found nothing to print. A read in
+// a new transaction sees what replaced it.
+var ErrChanged = errors.New("the relation was dropped while it was read")
+
 // LookupColumn returns the column name of rel; Column.Exists is false when
-// there is none.
+// there is none. It returns ErrChanged (wrapped) when rel was dropped since
+// q's snapshot was taken.
 func LookupColumn(ctx context.Context, q Querier, rel *Relation, name string) (*Column, error) {
 	var c Column
 	var attnum *int16
 	var typ, identity, generated *string
-	var bigint, notNull *bool
+	var bigint, notNull, hasDefault *bool
 	err := q.QueryRow(ctx, `
 		SELECT format('%I', $2::text), a.attnum, format_type(a.atttypid, a.atttypmod),
 			a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype, a.attnotnull,
-			pg_get_expr(d.adbin, d.adrelid), a.attidentity::text, a.attgenerated::text
+			pg_get_expr(d.adbin, d.adrelid), d.adbin IS NOT NULL, a.attidentity::text, a.attgenerated::text
 		FROM (SELECT) AS one
 		LEFT JOIN pg_catalog.pg_attribute a
 			ON a.attrelid = $1::oid AND a.attname = $2::text AND a.attnum > 0 AND NOT a.attisdropped
 		LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum`, rel.OID, name).
-		Scan(&c.Quoted, &attnum, &typ, &bigint, &notNull, &c.Default, &identity, &generated)
+		Scan(&c.Quoted, &attnum, &typ, &bigint, &notNull, &c.Default, &hasDefault, &identity, &generated)
 	if err != nil {
 		return nil, fmt.Errorf("look up column %s of %s: %w", name, rel.Qualified, err)
 	}
 	if attnum == nil {
 		return &c, nil
+	}
+	if c.Default == nil && hasDefault != nil && *hasDefault {
+		// pg_get_expr prints NULL for a relation the latest catalog no
+		// longer has: not a column without a default.
+		return nil, fmt.Errorf("look up column %s of %s: %w", name, rel.Qualified, ErrChanged)
 	}
 	c.Exists, c.Attnum, c.Type, c.Bigint, c.NotNull = true, *attnum, *typ, *bigint, *notNull
 	if identity != nil {

@@ -2,6 +2,7 @@ package dbsetup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -122,8 +123,25 @@ type CheckOptions struct {
 	ExemptRoles []string
 }
 
+// checkAttempts bounds how many times CheckWith reads the catalog again
+// when a table was dropped while it read it.
+const checkAttempts = 3
+
 // CheckWith is Check, comparing the database guard with opts.
 func CheckWith(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts CheckOptions) (Report, error) {
+	for i := 1; ; i++ {
+		// A table dropped and created again on another connection while
+		// the check reads it (catalog.ErrChanged): read it all again, in
+		// a new snapshot, rather than report what was half gone.
+		rep, err := checkOnce(ctx, conn, specs, opts)
+		if !errors.Is(err, catalog.ErrChanged) || i == checkAttempts {
+			return rep, err
+		}
+	}
+}
+
+// checkOnce is CheckWith's one reading of the catalog, in one snapshot.
+func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opts CheckOptions) (Report, error) {
 	var rep Report
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
