@@ -35,8 +35,9 @@ func rowOf(t *testing.T, d *pgx.Conn, id int) (n int, fence int64) {
 // the token written in; the proxy prepares it again before any run under
 // another token (in the form that reads the setting when the token changed
 // after fewer than 8 Binds, in the new token's form after more), and the
-// rows written carry the session's token every time. A portal bound with
-// one token does not run once the session's token is another.
+// rows written carry the session's token every time. The unnamed portal
+// bound with one token does not run once the session's token is another;
+// a named portal gets the form that reads the setting.
 func TestPreparedTokenForm(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
@@ -199,6 +200,9 @@ func TestPreparedTokenForm(t *testing.T) {
 			}
 		}
 	}
+	// The unnamed portal, with a SET through a named portal between its
+	// Bind and its Execute, in a transaction: refused when the token is
+	// another, run when it is the same spelled otherwise.
 	for _, tc := range []struct {
 		tok     string
 		refused bool
@@ -206,13 +210,14 @@ func TestPreparedTokenForm(t *testing.T) {
 		if errs := roundTrip(&pgproto3.Query{String: "BEGIN"}); len(errs) > 0 {
 			t.Fatalf("BEGIN: %s", errs[0].Message)
 		}
-		if errs := roundTrip(&pgproto3.Bind{DestinationPortal: "p", PreparedStatement: "portal", Parameters: [][]byte{[]byte("3")}}, &pgproto3.Sync{}); len(errs) > 0 {
-			t.Fatalf("Bind: %s", errs[0].Message)
-		}
-		if errs := roundTrip(&pgproto3.Query{String: "SET fence.token = " + tc.tok}); len(errs) > 0 {
-			t.Fatalf("SET: %s", errs[0].Message)
-		}
-		errs := roundTrip(&pgproto3.Execute{Portal: "p"}, &pgproto3.Sync{})
+		errs := roundTrip(
+			&pgproto3.Bind{PreparedStatement: "portal", Parameters: [][]byte{[]byte("3")}},
+			&pgproto3.Parse{Name: "set_tok", Query: "SET fence.token = " + tc.tok},
+			&pgproto3.Bind{DestinationPortal: "set", PreparedStatement: "set_tok"},
+			&pgproto3.Execute{Portal: "set"},
+			&pgproto3.Close{ObjectType: 'S', Name: "set_tok"},
+			&pgproto3.Execute{},
+			&pgproto3.Sync{})
 		switch {
 		case tc.refused && (len(errs) != 1 || errs[0].Code != "FP003" || !strings.Contains(errs[0].Message, "another fence token")):
 			t.Errorf("token %s: %+v, want FP003 naming the token", tc.tok, errs)
@@ -229,5 +234,25 @@ func TestPreparedTokenForm(t *testing.T) {
 	}
 	if n, f := rowOf(t, d, 3); n != 10 || f != 63 {
 		t.Fatalf("row 3: n %d, fence %d; want 10 and 63 (the refused portal wrote nothing)", n, f)
+	}
+	// A named portal gets the form that reads the setting: bound, then the
+	// token set to 65 before its Execute, it writes 65.
+	if errs := roundTrip(&pgproto3.Query{String: "BEGIN"}); len(errs) > 0 {
+		t.Fatal(errs[0].Message)
+	}
+	if errs := roundTrip(&pgproto3.Bind{DestinationPortal: "p", PreparedStatement: "portal", Parameters: [][]byte{[]byte("3")}}, &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatalf("Bind p: %s", errs[0].Message)
+	}
+	if errs := roundTrip(&pgproto3.Query{String: "SET fence.token = '65'"}); len(errs) > 0 {
+		t.Fatal(errs[0].Message)
+	}
+	if errs := roundTrip(&pgproto3.Execute{Portal: "p"}, &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatalf("Execute p: %s", errs[0].Message)
+	}
+	if errs := roundTrip(&pgproto3.Query{String: "COMMIT"}); len(errs) > 0 {
+		t.Fatal(errs[0].Message)
+	}
+	if n, f := rowOf(t, d, 3); n != 11 || f != 65 {
+		t.Fatalf("row 3: n %d, fence %d; want 11 and 65 (the named portal read the setting)", n, f)
 	}
 }

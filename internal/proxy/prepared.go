@@ -119,6 +119,9 @@ type portalEntry struct {
 	// the session's.
 	tokSent string
 	tokSeq  uint64
+	// execSeg: the segment of the latest Execute of it sent, if execSent.
+	execSent bool
+	execSeg  uint64
 }
 
 // outcome of a message, from the responses.

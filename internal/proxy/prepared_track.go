@@ -16,16 +16,18 @@ import (
 // checkExecutes checks the EXECUTEs among ops, skipping names defined
 // earlier in the same text (definedHere, updated as ops go). It returns a
 // refusal if one runs a statement decided under older rules that the rules
-// in force decide differently.
-func (r *requests) checkExecutes(ops []PreparedOp, gen uint64) (*rules.Error, error) {
-	e, _, err := r.checkExecutesLock(ops, gen)
+// in force decide differently, or one with a token written in that is not
+// the session's (setsFence: the text itself changes a fence setting, so
+// the token it runs with is not known).
+func (r *requests) checkExecutes(ops []PreparedOp, gen uint64, setsFence bool) (*rules.Error, error) {
+	e, _, err := r.checkExecutesLock(ops, gen, setsFence)
 	return e, err
 }
 
 // checkExecutesLock is checkExecutes that also returns the lock
 // registration the executed statements need in this session, if any; a
 // text that executes several such statements is refused.
-func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error, *rules.LockCall, error) {
+func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64, setsFence bool) (*rules.Error, *rules.LockCall, error) {
 	var lock *rules.LockCall
 	definedHere := make(map[string]bool)
 	for _, op := range ops {
@@ -52,6 +54,19 @@ func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error
 			}
 			if v.refuse != nil {
 				return v.refuse, nil, nil
+			}
+			if v.def != nil && v.def.tokSent != "" {
+				// A Parse's statement with the token written in, run by
+				// SQL: the proxy cannot prepare it again in the text's
+				// place, so it runs only with that token.
+				same, err := r.tokenIsSession(v.def.tokSent)
+				if err != nil {
+					return nil, nil, err
+				}
+				if !same || setsFence {
+					return refusePrepared(fmt.Sprintf("prepared statement %q has a fence token written in that may not be the session's now; it was not executed", op.Name),
+						"Run it with Bind (the proxy then prepares it again for the session's token), or prepare it again."), nil, nil
+				}
 			}
 			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (r.lockNamed || v.def.lock.Required) {
 				if lock != nil {
@@ -306,7 +321,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		*d = rules.Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
 	}
 	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
-		e, lock, err := r.checkExecutesLock(ops, gen)
+		e, lock, err := r.checkExecutesLock(ops, gen, len(ft.ops) > 0)
 		if err != nil {
 			return err
 		}
