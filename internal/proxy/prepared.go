@@ -308,6 +308,26 @@ func (e *stmtEntry) minGen() (uint64, bool) {
 	return g, any
 }
 
+// tokenUnsure reports whether a change to e sent in a segment before seg
+// is unanswered while a definition involved has a token form: the
+// definitions of one text differ then by the token written in, and a
+// change that fails or is skipped (an error earlier in its segment)
+// leaves the one before it on the server.
+func (e *stmtEntry) tokenUnsure(seg uint64) bool {
+	if len(e.pending) == 0 || e.pending[0].seg >= seg {
+		return false
+	}
+	if e.confirmed != nil && e.confirmed.tok != nil {
+		return true
+	}
+	for _, op := range e.pending {
+		if op.def != nil && op.def.tok != nil {
+			return true
+		}
+	}
+	return false
+}
+
 func (e *stmtEntry) defs() []*stmtDef {
 	var out []*stmtDef
 	if e.confirmed != nil {

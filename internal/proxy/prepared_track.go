@@ -411,8 +411,16 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		// the session's values before it runs): with the record's token
 		// when the record is settled and the token valid, else the form
 		// that reads the setting, which a later Bind may replace.
+		//
+		// Not the unnamed statement: a client may parse it in one
+		// transaction and bind it in another (pgx's describe mode), and
+		// behind a transaction pooler that Bind can meet another client's
+		// unnamed statement of the same text, which would have that
+		// client's token written in. A named statement behind a pooler
+		// needs the pooler's prepared-statement support, which keeps each
+		// text apart (docs/rewrite.md).
 		tok := tf
-		if !r.fence.on || d.Action != Rewrite || len(ft.ops) > 0 || len(ops) > 0 {
+		if !r.fence.on || d.Action != Rewrite || len(ft.ops) > 0 || len(ops) > 0 || p.Name == "" {
 			tok = nil
 		}
 		tokSent, tokSQL := "", ""
