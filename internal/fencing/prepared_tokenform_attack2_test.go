@@ -71,18 +71,16 @@ func (a *atkRaw) a2Stmt(name string) string {
 
 // a2Form names the form of a prepared statement's text.
 func a2Form(q string) string {
-	switch {
-	case strings.Contains(q, "pg_catalog.current_setting"):
-		return "setting"
-	case q == "":
+	if q == "" {
 		return "none"
 	}
-	i := strings.Index(q, "'::bigint")
-	j := strings.LastIndex(q[:max(i, 0)], "'")
-	if i < 0 || j < 0 {
-		return "?"
+	if tok := tokenWrittenIn(q); tok != "" {
+		return "token " + tok
 	}
-	return "token " + q[j+1:i]
+	if strings.Contains(q, "pg_catalog.current_setting") {
+		return "setting"
+	}
+	return "?"
 }
 
 // TestPreparedTokenFormAttack2FailedParseEarlierSegment: the server has

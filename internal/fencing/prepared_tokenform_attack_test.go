@@ -23,7 +23,7 @@ import (
 
 // atkTokenForm reports whether q has tok written in (the token form).
 func atkTokenForm(q, tok string) bool {
-	return strings.Contains(q, "'"+tok+"'::bigint") && !strings.Contains(q, "pg_catalog.current_setting")
+	return tokenWrittenIn(q) == tok
 }
 
 // atkRaw is a hijacked connection for sending protocol messages by hand.
@@ -132,7 +132,7 @@ func atkPrepare(t *testing.T, c *pgx.Conn, form, name, sql string) {
 	switch {
 	case form == "token" && !atkTokenForm(q, "60"):
 		t.Fatalf("prepared with 60: %s", q)
-	case form == "setting" && !strings.Contains(q, "pg_catalog.current_setting"):
+	case form == "setting" && tokenWrittenIn(q) != "":
 		t.Fatalf("prepared without a token: %s", q)
 	}
 	setToken(t, c, "60")

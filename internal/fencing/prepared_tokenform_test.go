@@ -2,6 +2,7 @@ package fencing_test
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -46,11 +47,9 @@ func TestPreparedTokenForm(t *testing.T) {
 	d := direct(t, db)
 	c := e.connect(t, db)
 	const upd = "UPDATE acct SET n = n + 1 WHERE id = $1"
-	tokenForm := func(q, tok string) bool {
-		return strings.Contains(q, "'"+tok+"'::bigint THEN '"+tok+"'::bigint") && !strings.Contains(q, "pg_catalog.current_setting")
-	}
+	tokenForm := func(q, tok string) bool { return tokenWrittenIn(q) == tok }
 	settingForm := func(q string) bool {
-		return strings.Contains(q, "pg_catalog.current_setting") && !strings.Contains(q, "'::bigint THEN '")
+		return tokenWrittenIn(q) == "" && strings.Contains(q, "pg_catalog.current_setting")
 	}
 	exec := func(name string, id int) {
 		t.Helper()
@@ -255,4 +254,40 @@ func TestPreparedTokenForm(t *testing.T) {
 	if n, f := rowOf(t, d, 3); n != 11 || f != 65 {
 		t.Fatalf("row 3: n %d, fence %d; want 11 and 65 (the named portal read the setting)", n, f)
 	}
+}
+
+// tokenGuardRe finds a guarded token form's guards: the prepared form
+// with the token written in compares the setting with it first.
+var tokenGuardRe = regexp.MustCompile(`pg_catalog\.current_setting\('fence\.token', true\) OPERATOR\(pg_catalog\.=\) '([0-9]+)' THEN `)
+
+// tokenWrittenIn returns the token a rewritten text has written in: the
+// constant of a guarded form's guards (all the same, each branch they
+// guard holding it as a bigint), or of an unguarded form that reads no
+// setting; "" for the form that reads the setting, or a mix.
+func tokenWrittenIn(q string) string {
+	if m := tokenGuardRe.FindAllStringSubmatch(q, -1); m != nil {
+		tok := m[0][1]
+		for _, g := range m {
+			if g[1] != tok {
+				return ""
+			}
+		}
+		if !strings.Contains(q, "'"+tok+"'::bigint") {
+			return ""
+		}
+		return tok
+	}
+	if strings.Contains(q, "pg_catalog.current_setting") {
+		return ""
+	}
+	m := regexp.MustCompile(`'([0-9]+)'::bigint`).FindAllStringSubmatch(q, -1)
+	if m == nil {
+		return ""
+	}
+	for _, g := range m {
+		if g[1] != m[0][1] {
+			return ""
+		}
+	}
+	return m[0][1]
 }

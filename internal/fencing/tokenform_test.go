@@ -527,7 +527,7 @@ func TestTokenForm(t *testing.T) {
 						corpus = append(corpus, tokenFormText{sql: sql})
 					}
 				}
-				c := testTokenFormCorpus(t, set.rs, newTokenFormRunner(t, db, tables...), corpus, states)
+				c := testTokenFormCorpus(t, set.rs, newTokenFormRunner(t, db, tables...), corpus, states, strings.HasPrefix(set.name, "prepared"))
 				t.Logf("%s: %d of %d statements with a token form, %d cases compared (%d raising the stale error, %d notifying)", t.Name(),
 					c.withForm, c.texts, c.cases, c.stale, c.notified)
 				// Not vacuous: most statements have a token form, and
@@ -549,8 +549,11 @@ func TestTokenForm(t *testing.T) {
 }
 
 // testTokenFormCorpus runs each text of corpus in both forms in every
-// state, through r, and compares what they show.
-func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corpus []tokenFormText, states []tokenFormState) tokenFormCount {
+// state, through r, and compares what they show. The prepared form's
+// token form is guarded (the server keeps the statement, and stored code
+// may run it under another token): filled with a token other than the
+// session's it must answer as the real form does too.
+func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corpus []tokenFormText, states []tokenFormState, guarded bool) tokenFormCount {
 	var c tokenFormCount
 	table := r.tables[0]
 	names := strings.NewReplacer("{t}", table, "{T}", strings.ToUpper(table), "{arch}", "arch_"+table,
@@ -600,13 +603,19 @@ func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corp
 			}
 			tok, _ := d.Tok.Fill(real, canon)
 			if i == 0 {
-				checkTokenFormText(t, sql, tok, canon)
+				checkTokenFormText(t, sql, tok, canon, guarded)
 			}
 			c.cases++
 			want := r.run(t, st, pre, real)
 			got := r.run(t, st, pre, tok)
 			if !got.equal(want) {
 				t.Errorf("%s, token %s:\n real form:  %v\n token form: %v\n token form text: %s", sql, st.name, want, got, tok)
+			}
+			if guarded {
+				other, _ := d.Tok.Fill(real, otherToken(canon))
+				if got := r.run(t, st, pre, other); !got.equal(want) {
+					t.Errorf("%s, token %s, another token written in:\n real form:  %v\n token form: %v\n token form text: %s", sql, st.name, want, got, other)
+				}
 			}
 			if len(want.Notifies) > 0 {
 				c.notified++
@@ -617,6 +626,14 @@ func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corp
 		}
 	}
 	return c
+}
+
+// otherToken returns a canonical token other than canon.
+func otherToken(canon string) string {
+	if canon == "1" {
+		return "2"
+	}
+	return "1"
 }
 
 func tokenFormRuleOf(table string) rules.Table {
@@ -634,8 +651,21 @@ func tokenFormRuleOf(table string) rules.Table {
 // builds its raise outside the fencer's token-form builds): that clause
 // raises the stale error when the token is valid and FP002 otherwise, and
 // the test does not ask more of it than to be taken only by a stale row.
-func checkTokenFormText(t *testing.T, sql, tok, canon string) {
+//
+// A guarded token form keeps the real form in its ELSE branches: it must
+// compare the setting with the token written in, and is tested by what
+// it answers under another token (testTokenFormCorpus).
+func checkTokenFormText(t *testing.T, sql, tok, canon string, guarded bool) {
 	t.Helper()
+	if guarded {
+		if g := "pg_catalog.current_setting('fence.token', true) OPERATOR(pg_catalog.=) '" + canon + "' THEN"; !strings.Contains(tok, g) {
+			t.Errorf("%s: the guarded token form has no %s:\n%s", sql, g, tok)
+		}
+		if !strings.Contains(tok, "'"+canon+"'::bigint") {
+			t.Errorf("%s: the token form has no '%s'::bigint:\n%s", sql, canon, tok)
+		}
+		return
+	}
 	gone := []string{"fenceproxy.advance(", "fenceproxy.tok(", "fenceproxy.tok_b("}
 	if !strings.Contains(sql, "THEN DELETE") {
 		gone = append(gone, rules.TokenPattern(), rules.ShortTokenPattern(), "fenceproxy.no_token", "fenceproxy:token:")

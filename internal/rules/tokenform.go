@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
@@ -175,17 +176,22 @@ func (s *splicer) twinsIn(node *pg.Node) [][2]*pg.Node {
 
 // tokText returns the token form's pieces of a fragment printed as text
 // from node, whose key (fragmentTextKey) is key and which has the given
-// number of client holes: nil when the form is the same text, or when it
-// cannot be made (tokFail is then set).
+// number of client holes, and the order of the client texts between them
+// (splitHoles): nil when the form is the same text, or when it cannot be
+// made (tokFail is then set).
 //
 // The token form of an expression is defined by the expression: any
 // print proven for an expression with the same key serves. So proven
 // token forms are kept by the real expression's key, and a hit builds and
 // prints nothing.
-func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) []string {
+func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) ([]string, []int) {
 	form, ok := "", false
+	prefix := "lit|"
+	if s.tokGuard {
+		prefix = "litg|"
+	}
 	if key != "" {
-		form, ok = provenFragments.get("lit|" + key)
+		form, ok = provenFragments.get(prefix + key)
 	}
 	if !ok {
 		pairs := s.twinsIn(node)
@@ -201,28 +207,60 @@ func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) []s
 			swapTwins(pairs)
 			if err != nil {
 				s.tokFail = true
-				return nil
+				return nil, nil
 			}
 		}
 		if key != "" {
-			provenFragments.put("lit|"+key, form)
+			provenFragments.put(prefix+key, form)
 		}
 	}
 	if form == text {
-		return nil
+		return nil, nil
 	}
-	pieces := make([]string, holes+1)
-	for i := 0; i < holes; i++ {
-		k := strings.Index(form, holeName(i))
+	pieces, order := splitHoles(form, holes)
+	if pieces == nil {
+		s.tokFail = true
+	}
+	return pieces, order
+}
+
+// splitHoles splits form, a print of a fragment with the given number of
+// client holes, at each of its holes' places, in order: the pieces and,
+// between each two, the index of the client text that goes there. A
+// guarded token form (twin.litNode) holds a client text twice, once in
+// each branch. It returns nil when a hole is missing or unknown.
+func splitHoles(form string, holes int) (pieces []string, order []int) {
+	const name = "fenceproxy_hole_"
+	seen := make([]bool, holes)
+	for {
+		k := strings.Index(form, name)
 		if k < 0 {
-			s.tokFail = true
-			return nil
+			break
 		}
-		pieces[i] = form[:k]
-		form = form[k+len(holeName(i)):]
+		e := k + len(name)
+		for e < len(form) && form[e] >= '0' && form[e] <= '9' {
+			e++
+		}
+		i, err := strconv.Atoi(form[k+len(name) : e])
+		if err != nil || i >= holes || (e < len(form) && isIdentByte(form[e])) || (k > 0 && (isIdentByte(form[k-1]) || form[k-1] == '.')) {
+			return nil, nil
+		}
+		seen[i] = true
+		pieces = append(pieces, form[:k])
+		order = append(order, i)
+		form = form[e:]
 	}
-	pieces[holes] = form
-	return pieces
+	for _, ok := range seen {
+		if !ok {
+			return nil, nil
+		}
+	}
+	return append(pieces, form), order
+}
+
+// isIdentByte reports whether b may continue an unquoted identifier.
+func isIdentByte(b byte) bool {
+	return b == '_' || b == '$' || b >= 0x80 || (b|0x20 >= 'a' && b|0x20 <= 'z') || (b >= '0' && b <= '9')
 }
 
 // proveTokText finds the token's placeholders in form, the print of node
