@@ -113,15 +113,6 @@ type portalEntry struct {
 	uncertain bool   // another portal of that name may still be open
 	// fence: the fence-setting changes its first Execute makes.
 	fence []fenceApplied
-	// tokSent: the token written into its statement ("" for none), and
-	// tokSeq the record's count of setting changes at the Bind
-	// (fenceRecord.changes): its Execute checks that the token is still
-	// the session's.
-	tokSent string
-	tokSeq  uint64
-	// execSeg: the segment of the latest Execute of it sent, if execSent.
-	execSent bool
-	execSeg  uint64
 }
 
 // outcome of a message, from the responses.
@@ -306,26 +297,6 @@ func (e *stmtEntry) minGen() (uint64, bool) {
 		see(op.def)
 	}
 	return g, any
-}
-
-// tokenUnsure reports whether a change to e sent in a segment before seg
-// is unanswered while a definition involved has a token form: the
-// definitions of one text differ then by the token written in, and a
-// change that fails or is skipped (an error earlier in its segment)
-// leaves the one before it on the server.
-func (e *stmtEntry) tokenUnsure(seg uint64) bool {
-	if len(e.pending) == 0 || e.pending[0].seg >= seg {
-		return false
-	}
-	if e.confirmed != nil && e.confirmed.tok != nil {
-		return true
-	}
-	for _, op := range e.pending {
-		if op.def != nil && op.def.tok != nil {
-			return true
-		}
-	}
-	return false
 }
 
 func (e *stmtEntry) defs() []*stmtDef {

@@ -75,7 +75,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 	}
 	// The record is settled now, if the statement reads it: the form
 	// the server is to run is chosen with it.
-	r.tokenFormAtBind(&v, portal != "")
+	r.tokenFormAtBind(&v)
 	if v.reprepare != nil {
 		if err := r.reprepare(strings.Clone(stmt), v); err != nil {
 			return false, err
@@ -99,26 +99,8 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 	r.mu.Lock()
 	pkey := serverKey(portal)
 	old := r.ps.portals[pkey]
-	if portal == "" && old != nil && old.seg >= r.ps.idleSeg && old.tokSent != "" {
-		// The unnamed portal before this one has a token written in and
-		// may be open still: a Bind that fails before replacing it
-		// (a wrong parameter count) would leave it to a later Execute,
-		// after a ROLLBACK TO, with the proxy's record of the portal
-		// being this Bind's. Closed first, it cannot run.
-		r.ps.expect('3', nil)
-		r.ps.countSent('C')
-		r.mu.Unlock()
-		if err := writeMsg(r.uw, &pgproto3.Close{ObjectType: 'P'}); err != nil {
-			return false, upstreamErr(err)
-		}
-		r.mu.Lock()
-		old = r.ps.portals[pkey]
-	}
 	r.ps.portalSeq++
 	next := portalEntry{def: v.def, gen: gen, seg: r.ps.sentSeg, id: r.ps.portalSeq, fence: fence}
-	if v.def != nil && v.def.tokSent != "" {
-		next.tokSent, next.tokSeq = v.def.tokSent, r.fence.changes
-	}
 	if portal != "" && old != nil && old.seg >= r.ps.idleSeg {
 		// A named portal cannot be bound twice in a transaction: this
 		// Bind fails and the old one stays open.
@@ -285,27 +267,13 @@ func (r *requests) relayExecute(body []byte) error {
 		pe = nil // its transaction ended: the server has no such portal
 	}
 	var (
-		def     *stmtDef
-		fresh   = true
-		tokSent string
+		def   *stmtDef
+		fresh = true
 	)
 	if pe != nil {
-		def, fresh, tokSent = pe.def, pe.gen == gen, pe.tokSent
-		if pe.execSent && pe.execSeg == r.ps.sentSeg {
-			// An earlier Execute of it in this segment either runs its
-			// write, or fails and this one is skipped.
-			tokSent = ""
-		}
+		def, fresh = pe.def, pe.gen == gen
 	}
 	r.mu.Unlock()
-	if tokSent != "" {
-		if e, err := r.checkPortalToken(pe, portal); err != nil || e != nil {
-			if err != nil {
-				return err
-			}
-			return r.sendRefusedInstead(e)
-		}
-	}
 	if !fresh {
 		stale := refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules that have since been reloaded, and the rules in force treat its statement differently; it was not executed", portal),
 			"Bind the statement again (the proxy prepares it again under the rules in force).")
@@ -332,22 +300,9 @@ func (r *requests) relayExecute(body []byte) error {
 		pe.fence = nil
 		r.mu.Unlock()
 	}
-	if tokSent != "" {
-		// Once it ran, the portal's write is done: a suspended portal's
-		// next Execute returns the rest of its rows.
-		r.mu.Lock()
-		id := pe.id
-		pe.execSent, pe.execSeg = true, r.ps.sentSeg
-		r.ps.expect(0, func(o outcome) {
-			if o == outcomeOK && pe.id == id {
-				pe.tokSent = ""
-			}
-		})
-		r.mu.Unlock()
-	}
 	if def != nil && len(def.ops) > 0 {
 		// The statement prepares, runs or removes SQL-level statements.
-		e, err := r.checkExecutes(def.ops, gen, len(def.fence) > 0)
+		e, err := r.checkExecutes(def.ops, gen)
 		if err != nil {
 			return err
 		}
@@ -420,17 +375,21 @@ const tokenFormMinBinds = 8
 // prepare again into v when that is not what it has:
 //
 //   - the token form written with a token that is no longer the
-//     session's (changed, or now invalid) never runs again: the
-//     statement is prepared again in the token form of the new token, or
-//     in the form that reads the setting when the old form had fewer
-//     than tokenFormMinBinds Binds (and then stays in it);
+//     session's (changed, or now invalid) is prepared again, in the
+//     token form of the new token, or in the form that reads the setting
+//     when the old form had fewer than tokenFormMinBinds Binds (and then
+//     stays in it);
 //   - the form that reads the setting is replaced with the token form
-//     once it has had tokenFormMinBinds Binds with a valid token;
-//   - a Bind into a named portal (named) never runs the token form.
+//     once it has had tokenFormMinBinds Binds with a valid token.
+//
+// This is about cost only: the token form a Bind would not choose (a
+// statement whose Parse the server skipped, a portal run after a change
+// of the token, stored code's EXECUTE of the statement) answers as the
+// form that reads the setting does, its guard failing (rules.TokenForm).
 //
 // A statement prepared again after a reload (v.reprepare) gets the same
 // treatment, its form that reads the setting being what it would send.
-func (r *requests) tokenFormAtBind(v *stmtVerdict, named bool) {
+func (r *requests) tokenFormAtBind(v *stmtVerdict) {
 	def := v.def
 	if def == nil || def.tok == nil || !r.fence.on {
 		return
@@ -443,15 +402,6 @@ func (r *requests) tokenFormAtBind(v *stmtVerdict, named bool) {
 	}
 	off := def.tokOff
 	switch {
-	case named && def.tokSent != "":
-		// A named portal outlives what the proxy sees: SQL FETCH and
-		// MOVE run it, and so does stored code; a failed second Bind
-		// of its name leaves it open. It gets the form that reads the
-		// setting, which the statement then keeps.
-		want, off = "", true
-	case named:
-		def.binds++
-		return
 	case want == def.tokSent:
 		if v.reprepare == nil {
 			def.binds++
@@ -483,37 +433,4 @@ func (r *requests) tokenFormAtBind(v *stmtVerdict, named bool) {
 	}
 	v.token = v.reprepare == nil
 	v.reprepare, v.newSQL, v.def = &nd, sql, &nd
-}
-
-// checkPortalToken checks, before an Execute of portal pe, whose statement
-// has a token written in, that the token is still the session's: a change
-// of the settings sent since the Bind (another portal's SET) would have
-// the form that reads the setting run with the new value. It returns the
-// refusal when it is not.
-func (r *requests) checkPortalToken(pe *portalEntry, portal string) (*rules.Error, error) {
-	r.mu.Lock()
-	same := r.fence.changes == pe.tokSeq
-	tok := pe.tokSent
-	r.mu.Unlock()
-	if same {
-		return nil, nil
-	}
-	ok, err := r.tokenIsSession(tok)
-	if err != nil || ok {
-		return nil, err
-	}
-	return refusePrepared(fmt.Sprintf("portal %q was bound with another fence token than the session has now; it was not executed", portal),
-		"Bind the statement again after changing the token."), nil
-}
-
-// tokenIsSession waits until the record of the settings is what the
-// server holds and reports whether tok is the session's token in it.
-func (r *requests) tokenIsSession(tok string) (bool, error) {
-	if err := r.fenceWait(); err != nil {
-		return false, err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	cur, ok := rules.CanonicalToken(r.fence.cur.token)
-	return ok && cur == tok && !r.fence.broken && r.fence.unresolved == 0, nil
 }

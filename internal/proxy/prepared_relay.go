@@ -131,22 +131,6 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 			Hint:    "fenceproxy: prepare statements through the proxy (PREPARE or a Parse message), not in functions."}}, nil
 	}
 	if g, ok := e.minGen(); !ok || g == gen {
-		if !e.tokenUnsure(r.ps.sentSeg) {
-			def := e.assumed()
-			r.mu.Unlock()
-			return stmtVerdict{def: def}, nil
-		}
-		r.mu.Unlock()
-		// Which definition the server has decides which token it has
-		// written in: wait for the earlier segments' answers.
-		ok, err := r.waitEarlier(e)
-		if err != nil {
-			return stmtVerdict{}, err
-		}
-		if !ok {
-			return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("cannot tell which definition of prepared statement %q the server has", name), hintPrepareAgain)}, nil
-		}
-		r.mu.Lock()
 		def := e.assumed()
 		r.mu.Unlock()
 		return stmtVerdict{def: def}, nil

@@ -16,18 +16,16 @@ import (
 // checkExecutes checks the EXECUTEs among ops, skipping names defined
 // earlier in the same text (definedHere, updated as ops go). It returns a
 // refusal if one runs a statement decided under older rules that the rules
-// in force decide differently, or one with a token written in that is not
-// the session's (setsFence: the text itself changes a fence setting, so
-// the token it runs with is not known).
-func (r *requests) checkExecutes(ops []PreparedOp, gen uint64, setsFence bool) (*rules.Error, error) {
-	e, _, err := r.checkExecutesLock(ops, gen, setsFence)
+// in force decide differently.
+func (r *requests) checkExecutes(ops []PreparedOp, gen uint64) (*rules.Error, error) {
+	e, _, err := r.checkExecutesLock(ops, gen)
 	return e, err
 }
 
 // checkExecutesLock is checkExecutes that also returns the lock
 // registration the executed statements need in this session, if any; a
 // text that executes several such statements is refused.
-func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64, setsFence bool) (*rules.Error, *rules.LockCall, error) {
+func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error, *rules.LockCall, error) {
 	var lock *rules.LockCall
 	definedHere := make(map[string]bool)
 	for _, op := range ops {
@@ -54,19 +52,6 @@ func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64, setsFence boo
 			}
 			if v.refuse != nil {
 				return v.refuse, nil, nil
-			}
-			if v.def != nil && v.def.tokSent != "" {
-				// A Parse's statement with the token written in, run by
-				// SQL: the proxy cannot prepare it again in the text's
-				// place, so it runs only with that token.
-				same, err := r.tokenIsSession(v.def.tokSent)
-				if err != nil {
-					return nil, nil, err
-				}
-				if !same || setsFence {
-					return refusePrepared(fmt.Sprintf("prepared statement %q has a fence token written in that may not be the session's now; it was not executed", op.Name),
-						"Run it with Bind (the proxy then prepares it again for the session's token), or prepare it again."), nil, nil
-				}
 			}
 			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (r.lockNamed || v.def.lock.Required) {
 				if lock != nil {
@@ -321,7 +306,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		*d = rules.Decision{Action: Rewrite, SQL: d.Lock.Pre + ";" + base, Tables: d.Tables, Lock: d.Lock}
 	}
 	if typ == 'Q' && d.Action != Refuse && len(ops) > 0 {
-		e, lock, err := r.checkExecutesLock(ops, gen, len(ft.ops) > 0)
+		e, lock, err := r.checkExecutesLock(ops, gen)
 		if err != nil {
 			return err
 		}
@@ -412,13 +397,14 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		// when the record is settled and the token valid, else the form
 		// that reads the setting, which a later Bind may replace.
 		//
-		// Not the unnamed statement: a client may parse it in one
-		// transaction and bind it in another (pgx's describe mode), and
-		// behind a transaction pooler that Bind can meet another client's
-		// unnamed statement of the same text, which would have that
-		// client's token written in. A named statement behind a pooler
-		// needs the pooler's prepared-statement support, which keeps each
-		// text apart (docs/rewrite.md).
+		// Only a named statement, whose text is decided in the prepared
+		// form: its token form is guarded (the setting must hold the
+		// token written in, else the form that reads it runs), so a run
+		// the relay does not see (stored code's EXECUTE, a portal after
+		// a change of the token, another client's statement behind a
+		// pooler) answers as the form that reads the setting would. The
+		// unnamed statement's text is decided as a simple Query's is,
+		// whose token form is not guarded.
 		tok := tf
 		if !r.fence.on || d.Action != Rewrite || len(ft.ops) > 0 || len(ops) > 0 || p.Name == "" {
 			tok = nil

@@ -26,7 +26,7 @@ func (r *requests) bindLock(def *stmtDef, gen uint64) bindVerdict {
 	if len(def.ops) == 0 {
 		return bindVerdict{}
 	}
-	e, l, err := r.checkExecutesLock(def.ops, gen, len(def.fence) > 0)
+	e, l, err := r.checkExecutesLock(def.ops, gen)
 	switch {
 	case err != nil:
 		return bindVerdict{refuse: refusePrepared("cannot check the prepared statement this statement executes", "")}

@@ -187,7 +187,6 @@ func (ft *fenceText) statementAfterEnd() bool {
 func (t *tracker) fenceDone(a fenceApplied) func(outcome) {
 	f := &t.fence
 	f.unresolved++
-	f.changes++
 	return func(o outcome) {
 		f.unresolved--
 		if o == outcomeOK {

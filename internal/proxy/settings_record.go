@@ -42,9 +42,8 @@ type fenceRecord struct {
 	sess, pend, cur       fenceValues
 	inTx, failed          bool
 	saves                 []fenceSavepoint
-	unresolved            int    // operations sent and not yet answered
-	changes               uint64 // operations sent, ever
-	startupTok, startupLk bool   // the startup packet set them
+	unresolved            int  // operations sent and not yet answered
+	startupTok, startupLk bool // the startup packet set them
 	// broken: the response bookkeeping lost track; the record is unknown.
 	broken bool
 	// registered: a lock registration of regLock and regToken succeeded
