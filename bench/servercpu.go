@@ -121,11 +121,8 @@ type fencedForms struct {
 	// which a PREPARE gets).
 	inline, raisers, lock, lockCall string
 	raisersSetting, lockSetting     string
-	// The forms a named prepared statement gets (rules.Prepared):
-	// reading the token (parsed without a valid one), and
-	// raisersPreparedTok the token form (token 42), which a session with a
-	// valid token gets.
-	inlinePrepared, raisersPrepared, raisersPreparedTok string
+	// The forms a named prepared statement gets (rules.Prepared).
+	inlinePrepared, raisersPrepared string
 	// noop is raisersSetting calling functions of the same signatures that only
 	// return a constant (setupObjects): what the two calls cost whatever
 	// the functions do.
@@ -164,9 +161,6 @@ func newFencedForms() (fencedForms, error) {
 		return f, fmt.Errorf("server cost: no token form")
 	}
 	f.inlinePrepared, f.raisersPrepared = pi.SQL, pd.SQL
-	if f.raisersPreparedTok, ok1 = pd.Tok.Fill(pd.SQL, "42"); !ok1 {
-		return f, fmt.Errorf("server cost: no token form for the prepared form")
-	}
 	f.noop = strings.ReplaceAll(f.raisersSetting, "fenceproxy.", noopSchema+".")
 	if f.lockCall != handCall {
 		// Still measured: the hand-written baseline is what a client

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -98,19 +99,15 @@ func testAutoFenced(t *testing.T, e *env) {
 	mustSimple(t, c, upd)
 	mustSimple(t, c, upd)
 	got := autoStatements(t, c)
-	if len(got) != 1 || !strings.HasPrefix(got[0], "UPDATE acct SET n = n + 1") || !strings.Contains(got[0], "'60'::bigint THEN '60'::bigint") {
-		t.Fatalf("the proxy's statements: %q; want the UPDATE's prepared form, token 60 written in", got)
+	if len(got) != 1 || !strings.HasPrefix(got[0], "UPDATE acct SET n = n + 1") || !strings.Contains(got[0], "OPERATOR(pg_catalog.~) '"+rules.ShortTokenPattern()+"'") {
+		t.Fatalf("the proxy's statements: %q; want the UPDATE's prepared form", got)
 	}
 	wantAcct(t, d, 1, 3, 60)
 
-	// A newer token moves the watermark (parsed again with it); an older
-	// one is refused.
+	// A newer token moves the watermark; an older one is refused.
 	setToken(t, c, "70")
 	mustSimple(t, c, upd)
 	wantAcct(t, d, 1, 4, 70)
-	if got := autoStatements(t, c); len(got) != 1 || !strings.Contains(got[0], "'70'::bigint THEN '70'::bigint") {
-		t.Fatalf("the proxy's statements: %q; want token 70 written in", got)
-	}
 	setToken(t, c, "65")
 	wantCode(t, simple(t, c, upd), "FP001")
 	wantCode(t, simple(t, c, upd), "FP001")

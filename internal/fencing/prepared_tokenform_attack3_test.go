@@ -19,6 +19,12 @@ import (
 // (77166f4..27ccfd9). Every check reads the rows on a direct connection
 // afterwards. Rows start at last_fence 55; the session's token is 60
 // (atkSetup).
+//
+// They were written against a token form for prepared statements that has
+// since been withdrawn (rules/tokenform.go says why): a statement "in the
+// token form of N" is now one parsed while the session's token was N,
+// which the server keeps in the form that reads the setting. The outcomes
+// asserted are the same: the rows carry the session's token at each run.
 
 // a3Simple runs sql as a simple Query and returns its error.
 func a3Simple(t *testing.T, c *pgx.Conn, sql string) error {
@@ -483,25 +489,7 @@ func TestPreparedTokenFormAttack3DeallocateBetween(t *testing.T) {
 // a2Count is the number of the session's prepared statements.
 func (a *atkRaw) a2Count() string {
 	a.t.Helper()
-	a.fe.Send(&pgproto3.Query{String: "SELECT count(*) FROM pg_prepared_statements"})
-	if err := a.fe.Flush(); err != nil {
-		a.t.Fatal(err)
-	}
-	var out string
-	for {
-		m, err := a.fe.Receive()
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		switch m := m.(type) {
-		case *pgproto3.DataRow:
-			out = string(m.Values[0])
-		case *pgproto3.ErrorResponse:
-			a.t.Fatalf("count: %s", m.Message)
-		case *pgproto3.ReadyForQuery:
-			return out
-		}
-	}
+	return a.value("SELECT count(*) FROM pg_prepared_statements")
 }
 
 // TestPreparedTokenFormAttack3GuardStoredCode: StoredCodeExecute in a

@@ -32,12 +32,12 @@ func rowOf(t *testing.T, d *pgx.Conn, id int) (n int, fence int64) {
 	return n, fence
 }
 
-// TestPreparedTokenForm: a prepared statement parsed with a valid token has
-// the token written in; the proxy prepares it again before any run under
-// another token (in the form that reads the setting when the token changed
-// after fewer than 8 Binds, in the new token's form after more), and the
-// rows written carry the session's token every time. A portal bound with
-// one token and run once the session's token is another writes that one.
+// TestPreparedTokenForm: a prepared statement reads the token from the
+// setting whatever token the session had at its Parse (the prepared form
+// has no token form: rules/tokenform.go), across changes of the token
+// between its Binds, and the rows written carry the session's token every
+// time. A portal bound with one token and run once the session's token is
+// another writes that one.
 func TestPreparedTokenForm(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
@@ -46,7 +46,6 @@ func TestPreparedTokenForm(t *testing.T) {
 	d := direct(t, db)
 	c := e.connect(t, db)
 	const upd = "UPDATE acct SET n = n + 1 WHERE id = $1"
-	tokenForm := func(q, tok string) bool { return tokenWrittenIn(q) == tok }
 	settingForm := func(q string) bool {
 		return tokenWrittenIn(q) == "" && strings.Contains(q, "pg_catalog.current_setting")
 	}
@@ -63,18 +62,17 @@ func TestPreparedTokenForm(t *testing.T) {
 		}
 	}
 
-	// Parsed with token 60: its token form, which writes 60.
+	// Parsed with token 60: it reads the setting, and writes 60.
 	setToken(t, c, "60")
 	prepare("soon")
-	if q := preparedText(t, c, "soon"); !tokenForm(q, "60") {
+	if q := preparedText(t, c, "soon"); !settingForm(q) {
 		t.Fatalf("prepared with token 60: %s", q)
 	}
 	exec("soon", 1)
 	if n, f := rowOf(t, d, 1); n != 1 || f != 60 {
 		t.Fatalf("row 1: n %d, fence %d; want 1 and 60", n, f)
 	}
-	// The token changes after one Bind: prepared again, in the form that
-	// reads the setting, and it stays in it.
+	// The token changes after one Bind: the next Binds write 61.
 	setToken(t, c, "61")
 	for range 10 {
 		exec("soon", 1)
@@ -86,23 +84,22 @@ func TestPreparedTokenForm(t *testing.T) {
 		t.Fatalf("row 1: n %d, fence %d; want 11 and 61", n, f)
 	}
 
-	// Bound 8 times with token 61: the change to 62 prepares it again in
-	// 62's form.
+	// Bound 8 times with token 61, then changed to 62 (spelled 0062).
 	prepare("often")
 	for range 8 {
 		exec("often", 2)
 	}
 	setToken(t, c, "0062")
 	exec("often", 2)
-	if q := preparedText(t, c, "often"); !tokenForm(q, "62") {
+	if q := preparedText(t, c, "often"); !settingForm(q) {
 		t.Fatalf("after 8 Binds with 61 and a change to 0062: %s", q)
 	}
 	if n, f := rowOf(t, d, 2); n != 9 || f != 62 {
 		t.Fatalf("row 2: n %d, fence %d; want 9 and 62", n, f)
 	}
 
-	// A stale token in the token form: the same error as the form that
-	// reads the setting gives, nothing written.
+	// A stale token: the same error whether the statement was parsed with
+	// a token or without one, nothing written.
 	stale := func(name string) *pgconn.PgError {
 		t.Helper()
 		_, err := c.Exec(ctxT(t), name, 2)
@@ -114,7 +111,7 @@ func TestPreparedTokenForm(t *testing.T) {
 	}
 	setToken(t, c, "55")
 	prepare("stale_tok")
-	if q := preparedText(t, c, "stale_tok"); !tokenForm(q, "55") {
+	if q := preparedText(t, c, "stale_tok"); !settingForm(q) {
 		t.Fatalf("prepared with token 55: %s", q)
 	}
 	got := stale("stale_tok")
@@ -126,10 +123,9 @@ func TestPreparedTokenForm(t *testing.T) {
 		t.Fatalf("prepared without a token: %s", q)
 	}
 	if got.Code != "FP001" || got.Code != want.Code || got.Message != want.Message || got.Detail != want.Detail || got.Hint != want.Hint {
-		t.Errorf("stale token:\n token form: %s %s %s %s\n setting:    %s %s %s %s", got.Code, got.Message, got.Detail, got.Hint, want.Code, want.Message, want.Detail, want.Hint)
+		t.Errorf("stale token:\n parsed with 55: %s %s %s %s\n setting:    %s %s %s %s", got.Code, got.Message, got.Detail, got.Hint, want.Code, want.Message, want.Detail, want.Hint)
 	}
-	// The token removed: the statement with 62 written in is prepared
-	// again and refuses as the form that reads the setting does.
+	// The token removed: FP002.
 	for range 8 {
 		setToken(t, c, "62")
 		exec("often", 2)
@@ -145,8 +141,7 @@ func TestPreparedTokenForm(t *testing.T) {
 		t.Fatalf("row 2: n %d, fence %d; want 17 and 62", n, f)
 	}
 
-	// Parsed without a token, then bound 8 times with one: the 9th Bind
-	// prepares it again in the token form.
+	// Parsed without a token, then bound 9 times with one.
 	prepare("upgrade")
 	setToken(t, c, "63")
 	for range 8 {
@@ -156,7 +151,7 @@ func TestPreparedTokenForm(t *testing.T) {
 		t.Fatalf("after 8 Binds: %s", q)
 	}
 	exec("upgrade", 3)
-	if q := preparedText(t, c, "upgrade"); !tokenForm(q, "63") {
+	if q := preparedText(t, c, "upgrade"); !settingForm(q) {
 		t.Fatalf("after 9 Binds: %s", q)
 	}
 	if n, f := rowOf(t, d, 3); n != 9 || f != 63 {
@@ -164,39 +159,16 @@ func TestPreparedTokenForm(t *testing.T) {
 	}
 
 	// A portal bound with token 63, then the token set to 64 before it
-	// runs: refused, nothing written. Set to the same token (spelled
-	// otherwise), it runs.
+	// runs: it writes 64.
 	prepare("portal")
-	if q := preparedText(t, c, "portal"); !tokenForm(q, "63") {
+	if q := preparedText(t, c, "portal"); !settingForm(q) {
 		t.Fatalf("prepared with token 63: %s", q)
 	}
-	hc, err := c.PgConn().Hijack()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Conn.Close()
-	fe := hc.Frontend
-	roundTrip := func(msgs ...pgproto3.FrontendMessage) (errs []*pgproto3.ErrorResponse) {
+	a := atkHijack(t, c)
+	roundTrip := func(msgs ...pgproto3.FrontendMessage) []pgproto3.ErrorResponse {
 		t.Helper()
-		for _, m := range msgs {
-			fe.Send(m)
-		}
-		if err := fe.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			m, err := fe.Receive()
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch m := m.(type) {
-			case *pgproto3.ErrorResponse:
-				cp := *m
-				errs = append(errs, &cp)
-			case *pgproto3.ReadyForQuery:
-				return errs
-			}
-		}
+		errs, _ := a.rt(msgs...)
+		return errs
 	}
 	// The unnamed portal, with a SET through a named portal between its
 	// Bind and its Execute, in a transaction: it runs with the token the
@@ -247,27 +219,9 @@ func TestPreparedTokenForm(t *testing.T) {
 	}
 }
 
-// tokenGuardRe finds a guarded token form's guards: the prepared form
-// with the token written in compares the setting with it first.
-var tokenGuardRe = regexp.MustCompile(`pg_catalog\.current_setting\('fence\.token', true\) OPERATOR\(pg_catalog\.=\) '([0-9]+)' THEN `)
-
-// tokenWrittenIn returns the token a rewritten text has written in: the
-// constant of a guarded form's guards (all the same, each branch they
-// guard holding it as a bigint), or of an unguarded form that reads no
-// setting; "" for the form that reads the setting, or a mix.
+// tokenWrittenIn returns the token a rewritten text has written in (a
+// token form reads no setting); "" for the form that reads the setting.
 func tokenWrittenIn(q string) string {
-	if m := tokenGuardRe.FindAllStringSubmatch(q, -1); m != nil {
-		tok := m[0][1]
-		for _, g := range m {
-			if g[1] != tok {
-				return ""
-			}
-		}
-		if !strings.Contains(q, "'"+tok+"'::bigint") {
-			return ""
-		}
-		return tok
-	}
 	if strings.Contains(q, "pg_catalog.current_setting") {
 		return ""
 	}

@@ -246,14 +246,14 @@ func testRefusals(t *testing.T, e *env) {
 				}
 			}
 		}
-		// A protected write is rewritten, with the session's token
-		// written in only as a quoted constant: the token form.
+		// A protected write is rewritten, and the token is read on the
+		// server: the token's value is not in the text.
 		setToken(t, c, "4242")
 		var got string
 		if err := c.QueryRow(ctx, "UPDATE acct SET n = n + 1 WHERE id = 2 RETURNING current_query()").Scan(&got); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(got, "'fence.token'") || !strings.Contains(got, "'4242'::bigint") || strings.Count(got, "4242") != strings.Count(got, "'4242'::bigint")+strings.Count(got, "'4242' THEN") || tokenWrittenIn(got) != "4242" {
+		if !strings.Contains(got, "'fence.token'") || strings.Contains(got, "4242") {
 			t.Errorf("the server ran %q", got)
 		}
 	})

@@ -473,8 +473,7 @@ type tokenFormCount struct {
 }
 
 // TestTokenForm: for every table configuration, in the inline form and
-// with the server's error raisers (with and without the database guard,
-// and in the prepared form),
+// with the server's error raisers (with and without the database guard),
 // each statement of the corpus whose rewrite has a token form answers, in
 // every data state, exactly as the rewrite does: the same results, error,
 // notices and notifications, and the same rows written.
@@ -494,8 +493,6 @@ func TestTokenForm(t *testing.T) {
 		"inline-lock":   tokenFormDB(t, true, dbsetup.SetupOptions{}),
 		"raisers":       tokenFormDB(t, true, dbsetup.SetupOptions{}),
 		"raisers-guard": tokenFormDB(t, true, dbsetup.SetupOptions{Guard: true}),
-		// The prepared form, which named Parses get.
-		"prepared-raisers": tokenFormDB(t, true, dbsetup.SetupOptions{}),
 	}
 	states := tokenFormStates()
 	var groups [][]string
@@ -508,7 +505,7 @@ func TestTokenForm(t *testing.T) {
 	for _, set := range []struct {
 		name string
 		rs   *rules.Rules
-	}{{"inline", rs}, {"raisers", rs.ServerFunctions()}, {"raisers-guard", rs.ServerFunctions()}, {"prepared-raisers", rs.ServerFunctions().Prepared()}} {
+	}{{"inline", rs}, {"raisers", rs.ServerFunctions()}, {"raisers-guard", rs.ServerFunctions()}} {
 		for _, tables := range groups {
 			db := dbs[set.name]
 			if set.name == "inline" && tables[0] == tokenFormLockTable {
@@ -527,7 +524,7 @@ func TestTokenForm(t *testing.T) {
 						corpus = append(corpus, tokenFormText{sql: sql})
 					}
 				}
-				c := testTokenFormCorpus(t, set.rs, newTokenFormRunner(t, db, tables...), corpus, states, strings.HasPrefix(set.name, "prepared"))
+				c := testTokenFormCorpus(t, set.rs, newTokenFormRunner(t, db, tables...), corpus, states)
 				t.Logf("%s: %d of %d statements with a token form, %d cases compared (%d raising the stale error, %d notifying)", t.Name(),
 					c.withForm, c.texts, c.cases, c.stale, c.notified)
 				// Not vacuous: most statements have a token form, and
@@ -549,11 +546,8 @@ func TestTokenForm(t *testing.T) {
 }
 
 // testTokenFormCorpus runs each text of corpus in both forms in every
-// state, through r, and compares what they show. The prepared form's
-// token form is guarded (the server keeps the statement, and stored code
-// may run it under another token): filled with a token other than the
-// session's it must answer as the real form does too.
-func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corpus []tokenFormText, states []tokenFormState, guarded bool) tokenFormCount {
+// state, through r, and compares what they show.
+func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corpus []tokenFormText, states []tokenFormState) tokenFormCount {
 	var c tokenFormCount
 	table := r.tables[0]
 	names := strings.NewReplacer("{t}", table, "{T}", strings.ToUpper(table), "{arch}", "arch_"+table,
@@ -577,6 +571,9 @@ func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corp
 		case d.Tok == nil:
 			t.Errorf("%s: no token form", sql)
 			continue
+		}
+		if rs.Prepared().Decide(sql).Tok != nil {
+			t.Errorf("%s: the prepared form has a token form", sql)
 		}
 		// What the proxy sends: in a session that names a lock, the
 		// registration in front of the statement.
@@ -603,19 +600,13 @@ func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corp
 			}
 			tok, _ := d.Tok.Fill(real, canon)
 			if i == 0 {
-				checkTokenFormText(t, sql, tok, canon, guarded)
+				checkTokenFormText(t, sql, tok, canon)
 			}
 			c.cases++
 			want := r.run(t, st, pre, real)
 			got := r.run(t, st, pre, tok)
 			if !got.equal(want) {
 				t.Errorf("%s, token %s:\n real form:  %v\n token form: %v\n token form text: %s", sql, st.name, want, got, tok)
-			}
-			if guarded {
-				other, _ := d.Tok.Fill(real, otherToken(canon))
-				if got := r.run(t, st, pre, other); !got.equal(want) {
-					t.Errorf("%s, token %s, another token written in:\n real form:  %v\n token form: %v\n token form text: %s", sql, st.name, want, got, other)
-				}
 			}
 			if len(want.Notifies) > 0 {
 				c.notified++
@@ -626,14 +617,6 @@ func testTokenFormCorpus(t *testing.T, rs *rules.Rules, r *tokenFormRunner, corp
 		}
 	}
 	return c
-}
-
-// otherToken returns a canonical token other than canon.
-func otherToken(canon string) string {
-	if canon == "1" {
-		return "2"
-	}
-	return "1"
 }
 
 func tokenFormRuleOf(table string) rules.Table {
@@ -651,21 +634,8 @@ func tokenFormRuleOf(table string) rules.Table {
 // builds its raise outside the fencer's token-form builds): that clause
 // raises the stale error when the token is valid and FP002 otherwise, and
 // the test does not ask more of it than to be taken only by a stale row.
-//
-// A guarded token form keeps the real form in its ELSE branches: it must
-// compare the setting with the token written in, and is tested by what
-// it answers under another token (testTokenFormCorpus).
-func checkTokenFormText(t *testing.T, sql, tok, canon string, guarded bool) {
+func checkTokenFormText(t *testing.T, sql, tok, canon string) {
 	t.Helper()
-	if guarded {
-		if g := "pg_catalog.current_setting('fence.token', true) OPERATOR(pg_catalog.=) '" + canon + "' THEN"; !strings.Contains(tok, g) {
-			t.Errorf("%s: the guarded token form has no %s:\n%s", sql, g, tok)
-		}
-		if !strings.Contains(tok, "'"+canon+"'::bigint") {
-			t.Errorf("%s: the token form has no '%s'::bigint:\n%s", sql, canon, tok)
-		}
-		return
-	}
 	gone := []string{"fenceproxy.advance(", "fenceproxy.tok(", "fenceproxy.tok_b("}
 	if !strings.Contains(sql, "THEN DELETE") {
 		gone = append(gone, rules.TokenPattern(), rules.ShortTokenPattern(), "fenceproxy.no_token", "fenceproxy:token:")
@@ -681,8 +651,8 @@ func checkTokenFormText(t *testing.T, sql, tok, canon string, guarded bool) {
 }
 
 // TestTokenFormNone: texts that keep a statement for later, texts of 4 KiB
-// or more, and texts holding the placeholder's name or a Unicode escape
-// have no token form; the prepared form has one.
+// or more, texts holding the placeholder's name or a Unicode escape, and
+// the prepared form have no token form.
 func TestTokenFormNone(t *testing.T) {
 	t.Parallel()
 	rs, err := rules.Compile(tokenFormRules)
@@ -704,14 +674,13 @@ func TestTokenFormNone(t *testing.T) {
 			}
 		}
 		// The same statement alone has one, so the above test something;
-		// prepared too (the relay prepares it again when the token
-		// changes).
+		// prepared, it has none.
 		const plain = "UPDATE tf_error SET n = n + 1 WHERE id = 1"
 		if d := set.Decide(plain); d.Tok == nil {
 			t.Errorf("a plain UPDATE has no token form")
 		}
-		if d := set.Prepared().Decide(plain); d.Action != rules.Rewrite || d.Tok == nil {
-			t.Errorf("prepared: %v, token form %v; want a rewrite with one", d.Action, d.Tok != nil)
+		if d := set.Prepared().Decide(plain); d.Action != rules.Rewrite || d.Tok != nil {
+			t.Errorf("prepared: %v, token form %v; want a rewrite without one", d.Action, d.Tok != nil)
 		}
 	}
 }

@@ -23,7 +23,7 @@ import (
 // see), a session that sends the same rewritten text again gets, in place
 // of its Query:
 //
-//	Close and Parse of its own statement   (at every use: see below)
+//	Close and Parse of its own statement   (only when the server does not have it)
 //	the lock registration                  (session.register, when the text needs one)
 //	Bind of the unnamed portal, Execute, Sync
 //
@@ -146,7 +146,7 @@ func (a *autoState) touches(name string) bool {
 // the session's own prepared statement once the session has sent it
 // often enough. It reports whether it did; if not, the caller sends the
 // Query.
-func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision, ft *fenceText) (bool, error) {
+func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool, error) {
 	if len(sql) > maxAutoTextBytes || lex.Uncertain {
 		return false, nil
 	}
@@ -178,18 +178,6 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision, ft *fe
 	if needs(pd.Lock) && !(r.fence.on && r.spare(pd.Lock)) {
 		call = pd.Lock.Call
 	}
-	out := pd.SQL
-	if r.fence.on && pd.Tok != nil && len(ft.ops) == 0 {
-		// Parsed at every use, right before the session's values are
-		// applied: the token form of the record's token, when it is valid.
-		r.mu.Lock()
-		tok, valid := rules.CanonicalToken(r.fence.cur.token)
-		settled := r.fence.unresolved == 0 && !r.fence.broken
-		r.mu.Unlock()
-		if s, ok := pd.Tok.Fill(out, tok); ok && valid && settled {
-			out = s
-		}
-	}
 
 	r.mu.Lock()
 	if r.state.finishing {
@@ -209,7 +197,7 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision, ft *fe
 	if parse {
 		e.prepared = "" // until its ParseComplete says so
 		e.parses++
-		epoch, seq := ps.auto.epoch, e.parses
+		epoch, seq, out := ps.auto.epoch, e.parses, pd.SQL
 		// Recorded as a removal: a client's own definition under the name
 		// (see touches) is gone, and a client Bind or EXECUTE of the name
 		// is refused from now on.
@@ -227,7 +215,7 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision, ft *fe
 		if err := writeMsg(r.uw, &pgproto3.Close{ObjectType: 'S', Name: e.name}); err != nil {
 			return true, upstreamErr(err)
 		}
-		if err := writeMsg(r.uw, &pgproto3.Parse{Name: e.name, Query: out}); err != nil {
+		if err := writeMsg(r.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
 			return true, upstreamErr(err)
 		}
 	}
@@ -262,7 +250,7 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision, ft *fe
 	delete(ps.portals, "")
 	r.mu.Unlock()
 	if ce := r.logger().Check(zap.DebugLevel, "statement rewritten, run as the session's own prepared statement"); ce != nil {
-		ce.Write(zap.String("sql", out), zap.String("statement", e.name), zap.Bool("parsed", parse))
+		ce.Write(zap.String("sql", pd.SQL), zap.String("statement", e.name), zap.Bool("parsed", parse))
 	}
 	if err := writeMsg(r.uw, &pgproto3.Bind{PreparedStatement: e.name}); err != nil {
 		return true, upstreamErr(err)

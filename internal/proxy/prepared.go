@@ -74,17 +74,6 @@ type stmtDef struct {
 	// fence: what the statement does to the fence settings when it runs
 	// (set_config with parameters is resolved at each Bind).
 	fence []rules.SettingOp
-	// The token form (tokenFormAtBind): tok is the decision's, nil when
-	// the statement may not get it; tokSent is the canonical token written
-	// into what the server has, "" for the form that reads the setting;
-	// tokOff keeps the statement in that form (its token changed before
-	// tokenFormMinBinds Binds). binds counts the Binds of the definition
-	// since it was sent: the one field that changes once shared (under
-	// session.mu), a hint only.
-	tok     *rules.TokenForm
-	tokSent string
-	tokOff  bool
-	binds   int
 }
 
 // stmtEntry is what the server may have under one name.

@@ -47,6 +47,11 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 	if v.refuse != nil {
 		return refuse(v.refuse)
 	}
+	if v.reprepare != nil {
+		if err := r.reprepare(strings.Clone(stmt), v); err != nil {
+			return false, err
+		}
+	}
 	var fence []fenceApplied
 	if r.fence.on && v.def != nil {
 		var ok bool
@@ -71,14 +76,6 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 					return false, err
 				}
 			}
-		}
-	}
-	// The record is settled now, if the statement reads it: the form
-	// the server is to run is chosen with it.
-	r.tokenFormAtBind(&v)
-	if v.reprepare != nil {
-		if err := r.reprepare(strings.Clone(stmt), v); err != nil {
-			return false, err
 		}
 	}
 	lock := r.bindLock(v.def, gen)
@@ -218,11 +215,7 @@ func (r *requests) reprepare(name string, v stmtVerdict) error {
 	if !r.track('P') {
 		return errSessionDone
 	}
-	if v.token {
-		r.logger().Debug("prepared statement re-prepared for the session's token", zap.String("statement", name))
-	} else {
-		r.logger().Info("prepared statement re-prepared under reloaded rules", zap.String("statement", name))
-	}
+	r.logger().Info("prepared statement re-prepared under reloaded rules", zap.String("statement", name))
 	return upstreamErr(writeMsg(r.uw, &pgproto3.Parse{Name: name, Query: v.newSQL, ParameterOIDs: v.reprepare.oids}))
 }
 
@@ -360,77 +353,4 @@ func (r *requests) forwardTracked(typ byte, body []byte) error {
 		return errSessionDone
 	}
 	return upstreamErr(writeRaw(r.uw, typ, body))
-}
-
-// tokenFormMinBinds is how many Binds a statement's form must have had
-// for a Bind to prepare it again in the token form: from the form that
-// reads the setting, or, when the token changed, from the token form of
-// the old one. Preparing again costs the server a parse and plan, several
-// executions' worth of what the token form saves, so a statement whose
-// token changes sooner stays in the form that reads it.
-const tokenFormMinBinds = 8
-
-// tokenFormAtBind chooses, for a Bind of v's statement with the session's
-// record settled, the form the server is to run, and puts a statement to
-// prepare again into v when that is not what it has:
-//
-//   - the token form written with a token that is no longer the
-//     session's (changed, or now invalid) is prepared again, in the
-//     token form of the new token, or in the form that reads the setting
-//     when the old form had fewer than tokenFormMinBinds Binds (and then
-//     stays in it);
-//   - the form that reads the setting is replaced with the token form
-//     once it has had tokenFormMinBinds Binds with a valid token.
-//
-// This is about cost only: the token form a Bind would not choose (a
-// statement whose Parse the server skipped, a portal run after a change
-// of the token, stored code's EXECUTE of the statement) answers as the
-// form that reads the setting does, its guard failing (rules.TokenForm).
-//
-// A statement prepared again after a reload (v.reprepare) gets the same
-// treatment, its form that reads the setting being what it would send.
-func (r *requests) tokenFormAtBind(v *stmtVerdict) {
-	def := v.def
-	if def == nil || def.tok == nil || !r.fence.on {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	want, valid := rules.CanonicalToken(r.fence.cur.token)
-	if !valid || def.tokOff || r.fence.broken || r.fence.unresolved > 0 {
-		want = ""
-	}
-	off := def.tokOff
-	switch {
-	case want == def.tokSent:
-		if v.reprepare == nil {
-			def.binds++
-			return
-		}
-	case def.tokSent == "":
-		// An upgrade: worth a parse only for a statement run often.
-		if def.binds < tokenFormMinBinds {
-			if v.reprepare == nil {
-				def.binds++
-				return
-			}
-			want = ""
-		}
-	case def.binds < tokenFormMinBinds:
-		// The token changed soon: the form that reads it, from now on.
-		want, off = "", true
-	}
-	nd := *def
-	if v.reprepare != nil {
-		nd = *v.reprepare
-	}
-	nd.tokSent, nd.tokOff, nd.binds = "", off, 1
-	sql := nd.tok.Real()
-	if want != "" {
-		if s, ok := nd.tok.Fill(sql, want); ok {
-			sql, nd.tokSent = s, want
-		}
-	}
-	v.token = v.reprepare == nil
-	v.reprepare, v.newSQL, v.def = &nd, sql, &nd
 }

@@ -109,7 +109,6 @@ type stmtVerdict struct {
 	refuse    *rules.Error
 	reprepare *stmtDef // prepare this definition again before the message
 	newSQL    string
-	token     bool     // reprepare is for the session's token only (tokenFormAtBind)
 	def       *stmtDef // the definition the message runs (nil: none known)
 }
 
@@ -176,11 +175,6 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	// re-prepared statement would run without it), whether it is plain.
 	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm,
 		lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence}
-	if def.tok != nil && d.Action == Rewrite {
-		// Still a statement that may have the token form: the Bind
-		// chooses (tokenFormAtBind).
-		nd.tok = d.Tok
-	}
 	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
 }
 

@@ -392,35 +392,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		// A refused named Parse fails before it would replace anything.
 	default:
 		r.ps.clientNamed(p.Name)
-		// The token form, if the statement may have it (every Bind applies
-		// the session's values before it runs): with the record's token
-		// when the record is settled and the token valid, else the form
-		// that reads the setting, which a later Bind may replace.
-		//
-		// Only a named statement, whose text is decided in the prepared
-		// form: its token form is guarded (the setting must hold the
-		// token written in, else the form that reads it runs), so a run
-		// the relay does not see (stored code's EXECUTE, a portal after
-		// a change of the token, another client's statement behind a
-		// pooler) answers as the form that reads the setting would. The
-		// unnamed statement's text is decided as a simple Query's is,
-		// whose token form is not guarded.
-		tok := tf
-		if !r.fence.on || d.Action != Rewrite || len(ft.ops) > 0 || len(ops) > 0 || p.Name == "" {
-			tok = nil
-		}
-		tokSent, tokSQL := "", ""
-		if tok != nil && r.fence.unresolved == 0 && !r.fence.broken {
-			if c, ok := rules.CanonicalToken(r.fence.cur.token); ok {
-				if s, ok := tok.Fill(d.SQL, c); ok {
-					tokSent, tokSQL = c, s
-				}
-			}
-		}
 		def := r.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
-		if def != nil && ((def.tok == nil) != (tok == nil) || def.tokSent != tokSent) {
-			def = nil
-		}
 		if def == nil {
 			def = r.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
@@ -429,10 +401,6 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 			def.forward = d.Action == Forward
 			def.preparedForm = preparedForm
 			def.fence = ft.ops
-			def.tok, def.tokSent = tok, tokSent
-		}
-		if tokSent != "" {
-			d.SQL = tokSQL
 		}
 		r.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

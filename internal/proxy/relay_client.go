@@ -360,7 +360,7 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		}
 	}
 	if typ == 'Q' && d.Action == Rewrite && d.Preparable && r.ps != nil && r.srv.opts.AutoPrepare > 0 && !words.any {
-		if done, err := r.autoPrepare(lex, sql, &d, &ft); done || err != nil {
+		if done, err := r.autoPrepare(lex, sql, &d); done || err != nil {
 			return err
 		}
 	}

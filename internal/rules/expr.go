@@ -118,10 +118,6 @@ type fencer struct {
 	// lit: the expressions being built are the token form's, with the
 	// token a constant the proxy fills in (see tokenform.go).
 	lit bool
-	// copying: the expressions being built are a second copy of the real
-	// form's, inside a guarded token form (twin.litNode), and have no
-	// token form of their own.
-	copying bool
 }
 
 // dual returns the expression build makes and, when the splicer makes the
@@ -131,7 +127,7 @@ type fencer struct {
 // known yet.
 func (f *fencer) dual(build func() *pg.Node) *pg.Node {
 	n := build()
-	if f.lit || f.copying || f.sp == nil || !f.sp.tokForm {
+	if f.lit || f.sp == nil || !f.sp.tokForm {
 		return n
 	}
 	// An expression that returns another's node (tokenGuard its guard's)
@@ -155,29 +151,11 @@ type twin struct {
 }
 
 // litNode returns the token-form expression, building it on first use.
-//
-// In the prepared form it is guarded: the server keeps a prepared
-// statement, and stored code can execute it by name (a function's
-// EXECUTE 'EXECUTE s1(...)') after the session's token changed, where no
-// relay sees the run. So the constant is used only while the setting holds
-// it, and the real form runs otherwise:
-//
-//	CASE WHEN s = '<token>' THEN <token form> ELSE <real form> END
-//
-// The comparison is one call and a text equality, far less than the
-// checks the token form spares.
 func (t *twin) litNode() *pg.Node {
 	if t.lit == nil {
-		f := t.f
-		f.lit = true
+		t.f.lit = true
 		t.lit = t.build()
-		f.lit = false
-		if f.sp.tokGuard {
-			f.copying = true
-			real := t.build()
-			f.copying = false
-			t.lit = caseExpr([]*pg.Node{op("=", f.settingExpr(), f.sp.tokHole()), t.lit}, real)
-		}
+		t.f.lit = false
 	}
 	return t.lit
 }

@@ -135,8 +135,7 @@ func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 		}
 		sp.version = tree.Version
 		sp.choosePrefix(tree, r.unicodeEscape(sql))
-		sp.tokForm = len(sql) < valuesFastMinBytes && tokenFormStatements(tree) && !containsFoldASCII(sql, tokHoleName) && !r.unicodeEscape(sql)
-		sp.tokGuard = r.prepared
+		sp.tokForm = len(sql) < valuesFastMinBytes && !r.prepared && tokenFormStatements(tree) && !containsFoldASCII(sql, tokHoleName) && !r.unicodeEscape(sql)
 		w.apply(tree, sp, changed)
 	}
 	if w.err != nil {

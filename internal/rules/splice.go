@@ -62,10 +62,7 @@ type splicer struct {
 	// fencers' expressions paired with their token-form builds, tokHoles
 	// the token's places in those builds; tokFail says it could not be
 	// made, and the decision then has none.
-	tokForm bool
-	// tokGuard: the token form is the guarded one (twin.litNode), for a
-	// statement the server keeps.
-	tokGuard bool
+	tokForm  bool
 	twins    map[*pg.Node]*twin
 	tokHoles []*pg.Node
 	tokFail  bool
@@ -107,10 +104,8 @@ func cat(parts ...txt) txt {
 // number of its placeholder.
 type fragInfo struct {
 	pieces []string
-	// tokPieces are the token form's pieces, nil when they are pieces;
-	// tokOrder says which client text goes after each but the last.
+	// tokPieces are the token form's pieces, nil when they are pieces.
 	tokPieces []string
-	tokOrder  []int
 	id        int
 }
 
@@ -120,11 +115,7 @@ func (f *fragInfo) texts(check string, clients ...string) txt {
 	t := txt{real: fill(f.pieces, clients...), check: check}
 	t.tok = t.real
 	if f.tokPieces != nil {
-		ordered := make([]string, len(f.tokOrder))
-		for i, c := range f.tokOrder {
-			ordered[i] = clients[c]
-		}
-		t.tok = fill(f.tokPieces, ordered...)
+		t.tok = fill(f.tokPieces, clients...)
 	}
 	return t
 }
@@ -504,7 +495,7 @@ func (s *splicer) fragment(key string, holes int, build func(h []*pg.Node) *pg.N
 		return f
 	}
 	if s.tokForm && !s.tokFail && len(s.twins) > 0 {
-		f.tokPieces, f.tokOrder = s.tokText(node, key, holes, text)
+		f.tokPieces = s.tokText(node, key, holes, text)
 	}
 	for i := 0; i < holes; i++ {
 		k := strings.Index(text, holeName(i))

@@ -2,7 +2,6 @@ package rules
 
 import (
 	"errors"
-	"strconv"
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
@@ -38,14 +37,20 @@ import (
 //
 // A relay may send the token form only where the record is what the
 // statement would read: a simple Query sent with the session's values
-// applied in front of it, or a Parse whose every execution is, whose text
-// changes no fence setting, in a session whose token is valid
-// (CanonicalToken). A relay that sends it in a Parse keeps the constant
-// for every later run of the statement, so it prepares the statement again
-// before a run under another token. The decision has a token form only
-// when every statement of the text is one of INSERT, UPDATE, DELETE,
-// MERGE, SELECT and transaction commands: a PREPARE's, a rule's or a
-// function's body would keep the constant where no relay sees it run.
+// applied in front of it, whose text changes no fence setting, in a
+// session whose token is valid (CanonicalToken). The decision has a token
+// form only when every statement of the text runs at once (INSERT, UPDATE,
+// DELETE, MERGE, SELECT and transaction commands): a PREPARE's, a rule's or
+// a function's body would keep the constant for later runs.
+//
+// The prepared form (Rules.Prepared) has none, for the same reason: the
+// server keeps a named statement, and stored code can run it by name
+// (EXECUTE inside a function) after the session's token changed, where no
+// relay sees the run. Guarding each fence with the setting (CASE WHEN
+// setting = '<token>' THEN <token form> ELSE <the form reading it> END)
+// answers correctly under any setting, but PostgreSQL initialises both
+// branches at every execution: measured, it cost more per EXECUTE than
+// the form reading the setting (docs/benchmarks.md).
 
 // tokHoleName is the token's placeholder in a token-form print. A text
 // that holds it (in any case) gets no token form; a configured name that
@@ -86,10 +91,6 @@ func (t *TokenForm) Fill(sent, token string) (string, bool) {
 	}
 	return b.String(), true
 }
-
-// Real returns the decided text the token form is of: the form that reads
-// the token from the setting.
-func (t *TokenForm) Real() string { return t.real }
 
 // newTokenForm splits tok, the token form of real with NUL bytes in the
 // token's places; nil when there are none.
@@ -176,22 +177,17 @@ func (s *splicer) twinsIn(node *pg.Node) [][2]*pg.Node {
 
 // tokText returns the token form's pieces of a fragment printed as text
 // from node, whose key (fragmentTextKey) is key and which has the given
-// number of client holes, and the order of the client texts between them
-// (splitHoles): nil when the form is the same text, or when it cannot be
-// made (tokFail is then set).
+// number of client holes: nil when the form is the same text, or when it
+// cannot be made (tokFail is then set).
 //
 // The token form of an expression is defined by the expression: any
 // print proven for an expression with the same key serves. So proven
 // token forms are kept by the real expression's key, and a hit builds and
 // prints nothing.
-func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) ([]string, []int) {
+func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) []string {
 	form, ok := "", false
-	prefix := "lit|"
-	if s.tokGuard {
-		prefix = "litg|"
-	}
 	if key != "" {
-		form, ok = provenFragments.get(prefix + key)
+		form, ok = provenFragments.get("lit|" + key)
 	}
 	if !ok {
 		pairs := s.twinsIn(node)
@@ -207,60 +203,28 @@ func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) ([]
 			swapTwins(pairs)
 			if err != nil {
 				s.tokFail = true
-				return nil, nil
+				return nil
 			}
 		}
 		if key != "" {
-			provenFragments.put(prefix+key, form)
+			provenFragments.put("lit|"+key, form)
 		}
 	}
 	if form == text {
-		return nil, nil
+		return nil
 	}
-	pieces, order := splitHoles(form, holes)
-	if pieces == nil {
-		s.tokFail = true
-	}
-	return pieces, order
-}
-
-// splitHoles splits form, a print of a fragment with the given number of
-// client holes, at each of its holes' places, in order: the pieces and,
-// between each two, the index of the client text that goes there. A
-// guarded token form (twin.litNode) holds a client text twice, once in
-// each branch. It returns nil when a hole is missing or unknown.
-func splitHoles(form string, holes int) (pieces []string, order []int) {
-	const name = "fenceproxy_hole_"
-	seen := make([]bool, holes)
-	for {
-		k := strings.Index(form, name)
+	pieces := make([]string, holes+1)
+	for i := 0; i < holes; i++ {
+		k := strings.Index(form, holeName(i))
 		if k < 0 {
-			break
+			s.tokFail = true
+			return nil
 		}
-		e := k + len(name)
-		for e < len(form) && form[e] >= '0' && form[e] <= '9' {
-			e++
-		}
-		i, err := strconv.Atoi(form[k+len(name) : e])
-		if err != nil || i >= holes || (e < len(form) && isIdentByte(form[e])) || (k > 0 && (isIdentByte(form[k-1]) || form[k-1] == '.')) {
-			return nil, nil
-		}
-		seen[i] = true
-		pieces = append(pieces, form[:k])
-		order = append(order, i)
-		form = form[e:]
+		pieces[i] = form[:k]
+		form = form[k+len(holeName(i)):]
 	}
-	for _, ok := range seen {
-		if !ok {
-			return nil, nil
-		}
-	}
-	return append(pieces, form), order
-}
-
-// isIdentByte reports whether b may continue an unquoted identifier.
-func isIdentByte(b byte) bool {
-	return b == '_' || b == '$' || b >= 0x80 || (b|0x20 >= 'a' && b|0x20 <= 'z') || (b >= '0' && b <= '9')
+	pieces[holes] = form
+	return pieces
 }
 
 // proveTokText finds the token's placeholders in form, the print of node
