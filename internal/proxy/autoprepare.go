@@ -23,7 +23,7 @@ import (
 // see), a session that sends the same rewritten text again gets, in place
 // of its Query:
 //
-//	Close and Parse of its own statement   (only when the server does not have it)
+//	Close and Parse of its own statement   (at every use: see below)
 //	the lock registration                  (session.register, when the text needs one)
 //	Bind of the unnamed portal, Execute, Sync
 //
