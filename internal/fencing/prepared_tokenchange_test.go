@@ -32,13 +32,13 @@ func rowOf(t *testing.T, d *pgx.Conn, id int) (n int, fence int64) {
 	return n, fence
 }
 
-// TestPreparedTokenForm: a prepared statement reads the token from the
+// TestPreparedTokenChange: a prepared statement reads the token from the
 // setting whatever token the session had at its Parse (the prepared form
 // has no token form: rules/tokenform.go), across changes of the token
 // between its Binds, and the rows written carry the session's token every
 // time. A portal bound with one token and run once the session's token is
 // another writes that one.
-func TestPreparedTokenForm(t *testing.T) {
+func TestPreparedTokenChange(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	e := startRaisersEnv(t)

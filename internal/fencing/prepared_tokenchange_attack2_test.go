@@ -67,7 +67,7 @@ func a2Form(q string) string {
 	return "?"
 }
 
-// TestPreparedTokenFormAttack2FailedParseEarlierSegment: the server has
+// TestPreparedTokenChangeAttack2FailedParseEarlierSegment: the server has
 // the statement (s1, or the unnamed one) parsed with token `prep`; the
 // session's token is then set to `now`. In one write: a segment that
 // sleeps and then sends a Parse of the statement again (it fails or is
@@ -78,7 +78,7 @@ func a2Form(q string) string {
 // made, while the server still has the one parsed with `prep`. The write
 // must carry `now` (70 → 80), or be refused when `now` is stale (90 → 50,
 // the row at 55).
-func TestPreparedTokenFormAttack2FailedParseEarlierSegment(t *testing.T) {
+func TestPreparedTokenChangeAttack2FailedParseEarlierSegment(t *testing.T) {
 	t.Parallel()
 	for _, stmt := range []string{"s1", ""} {
 		for _, tc := range []struct{ prep, now string }{{"70", "80"}, {"90", "50"}} {
@@ -133,14 +133,14 @@ func TestPreparedTokenFormAttack2FailedParseEarlierSegment(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2FailedParseSQLExecute: as
+// TestPreparedTokenChangeAttack2FailedParseSQLExecute: as
 // FailedParseEarlierSegment, but the Parse that fails is decided while a
 // change of the token is unanswered (so in the form that reads the
 // setting), and the statement is then run by SQL EXECUTE, which the
 // proxy lets run without a check when it believes the statement reads
 // the setting. The server has 90's form; the session's token is 50,
 // stale (row at 55): it must be refused.
-func TestPreparedTokenFormAttack2FailedParseSQLExecute(t *testing.T) {
+func TestPreparedTokenChangeAttack2FailedParseSQLExecute(t *testing.T) {
 	t.Parallel()
 	for _, via := range []string{"query", "bind"} {
 		t.Run(via, func(t *testing.T) {
@@ -173,12 +173,12 @@ func TestPreparedTokenFormAttack2FailedParseSQLExecute(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2FailedParseNoSleep: FailedParseEarlierSegment
+// TestPreparedTokenChangeAttack2FailedParseNoSleep: FailedParseEarlierSegment
 // without the sleep, as a pipelining client sends it (one write, a
 // duplicate Parse, Sync, Bind, Execute, Sync), 20 times: how often the
 // write lands with the token the server's statement had instead of the
 // session's.
-func TestPreparedTokenFormAttack2FailedParseNoSleep(t *testing.T) {
+func TestPreparedTokenChangeAttack2FailedParseNoSleep(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	a := atkHijack(t, c)
@@ -207,7 +207,7 @@ func TestPreparedTokenFormAttack2FailedParseNoSleep(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2PoolerUnnamed: PgBouncer in transaction
+// TestPreparedTokenChangeAttack2PoolerUnnamed: PgBouncer in transaction
 // mode behind the proxy, two clients with the same statement text: A, an
 // old holder (token 45, or none), parses the unnamed statement in one
 // transaction (server connection X) and binds it in the next (pgx's
@@ -217,7 +217,7 @@ func TestPreparedTokenFormAttack2FailedParseNoSleep(t *testing.T) {
 // where the unnamed statement is B's, with 50 written in. A's write must
 // be refused (FP001; FP002 without a token), as it is when the
 // statement reads the setting (A's prelude applies 45 on Y).
-func TestPreparedTokenFormAttack2PoolerUnnamed(t *testing.T) {
+func TestPreparedTokenChangeAttack2PoolerUnnamed(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	for _, tc := range []struct {
@@ -336,7 +336,7 @@ func a2HoldAllBut(t *testing.T, pe *poolerEnv, db string, pid int32) (release fu
 	}, p
 }
 
-// TestPreparedTokenFormAttack2SkippedReprepare: the server has s1 in the
+// TestPreparedTokenChangeAttack2SkippedReprepare: the server has s1 in the
 // token form of `prep` (one Bind); the session's token is now `now`. In
 // one write: a segment where an error comes first (1/0), then a Bind and
 // Execute of s1 (the proxy injects Close and Parse of s1 for the new
@@ -344,7 +344,7 @@ func a2HoldAllBut(t *testing.T, pe *poolerEnv, db string, pid int32) (release fu
 // segment with a Bind and Execute of s1, Sync, sent before the first is
 // answered. The proxy assumes its own re-prepare was done; the server
 // still has `prep`'s form. No client Parse is involved.
-func TestPreparedTokenFormAttack2SkippedReprepare(t *testing.T) {
+func TestPreparedTokenChangeAttack2SkippedReprepare(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ prep, now string }{{"70", "80"}, {"90", "50"}} {
 		for _, sleep := range []bool{true, false} {
@@ -383,13 +383,13 @@ func TestPreparedTokenFormAttack2SkippedReprepare(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2ResetBetween: the unnamed portal bound
+// TestPreparedTokenChangeAttack2ResetBetween: the unnamed portal bound
 // with 60 written in; between its Bind and its Execute, in the same
 // pipeline, a named portal removes the token (RESET ALL, RESET
 // fence.token, SET fence.token TO DEFAULT, set_config to the empty string), or a
 // DISCARD. The form that reads the setting refuses (FP002) or the portal
 // is gone; the token form must not write 60.
-func TestPreparedTokenFormAttack2ResetBetween(t *testing.T) {
+func TestPreparedTokenChangeAttack2ResetBetween(t *testing.T) {
 	t.Parallel()
 	for _, form := range atkForms {
 		for _, sql := range []string{"RESET ALL", "RESET fence.token", "SET fence.token TO DEFAULT", "SELECT pg_catalog.set_config('fence.token', '', false)", "SET SESSION fence.token = DEFAULT", "DISCARD ALL"} {
@@ -415,13 +415,13 @@ func TestPreparedTokenFormAttack2ResetBetween(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2NoLeak: the messages the client gets back
+// TestPreparedTokenChangeAttack2NoLeak: the messages the client gets back
 // are exactly the responses to its own, around the proxy's injected
 // Close of the unnamed portal (a second Bind of the unnamed portal in a
 // transaction), its re-prepares (token changed, named portal), a client
 // Close of the unnamed portal, Flush, and Describe of the unnamed
 // statement and portal.
-func TestPreparedTokenFormAttack2NoLeak(t *testing.T) {
+func TestPreparedTokenChangeAttack2NoLeak(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	a := atkHijack(t, c)
@@ -504,11 +504,11 @@ func TestPreparedTokenFormAttack2NoLeak(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2AutoPrepare: auto_prepare (from the 2nd
+// TestPreparedTokenChangeAttack2AutoPrepare: auto_prepare (from the 2nd
 // sending) with the token changing before every simple Query, invalid
 // tokens and a stale one between: each write carries the session's token,
 // the others are refused as they are without auto_prepare.
-func TestPreparedTokenFormAttack2AutoPrepare(t *testing.T) {
+func TestPreparedTokenChangeAttack2AutoPrepare(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	a := atkHijack(t, c)
@@ -545,14 +545,14 @@ func TestPreparedTokenFormAttack2AutoPrepare(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack2LongPipeline: pgconn.Pipeline, 300 writes
+// TestPreparedTokenChangeAttack2LongPipeline: pgconn.Pipeline, 300 writes
 // through a named statement (bound 9 times with 60 first, so in the token
 // form) and the unnamed one, with set_config of a rising token every 1 to
 // 4 writes, binary-format parameters, and no Sync until the end (syncs:
 // false), or a Sync after every 7 operations with a failing statement
 // (1/0) in one segment (syncs: true): every write carries the token set
 // before it; the failed segment's writes are rolled back.
-func TestPreparedTokenFormAttack2LongPipeline(t *testing.T) {
+func TestPreparedTokenChangeAttack2LongPipeline(t *testing.T) {
 	t.Parallel()
 	for _, syncs := range []bool{false, true} {
 		t.Run(fmt.Sprintf("syncs=%v", syncs), func(t *testing.T) {

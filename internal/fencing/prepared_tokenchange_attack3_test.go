@@ -33,14 +33,14 @@ func a3Simple(t *testing.T, c *pgx.Conn, sql string) error {
 	return err
 }
 
-// TestPreparedTokenFormAttack3StoredCodeExecute: a named statement in the
+// TestPreparedTokenChangeAttack3StoredCodeExecute: a named statement in the
 // token form of 60, then the session's token set to 50 (stale: rows at
 // 55) or 70 (newer), then the statement run by stored code the proxy
 // cannot see into: a DO block and a function whose dynamic SQL is
 // "EXECUTE s1(1)". In the form that reads the setting the write reads the
 // session's token (50: refused; 70: written with 70). With 60 written in,
 // the write must not land with 60.
-func TestPreparedTokenFormAttack3StoredCodeExecute(t *testing.T) {
+func TestPreparedTokenChangeAttack3StoredCodeExecute(t *testing.T) {
 	t.Parallel()
 	for _, form := range atkForms {
 		for _, via := range []string{"do", "function"} {
@@ -72,14 +72,14 @@ func TestPreparedTokenFormAttack3StoredCodeExecute(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack3AutoPrepareStoredCode: auto_prepare's own
+// TestPreparedTokenChangeAttack3AutoPrepareStoredCode: auto_prepare's own
 // statement for a repeated simple Query has the token written in (60)
 // and stays on the server after its use; its name is in
 // pg_prepared_statements. The session's token then goes stale (50; row 1
 // is at 60 after the two writes) and stored code runs the proxy's
 // statement by name. Without the token form it would read the
 // session's 50 and be refused.
-func TestPreparedTokenFormAttack3AutoPrepareStoredCode(t *testing.T) {
+func TestPreparedTokenChangeAttack3AutoPrepareStoredCode(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	const q = "UPDATE acct SET n = n + 1 WHERE id = 1"
@@ -168,7 +168,7 @@ func a3Listen(t *testing.T, db string) func(n int) []string {
 	}
 }
 
-// TestPreparedTokenFormAttack3ReloadAudit: named statements prepared in
+// TestPreparedTokenChangeAttack3ReloadAudit: named statements prepared in
 // the token form of 60 under on_stale error; the rules reloaded to audit
 // mode for acct between the Parse and the Bind; then Binds with stale
 // tokens (rows at 55) changing every 9 Binds (so the statement is
@@ -177,7 +177,7 @@ func a3Listen(t *testing.T, db string) func(n int) []string {
 // and an invalid one: every write is audited with the session's token in
 // the notification. Then back to error: stale refused, newer written; and
 // to skip.
-func TestPreparedTokenFormAttack3ReloadAudit(t *testing.T) {
+func TestPreparedTokenChangeAttack3ReloadAudit(t *testing.T) {
 	t.Parallel()
 	c, d, e, db := atkSetupEnv(t)
 	wait := a3Listen(t, db)
@@ -253,14 +253,14 @@ func TestPreparedTokenFormAttack3ReloadAudit(t *testing.T) {
 	atkWantRows(t, d, map[int64][2]int64{1: {62, 57}, 2: {3, 56}, 3: {9, 60}})
 }
 
-// TestPreparedTokenFormAttack3ReloadBetweenBindExecute: the unnamed
+// TestPreparedTokenChangeAttack3ReloadBetweenBindExecute: the unnamed
 // portal of a named statement in the token form of 60 (bound 9 times
 // before, in a transaction), the rules reloaded between its Bind and its
 // Execute (to the same rules: the portal runs, with 60; to skip, audit,
 // unlisted: refused, bound under rules that treat it differently), alone
 // or with a token change by another portal in the same pipeline (then
 // with the session's token: 70 written, 50 stale).
-func TestPreparedTokenFormAttack3ReloadBetweenBindExecute(t *testing.T) {
+func TestPreparedTokenChangeAttack3ReloadBetweenBindExecute(t *testing.T) {
 	t.Parallel()
 	for _, to := range []string{"same", "skip", "audit", "unlisted"} {
 		for _, set := range []string{"", "70", "0060", "50"} {
@@ -318,12 +318,12 @@ func contextWithTimeout(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, 2*time.Second)
 }
 
-// TestPreparedTokenFormAttack3Limit: a session at maxTrackedStatements
+// TestPreparedTokenChangeAttack3Limit: a session at maxTrackedStatements
 // (10000 names: 9999 plain ones and s1 in the token form of 60). A token
 // change makes each Bind of s1 re-prepare it (Close and Parse of the
 // same name): the write carries the session's token; a stale one is
 // refused; a new name is refused at the limit and nothing of it runs.
-func TestPreparedTokenFormAttack3Limit(t *testing.T) {
+func TestPreparedTokenChangeAttack3Limit(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	a := atkHijack(t, c)
@@ -373,12 +373,12 @@ func TestPreparedTokenFormAttack3Limit(t *testing.T) {
 	atkWantRows(t, d, want)
 }
 
-// TestPreparedTokenFormAttack3TextBudget: the session's statement texts
+// TestPreparedTokenChangeAttack3TextBudget: the session's statement texts
 // fill maxTrackedTextBytes (the proxy keeps no more text), then s1 is
 // parsed in the token form of 60, its text not kept. A token change
 // before a Bind, and a reload after, must still give writes with the
 // session's token or a refusal.
-func TestPreparedTokenFormAttack3TextBudget(t *testing.T) {
+func TestPreparedTokenChangeAttack3TextBudget(t *testing.T) {
 	t.Parallel()
 	c, d, e, _ := atkSetupEnv(t)
 	a := atkHijack(t, c)
@@ -413,13 +413,13 @@ func TestPreparedTokenFormAttack3TextBudget(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack3DeallocateBetween: s1 in the token form of
+// TestPreparedTokenChangeAttack3DeallocateBetween: s1 in the token form of
 // 60; the token set to 70; then, in one pipeline, DEALLOCATE ALL or
 // DISCARD ALL (through a named portal, or a simple Query in front), a
 // Parse of s1 again, and its Bind; or a SQL PREPARE of the same name
 // (the form that reads the setting) in place of the Parse. Every write
 // carries 70; with a stale 50, refused.
-func TestPreparedTokenFormAttack3DeallocateBetween(t *testing.T) {
+func TestPreparedTokenChangeAttack3DeallocateBetween(t *testing.T) {
 	t.Parallel()
 	for _, what := range []string{"DEALLOCATE ALL", "DISCARD ALL", "DEALLOCATE s1"} {
 		for _, how := range []string{"portal", "query"} {
@@ -492,11 +492,11 @@ func (a *atkRaw) a2Count() string {
 	return a.value("SELECT count(*) FROM pg_prepared_statements")
 }
 
-// TestPreparedTokenFormAttack3GuardStoredCode: StoredCodeExecute in a
+// TestPreparedTokenChangeAttack3GuardStoredCode: StoredCodeExecute in a
 // database with the guard (its triggers read the setting): s1 in the
 // token form of 43 (rows at 42), the session's token then 41 (stale),
 // and stored code runs "EXECUTE s1(1)".
-func TestPreparedTokenFormAttack3GuardStoredCode(t *testing.T) {
+func TestPreparedTokenChangeAttack3GuardStoredCode(t *testing.T) {
 	t.Parallel()
 	e := startRaisersEnv(t)
 	g := review27Guard(t, e)
@@ -516,14 +516,14 @@ func TestPreparedTokenFormAttack3GuardStoredCode(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttack3LockTakeover: lock-fenced acct (lock:
+// TestPreparedTokenChangeAttack3LockTakeover: lock-fenced acct (lock:
 // optional) and jobs (lock: required). Holder A (lock L, token 10) and B
 // (L, 11) each have named statements in their token form, bound 9 times.
 // B writes (registers 11): A's Binds are refused. A then sets 12 in the
 // pipeline of its Bind (A's statements are prepared again; the
 // registration reads the setting): A's writes land with 12, and B's
 // statements (11 written in) must now be refused.
-func TestPreparedTokenFormAttack3LockTakeover(t *testing.T) {
+func TestPreparedTokenChangeAttack3LockTakeover(t *testing.T) {
 	t.Parallel()
 	checker, _ := startChecker(t, lockRules)
 	e := startLockEnvWith(t, policy.Options{Checks: checker})

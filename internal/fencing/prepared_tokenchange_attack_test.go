@@ -159,13 +159,13 @@ func atkPrepare(t *testing.T, c *pgx.Conn, form, name, sql string) {
 	setToken(t, c, "60")
 }
 
-// TestPreparedTokenFormAttackSQLExecute: a named protocol-level statement
+// TestPreparedTokenChangeAttackSQLExecute: a named protocol-level statement
 // prepared in the token form of 60, then the token set to 50 (stale: the
 // row's last_fence is 55), then run by SQL EXECUTE (which reaches the same
 // server-side statement as a Bind would). The write must be refused; it
 // must not land with 60. With a newer token (70) it lands with 70, in
 // either form.
-func TestPreparedTokenFormAttackSQLExecute(t *testing.T) {
+func TestPreparedTokenChangeAttackSQLExecute(t *testing.T) {
 	t.Parallel()
 	for _, form := range atkForms {
 		t.Run(form, func(t *testing.T) {
@@ -227,12 +227,12 @@ func TestPreparedTokenFormAttackSQLExecute(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackFetchPortal: a portal of the token form of 60
+// TestPreparedTokenChangeAttackFetchPortal: a portal of the token form of 60
 // (UPDATE ... RETURNING), then the token set to 50 (stale) in the same
 // transaction, then FETCH / MOVE on the portal by SQL: PostgreSQL runs the
 // portal's UPDATE at its first FETCH, with no Execute message for the
 // proxy's check (checkPortalToken) to see.
-func TestPreparedTokenFormAttackFetchPortal(t *testing.T) {
+func TestPreparedTokenChangeAttackFetchPortal(t *testing.T) {
 	t.Parallel()
 	for _, form := range atkForms {
 		for _, cmd := range []string{"FETCH ALL FROM p", "MOVE ALL IN p"} {
@@ -262,13 +262,13 @@ func TestPreparedTokenFormAttackFetchPortal(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackDuplicatePortalSavepoint: a portal p of the
+// TestPreparedTokenChangeAttackDuplicatePortalSavepoint: a portal p of the
 // token form of 60 in a transaction; in a savepoint, a second Bind of p
 // (from an unfenced statement) fails on the server, and the proxy's entry
 // for p becomes the failed Bind's; ROLLBACK TO brings the transaction back
 // with the first portal p still open. Then the token is set to 50 (stale)
 // and p is executed.
-func TestPreparedTokenFormAttackDuplicatePortalSavepoint(t *testing.T) {
+func TestPreparedTokenChangeAttackDuplicatePortalSavepoint(t *testing.T) {
 	t.Parallel()
 	for _, form := range atkForms {
 		t.Run(form, func(t *testing.T) {
@@ -332,12 +332,12 @@ func atkWantRows(t *testing.T, d *pgx.Conn, want map[int64][2]int64) {
 	}
 }
 
-// TestPreparedTokenFormAttackPipelineSetConfig: set_config of the token by
+// TestPreparedTokenChangeAttackPipelineSetConfig: set_config of the token by
 // a Bind and Execute in the same pipeline (no Sync in between) as the
 // Binds of a statement prepared in the token form: each write carries the
 // token set just before it, whether the statement had fewer or more than
 // 8 Binds with the old one; a stale one in the pipeline is refused.
-func TestPreparedTokenFormAttackPipelineSetConfig(t *testing.T) {
+func TestPreparedTokenChangeAttackPipelineSetConfig(t *testing.T) {
 	t.Parallel()
 	for _, binds := range []int{1, 9} {
 		t.Run(fmt.Sprint(binds), func(t *testing.T) {
@@ -409,12 +409,12 @@ var atkModes = []pgx.QueryExecMode{
 	pgx.QueryExecModeExec,
 }
 
-// TestPreparedTokenFormAttackEveryExecution: the token changes before
+// TestPreparedTokenChangeAttackEveryExecution: the token changes before
 // every execution (rising, with leading zeros, sometimes the same one,
 // runs of 8 and more with one token), in each pgx mode: every write
 // returns and stores the session's token, a stale one is refused, and
 // the server ends with no statement other than pgx's own.
-func TestPreparedTokenFormAttackEveryExecution(t *testing.T) {
+func TestPreparedTokenChangeAttackEveryExecution(t *testing.T) {
 	t.Parallel()
 	for _, mode := range atkModes {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -482,9 +482,9 @@ func TestPreparedTokenFormAttackEveryExecution(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackBatch: pgx Batches that set the token and
+// TestPreparedTokenChangeAttackBatch: pgx Batches that set the token and
 // write, several times, in one round trip (one Sync), in each mode.
-func TestPreparedTokenFormAttackBatch(t *testing.T) {
+func TestPreparedTokenChangeAttackBatch(t *testing.T) {
 	t.Parallel()
 	for _, mode := range atkModes {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -537,11 +537,11 @@ func TestPreparedTokenFormAttackBatch(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackBadTokens: a statement in the token form of
+// TestPreparedTokenChangeAttackBadTokens: a statement in the token form of
 // 60 (and one bound 9 times with it), then tokens that are not valid:
 // every write refused as the form that reads the setting refuses it, the
 // rows unchanged; a Parse with an invalid token is not in the token form.
-func TestPreparedTokenFormAttackBadTokens(t *testing.T) {
+func TestPreparedTokenChangeAttackBadTokens(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	atkPrepare(t, c, "token", "once", atkUpd)
@@ -591,10 +591,10 @@ func TestPreparedTokenFormAttackBadTokens(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackTransactions: SET LOCAL, savepoints,
+// TestPreparedTokenChangeAttackTransactions: SET LOCAL, savepoints,
 // ROLLBACK TO, RELEASE and ROLLBACK between executions of a statement in
 // the token form: each write carries the token in effect.
-func TestPreparedTokenFormAttackTransactions(t *testing.T) {
+func TestPreparedTokenChangeAttackTransactions(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	const q = "UPDATE acct SET n = n + 1 WHERE id = $1 RETURNING last_fence"
@@ -676,13 +676,13 @@ func TestPreparedTokenFormAttackTransactions(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackPortalSavepoints: a portal of the token form
+// TestPreparedTokenChangeAttackPortalSavepoints: a portal of the token form
 // with the token changed and restored between Bind and Execute by
 // ROLLBACK TO runs with the restored one; bound inside a savepoint with a
 // SET LOCAL token, then RELEASE, it runs with that one; with another token
 // set between Bind and Execute it runs with that one, as the form that
 // reads the setting would.
-func TestPreparedTokenFormAttackPortalSavepoints(t *testing.T) {
+func TestPreparedTokenChangeAttackPortalSavepoints(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	atkPrepare(t, c, "token", "s1", atkUpd)
@@ -763,10 +763,10 @@ func TestPreparedTokenFormAttackPortalSavepoints(t *testing.T) {
 	atkWantRows(t, d, map[int64][2]int64{1: {1, 60}, 2: {1, 70}, 3: {2, 75}})
 }
 
-// TestPreparedTokenFormAttackUnnamed: the unnamed statement parsed once in
+// TestPreparedTokenChangeAttackUnnamed: the unnamed statement parsed once in
 // the token form and bound again and again in one pipeline with the token
 // set between the Binds by another statement.
-func TestPreparedTokenFormAttackUnnamed(t *testing.T) {
+func TestPreparedTokenChangeAttackUnnamed(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	a := atkHijack(t, c)
@@ -799,12 +799,12 @@ func TestPreparedTokenFormAttackUnnamed(t *testing.T) {
 	atkWantRows(t, d, want)
 }
 
-// TestPreparedTokenFormAttackCloseReuse: Close of a statement in the
+// TestPreparedTokenChangeAttackCloseReuse: Close of a statement in the
 // token form and a Parse of the name again (the same text, another
 // token); a failing Parse of a name already defined, with another token,
 // leaves the old definition, which the proxy must still prepare again;
 // DISCARD ALL; Describe before Bind.
-func TestPreparedTokenFormAttackCloseReuse(t *testing.T) {
+func TestPreparedTokenChangeAttackCloseReuse(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	a := atkHijack(t, c)
@@ -857,11 +857,11 @@ func TestPreparedTokenFormAttackCloseReuse(t *testing.T) {
 	atkWantRows(t, d, map[int64][2]int64{1: {2, 91}, 2: {1, 80}, 3: {1, 90}})
 }
 
-// TestPreparedTokenFormAttackReload: statements in the token form while
+// TestPreparedTokenChangeAttackReload: statements in the token form while
 // the rules are reloaded (acct from on_stale error to skip and back):
 // writes carry the session's token, stale ones are refused or skipped as
 // the rules in force say.
-func TestPreparedTokenFormAttackReload(t *testing.T) {
+func TestPreparedTokenChangeAttackReload(t *testing.T) {
 	t.Parallel()
 	c, d, e, _ := atkSetupEnv(t)
 	const q = "UPDATE acct SET n = n + 1 WHERE id = $1"
@@ -920,9 +920,9 @@ func TestPreparedTokenFormAttackReload(t *testing.T) {
 	atkWantRows(t, d, map[int64][2]int64{1: {1, 70}, 2: {12, 81}, 3: {9, 60}})
 }
 
-// TestPreparedTokenFormAttackLibPQ: lib/pq's prepared statements (unnamed
+// TestPreparedTokenChangeAttackLibPQ: lib/pq's prepared statements (unnamed
 // per Exec with arguments, named by Prepare) with the token changing.
-func TestPreparedTokenFormAttackLibPQ(t *testing.T) {
+func TestPreparedTokenChangeAttackLibPQ(t *testing.T) {
 	t.Parallel()
 	_, d, e, db := atkSetupEnv(t)
 	pc := pinnedPQ(t, e.proxy.DSN("postgres", "", db)+"&sslmode=disable")
@@ -956,12 +956,12 @@ func TestPreparedTokenFormAttackLibPQ(t *testing.T) {
 	atkWantRows(t, d, map[int64][2]int64{1: {20, 80}, 2: {20, 80}, 3: {0, 55}})
 }
 
-// TestPreparedTokenFormAttackLock: a lock-fenced table (acct of
+// TestPreparedTokenChangeAttackLock: a lock-fenced table (acct of
 // lockRules) with pgx's cached statements in the token form: the old
 // holder's statement, bound 10 times with its token, is refused once a
 // newer holder has written, by a Bind and by SQL EXECUTE of pgx's
 // statement; its row keeps the newer holder's token.
-func TestPreparedTokenFormAttackLock(t *testing.T) {
+func TestPreparedTokenChangeAttackLock(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	checker, _ := startChecker(t, lockRules)
@@ -1000,11 +1000,11 @@ func TestPreparedTokenFormAttackLock(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackFunctionSetConfig: a function that sets the
+// TestPreparedTokenChangeAttackFunctionSetConfig: a function that sets the
 // token from inside the statement (the proxy cannot see it). The row must
 // carry the token the proxy's record has (60), in both forms; logged:
 // what each form writes.
-func TestPreparedTokenFormAttackFunctionSetConfig(t *testing.T) {
+func TestPreparedTokenChangeAttackFunctionSetConfig(t *testing.T) {
 	t.Parallel()
 	for _, form := range atkForms {
 		t.Run(form, func(t *testing.T) {
@@ -1028,12 +1028,12 @@ func TestPreparedTokenFormAttackFunctionSetConfig(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackSuspendedPortal: a portal of the token form
+// TestPreparedTokenChangeAttackSuspendedPortal: a portal of the token form
 // of UPDATE ... RETURNING run with a row limit (PostgreSQL runs the whole
 // UPDATE at the first Execute), then the token changed and the rest
 // fetched. No row may carry the new token; logged: whether the fetch of
 // rows already written is refused (FP003, the documented change).
-func TestPreparedTokenFormAttackSuspendedPortal(t *testing.T) {
+func TestPreparedTokenChangeAttackSuspendedPortal(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	atkPrepare(t, c, "token", "s1", "UPDATE acct SET n = n + 1 WHERE id <= $1 RETURNING id")
@@ -1059,12 +1059,12 @@ func TestPreparedTokenFormAttackSuspendedPortal(t *testing.T) {
 	}
 }
 
-// TestPreparedTokenFormAttackSuspendedUnnamed: the unnamed portal of the
+// TestPreparedTokenChangeAttackSuspendedUnnamed: the unnamed portal of the
 // token form of UPDATE ... RETURNING run with a row limit (the whole
 // UPDATE runs at the first Execute, with 60), then the token set to 70
 // through another portal, then the rest fetched: the rows written carry
 // 60, and the rest of the rows comes back (the write is done: no FP003).
-func TestPreparedTokenFormAttackSuspendedUnnamed(t *testing.T) {
+func TestPreparedTokenChangeAttackSuspendedUnnamed(t *testing.T) {
 	t.Parallel()
 	c, d := atkSetup(t)
 	atkPrepare(t, c, "token", "s1", "UPDATE acct SET n = n + 1 WHERE id <= $1 RETURNING id")
