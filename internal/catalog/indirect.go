@@ -233,17 +233,19 @@ type pathGraph struct {
 	edgeMemo  map[pathState][]pathEdge
 }
 
-// The catalog queries. User relations only: the system schemas and the
-// temporary schemas (of other sessions, or objects that vanish with this
-// one) are left out.
+// The catalog queries. User relations only: the system schemas' own
+// (below the first normal OID) and TOAST tables are left out. Temporary
+// relations are read too: another session can write through a temporary
+// view (views have no storage), and a superuser can create one in
+// information_schema.
 const (
 	pathRelsSQL = `
 		SELECT c.oid, n.nspname, c.relname, c.relkind::text, c.relispartition,
 			CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_relation_is_updatable(c.oid, false) ELSE 0 END
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p', 'f', 'v')
-			AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-			AND n.nspname !~ '^pg_(toast|temp_|toast_temp_)'`
+			AND (n.nspname NOT IN ('pg_catalog', 'information_schema') OR c.oid >= 16384)
+			AND n.nspname !~ '^pg_toast'`
 
 	// The node tree of each view's SELECT rule and of every other rule.
 	pathRewriteSQL = `
@@ -252,8 +254,8 @@ const (
 		FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p', 'f', 'v')
-			AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-			AND n.nspname !~ '^pg_(toast|temp_|toast_temp_)'
+			AND (n.nspname NOT IN ('pg_catalog', 'information_schema') OR c.oid >= 16384)
+			AND n.nspname !~ '^pg_toast'
 		ORDER BY r.ev_class, r.rulename`
 
 	// tgtype bits (pg_trigger.h): 64 INSTEAD, 4 INSERT, 8 DELETE, 16 UPDATE.

@@ -38,6 +38,14 @@ var watchV1SQL string
 
 var watchBodyV1 = dollarBody(watchV1SQL, "body")
 
+// watchV2SQL is catalog_changed as setup installed it before it counted
+// temporary views, their rules and triggers.
+//
+//go:embed watch_v2.sql
+var watchV2SQL string
+
+var watchBodyV2 = dollarBody(watchV2SQL, "body")
+
 // CatalogCheckProc is the procedure of watch.sql the proxy calls in a
 // write's transaction, just before the write, with the stamp it decided
 // the write under: it raises FP003 when the catalog stamp is another.
@@ -83,7 +91,7 @@ ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 // readWatch returns the check procedure of the catalog watch if the watch
 // is in place as watch.sql and watchTriggersSQL install it, or as an
 // earlier version did: the stamp's table with its row and columns, the
-// function with this source (or watch_v1.sql's) and declaration, both
+// function with this source (or watch_v1.sql's, watch_v2.sql's) and declaration, both
 // event triggers calling it, enabled always, for every command, and a
 // check procedure with its source, CatalogCheckProc or
 // LegacyCatalogCheckProc. It returns "" when the watch is not in place,
@@ -96,7 +104,7 @@ func readWatch(ctx context.Context, q catalog.Querier) (proc string, current boo
 			SELECT p.oid, p.prosrc = $1 AS current FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 			WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_changed' AND p.pronargs = 0
 				AND p.prorettype = 'pg_catalog.event_trigger'::pg_catalog.regtype
-				AND p.prosrc IN ($1, $8) AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
+				AND p.prosrc IN ($1, $8, $9) AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
 		t AS (
 			SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r'),
@@ -117,7 +125,7 @@ func readWatch(ctx context.Context, q catalog.Querier) (proc string, current boo
 				ELSE '' END,
 			coalesce((SELECT bool_and(current) FROM f), false)`,
 		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody, legacyCheckBody,
-		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1).Scan(&table, &ok, &proc, &bodyCurrent)
+		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1, watchBodyV2).Scan(&table, &ok, &proc, &bodyCurrent)
 	if err != nil {
 		return "", false, fmt.Errorf("read the catalog watch: %w", err)
 	}

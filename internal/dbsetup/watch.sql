@@ -27,7 +27,10 @@ ALTER TABLE fenceproxy.catalog ADD COLUMN IF NOT EXISTS base bigint, ADD COLUMN 
 -- every command except those that cannot open a path (of indexes and
 -- statistics objects only, comments, privileges, materialized view
 -- refreshes) and those on this
--- session's temporary objects (other sessions cannot write through them),
+-- session's temporary tables and other temporary objects that no other
+-- session can write through (its temporary views, and their rules and
+-- triggers, count: a view has no storage, and another session can write
+-- through it by its schema's name),
 -- and notifies fenceproxy_catalog so that proxies check again at once.
 -- ddl_command_end reports no objects for DROP: sql_drop counts those (a
 -- dropped rule or INSTEAD OF trigger can make a view updatable). A
@@ -42,7 +45,8 @@ AS $body$
 BEGIN
 	IF TG_EVENT = 'sql_drop' THEN
 		IF NOT EXISTS (SELECT FROM pg_event_trigger_dropped_objects()
-				WHERE NOT is_temporary AND object_type NOT IN ('index', 'index column', 'statistics object')) THEN
+				WHERE (NOT is_temporary OR object_type IN ('view', 'rule', 'trigger'))
+					AND object_type NOT IN ('index', 'index column', 'statistics object')) THEN
 			RETURN;
 		END IF;
 	ELSIF TG_TAG IN ('COMMENT', 'GRANT', 'REVOKE', 'ALTER DEFAULT PRIVILEGES', 'SECURITY LABEL',
@@ -53,7 +57,8 @@ BEGIN
 		OR (TG_TAG IN ('CREATE INDEX', 'ALTER INDEX', 'REINDEX', 'CREATE STATISTICS', 'ALTER STATISTICS')
 			AND NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands()
 				WHERE object_type NOT IN ('index', 'index column', 'statistics object')))
-		OR NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands() WHERE schema_name IS DISTINCT FROM 'pg_temp') THEN
+		OR NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands()
+			WHERE schema_name IS DISTINCT FROM 'pg_temp' OR object_type IN ('view', 'rule', 'trigger')) THEN
 		RETURN;
 	END IF;
 	-- A plain UPDATE, not an upsert: ON CONFLICT DO UPDATE locks the row

@@ -19,7 +19,7 @@ import (
 
 // TestWatch: setup as a superuser installs the catalog watch, once; check
 // finds it; the commands that may open a path move the stamp and notify,
-// the others (temporary objects, indexes, comments) do not.
+// the others (temporary tables, indexes, comments) do not.
 func TestWatch(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -71,7 +71,11 @@ func TestWatch(t *testing.T) {
 		{"CREATE TABLE parent (id int); ", true},
 		{"BEGIN; ALTER TABLE acct INHERIT parent; ROLLBACK", false}, // counted only if committed
 		{"CREATE TEMP TABLE scratch (id int)", false},
-		{"CREATE TEMP VIEW tv AS SELECT 1", false},
+		// Another session can write through a temporary view, by its
+		// schema's name: counted, with its rules and triggers.
+		{"CREATE TEMP VIEW tv AS SELECT 1", true},
+		{"CREATE RULE tr AS ON INSERT TO tv DO INSTEAD NOTHING", true},
+		{"DROP VIEW tv", true},
 		{"DROP TABLE scratch", false},
 		{"CREATE INDEX other_n ON other (n)", false},
 		{"ALTER INDEX other_n RENAME TO other_n2", false},
@@ -331,6 +335,19 @@ func TestCatalogCheckForms(t *testing.T) {
 		}
 		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
 			t.Fatalf("check after setup: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
+		}
+		// The version before it counted temporary views: the same.
+		v2, err := os.ReadFile("watch_v2.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		execSQL(t, conn, string(v2))
+		rep, err = dbsetup.Check(ctx, conn, sp)
+		if err != nil || !rep.Watched || !slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check with the v2 catalog_changed: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
+		}
+		if rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{}); err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch") {
+			t.Fatalf("setup over the v2 catalog_changed: %v, actions %q", err, rep.Actions)
 		}
 		// Neither check in place: not watched.
 		execSQL(t, conn, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint); DROP PROCEDURE "+dbsetup.LegacyCatalogCheckProc+"(bigint)")

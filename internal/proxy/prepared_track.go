@@ -284,7 +284,9 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 	// The token form of the rewritten text, if any: d is rebuilt below.
 	tf := d.Tok
 	var calls []int
-	spare := r.fence.on && r.spare(d.Lock)
+	// A text that changes a fence setting runs its statements with what it
+	// set, not with the record: its registration is never spared.
+	spare := r.fence.on && len(ft.ops) == 0 && r.spare(d.Lock)
 	var regLock *rules.LockCall // the registration sent, if any
 	checkFirst := 0             // the catalog check in front of the registrations
 	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (r.lockNamed || d.Lock.Required) && !spare {
@@ -316,7 +318,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		case lock != nil && (calls != nil || ops[0].Stmts != 1):
 			*d = rules.Decision{Action: Refuse, Err: refusePrepared("EXECUTE of a prepared statement on a lock-fenced table must be a statement of its own",
 				"Send the EXECUTE alone in its Query, so that the lock registration can precede it.")}
-		case lock != nil && r.fence.on && r.spare(lock):
+		case lock != nil && r.fence.on && len(ft.ops) == 0 && r.spare(lock):
 		case lock != nil:
 			regLock = lock
 			out := sql
@@ -377,7 +379,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		}
 		var regDone func(outcome)
 		if regLock != nil {
-			regDone = r.registeredDone(regLock)
+			regDone = r.registeredDone(regLock, ft.ops)
 		}
 		pre := 0
 		if ft.prelude && d.Action != Refuse {

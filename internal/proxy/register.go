@@ -92,7 +92,7 @@ func (r *requests) register(call string, l *rules.LockCall) error {
 	})
 	ps.countSent('B')
 	msgs = append(msgs, out{'B', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}})
-	ps.expect('C', r.registeredDone(l))
+	ps.expect('C', r.registeredDone(l, nil))
 	ps.countSent('E')
 	msgs = append(msgs, out{'E', &pgproto3.Execute{Portal: name}})
 	if !prepared {

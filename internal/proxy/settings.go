@@ -48,11 +48,20 @@ func (t *tracker) spare(l *rules.LockCall) bool {
 
 // registered returns the callback for a registration's response (nil
 // when it proves nothing: audit mode). Callers hold session.mu.
-func (t *tracker) registeredDone(l *rules.LockCall) func(outcome) {
-	if !t.fence.on || l == nil || l.Audit {
+//
+// A registration proves something only when it ran with the record's
+// values (the text changes no fence setting: ops is empty; a text that
+// does runs its registration with what its own statements set) and took
+// the lock: a named lock and a valid token (with an invalid one, the
+// registration of a table whose lock is optional takes nothing).
+func (t *tracker) registeredDone(l *rules.LockCall, ops []rules.SettingOp) func(outcome) {
+	if !t.fence.on || l == nil || l.Audit || len(ops) > 0 {
 		return nil
 	}
 	lk, tok := t.fence.cur.lock, t.fence.cur.token
+	if _, valid := rules.CanonicalToken(tok); !valid || lk == "" {
+		return nil
+	}
 	return func(o outcome) {
 		if o == outcomeOK && t.fence.inTx && !t.fence.failed {
 			t.fence.registered, t.fence.regLock, t.fence.regToken = true, lk, tok
@@ -180,6 +189,63 @@ func (ft *fenceText) statementAfterEnd() bool {
 		}
 	}
 	return false
+}
+
+// sameTextRefusal refuses a Query text in which a statement on a
+// protected table (or an EXECUTE) follows, in the same text, a statement
+// after which the server's fence settings may not be the record's: the
+// session's values are applied once, in front of the text. Before the
+// last such statement, no statement may call a function or procedure or
+// run stored code (the call may set them), other than SELECT set_config
+// alone and the writes of protected tables, and no RESET, SET … TO
+// DEFAULT, RESET ALL or SET …
+// FROM CURRENT of a fence setting (behind a transaction pooler the
+// server's default is the pooled connection's, not the client's).
+func (t *tracker) sameTextRefusal(sql string, ft *fenceText) *rules.Error {
+	if strings.IndexByte(sql, ';') < 0 {
+		return nil
+	}
+	st := ft.st
+	if st.Stmts == 0 {
+		// Parsed as the rewriter parsed it, which decided the text (and
+		// refuses what it cannot read as the server would).
+		var panicked bool
+		var err error
+		st, panicked, err = t.settingOps(sql)
+		switch {
+		case panicked:
+			return refusePrepared("internal error reading the statement's fence settings", "")
+		case err != nil:
+			return refuseFenceUnknown("the statement does not parse here (" + err.Error() + ")")
+		case st.Stmts == 0 && len(st.Ops) > 0:
+			return refuseSameText("the text is too long to check")
+		}
+	}
+	last := -1
+	for i := st.Stmts - 1; i >= 0; i-- {
+		if st.Protected[i] || st.Execute[i] {
+			last = i
+			break
+		}
+	}
+	for i := 0; i < last; i++ {
+		if st.Calls[i] && !st.Plain[i] && !(st.Protected[i] && st.Write[i]) {
+			return refuseSameText("it follows a statement that may call a function, which may change the fence settings")
+		}
+	}
+	for _, op := range st.Ops {
+		if op.Stmt < last && (op.Kind == rules.SetDefault || op.Kind == rules.ResetAll || op.Kind == rules.SetCurrent) {
+			return refuseSameText("it follows a RESET (or SET … TO DEFAULT, or SET … FROM CURRENT) of a fence setting, whose value on the server the proxy cannot know behind a pooler")
+		}
+	}
+	return nil
+}
+
+// refuseSameText refuses a statement on a protected table that cannot
+// run in its Query text (sameTextRefusal).
+func refuseSameText(why string) *rules.Error {
+	return refusePrepared("a statement on a protected table cannot run in this Query: "+why,
+		"Send the statement on the protected table first in its Query, or in a Query of its own, with the fence settings set by SET or SET LOCAL.")
 }
 
 // fenceDone returns the callback that records a's outcome. Callers hold
@@ -427,6 +493,8 @@ func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql s
 		}
 		if !ok {
 			refusal = errFenceBroken
+		} else {
+			refusal = r.sameTextRefusal(sql, ft)
 		}
 		r.lockNamed = named || ft.lock
 		// A read of a lock-fenced table that registers nothing in this

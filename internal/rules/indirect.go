@@ -135,6 +135,37 @@ func (s *IndirectSet) check(sql string) *Error {
 				// refused when it is created, as one that mentions a
 				// protected table is.
 				out = s.storedCodeHit(sql)
+			case *pg.ViewStmt:
+				// A view over such a relation may be updatable through
+				// it: a new path, which the statements after it in the
+				// same transaction could write before the proxy learns
+				// of it (its check compares the catalog as it was when
+				// the transaction began).
+				walkMessages(n.ProtoReflect(), func(m protoreflect.Message) bool {
+					if rv, ok := m.Interface().(*pg.RangeVar); ok && out == nil {
+						out = s.ddlHit(rv, "CREATE VIEW over")
+					}
+					return out == nil
+				})
+			case *pg.RenameStmt:
+				if n.RenameType != pg.ObjectType_OBJECT_COLUMN && n.RenameType != pg.ObjectType_OBJECT_TABCONSTRAINT {
+					out = s.ddlHit(n.Relation, "RENAME of")
+				}
+			case *pg.AlterObjectSchemaStmt:
+				out = s.ddlHit(n.Relation, "SET SCHEMA of")
+			case *pg.AlterTableStmt:
+				// Under a new parent, or attached as a partition, the
+				// relation's writes are reached through the parent.
+				for _, c := range n.Cmds {
+					cmd := c.GetAlterTableCmd()
+					switch {
+					case out != nil || cmd == nil:
+					case cmd.Subtype == pg.AlterTableType_AT_AddInherit:
+						out = s.ddlHit(n.Relation, "INHERIT of")
+					case cmd.Subtype == pg.AlterTableType_AT_AttachPartition:
+						out = s.ddlHit(cmd.Def.GetPartitionCmd().GetName(), "ATTACH PARTITION of")
+					}
+				}
 			case *pg.TruncateStmt:
 				for _, r := range n.Relations {
 					if out = s.hit(r.GetRangeVar(), "TRUNCATE", n.Behavior == pg.DropBehavior_DROP_CASCADE); out != nil {
@@ -196,6 +227,35 @@ func mentionsWord(sql, name string) bool {
 	return false
 }
 
+// sameSchema reports whether a statement's schema name (empty when the
+// name is unqualified) may be a path's: an unqualified name matches any
+// schema, pg_temp any temporary schema.
+func sameSchema(named, path string) bool {
+	return named == "" || named == path || (named == "pg_temp" && strings.HasPrefix(path, "pg_temp_"))
+}
+
+// ddlHit returns the refusal of DDL (what) on rv that would give one of
+// the set's relations a new name, place or parent, or a view over it.
+func (s *IndirectSet) ddlHit(rv *pg.RangeVar, what string) *Error {
+	if rv == nil {
+		return nil
+	}
+	for _, p := range s.byRel[rv.Relname] {
+		if !sameSchema(rv.Schemaname, p.Schema) {
+			continue
+		}
+		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
+		return &Error{
+			Code:    CodeRefused,
+			Message: fmt.Sprintf("fenceproxy: %s %s is not allowed through the proxy: %s writes protected table %s without naming it", what, rel, rel, p.Target),
+			Detail:  p.Via + ". The statement would open a path to it that the proxy learns of only after the transaction commits.",
+			Hint:    "Run the DDL on a direct connection to PostgreSQL, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
+			Table:   p.Target,
+		}
+	}
+	return nil
+}
+
 // hit returns the refusal for a write of kind op to rv, if rv may be one
 // of the set's relations (an unqualified name matches any schema).
 func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool) *Error {
@@ -203,7 +263,7 @@ func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool) *Error {
 		return nil
 	}
 	for _, p := range s.byRel[rv.Relname] {
-		if rv.Schemaname != "" && rv.Schemaname != p.Schema {
+		if !sameSchema(rv.Schemaname, p.Schema) {
 			continue
 		}
 		if !slices.Contains(p.Ops, op) || (op == "TRUNCATE" && p.CascadeOnly && !cascade) {

@@ -38,6 +38,21 @@ func TestIndirectSet(t *testing.T) {
 		{"SELECT 'tenants'", false},
 		{"DELETE FROM U&\"\\0076\"", true},    // v in disguise
 		{"DELETE FROM tenants WHERE (", true}, // does not parse
+		// DDL that would open a path from one, written in the same
+		// transaction before the proxy learns of it.
+		{"CREATE VIEW pv AS SELECT * FROM v", true},
+		{"CREATE TEMP VIEW pv AS SELECT * FROM (SELECT * FROM public.v) s", true},
+		{"CREATE VIEW pv AS SELECT * FROM other.v", false},
+		{"CREATE OR REPLACE VIEW v AS SELECT 1 AS a", true},
+		{"ALTER VIEW v RENAME TO harmless", true},
+		{"ALTER TABLE events RENAME TO harmless", true},
+		{"ALTER TABLE events RENAME COLUMN a TO b", false},
+		{"ALTER VIEW public.v SET SCHEMA elsewhere", true},
+		{"ALTER TABLE tenants INHERIT grand", true},
+		{"ALTER TABLE tenants NO INHERIT grand", false},
+		{"ALTER TABLE grand ATTACH PARTITION events FOR VALUES IN (1)", true},
+		{"ALTER TABLE events ATTACH PARTITION e2 FOR VALUES IN (1)", false},
+		{"UPDATE pg_temp.v SET a = 1", false}, // v is public's
 	} {
 		e := s.Check(c.sql)
 		if (e != nil) != c.refuse {
@@ -52,6 +67,17 @@ func TestIndirectSet(t *testing.T) {
 	}
 	if e := s.Check("DELETE FROM tenants"); e == nil || e.Detail != "ON DELETE CASCADE" || e.Table != "public.config" || !strings.Contains(e.Hint, "--guard") {
 		t.Errorf("refusal %+v", e)
+	}
+	// A temporary view of another session is a path too, and pg_temp
+	// names the session's own temporary schema.
+	tmp := rules.NewIndirectSet([]rules.Indirect{{Schema: "pg_temp_3", Name: "tv", Ops: []string{"UPDATE"}, Target: "public.config", Via: "view"}})
+	for _, q := range []string{"UPDATE tv SET a = 1", "UPDATE pg_temp.tv SET a = 1", "UPDATE pg_temp_3.tv SET a = 1"} {
+		if tmp.Check(q) == nil {
+			t.Errorf("%q: not refused", q)
+		}
+	}
+	if e := tmp.Check("UPDATE pg_temp_4.tv SET a = 1"); e != nil {
+		t.Errorf("another temporary schema refused: %v", e)
 	}
 	if rules.NewIndirectSet(nil).Check("DELETE FROM tenants") != nil {
 		t.Error("empty set refused")

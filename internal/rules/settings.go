@@ -82,6 +82,11 @@ type SettingText struct {
 	Stmts int
 	// Protected[i]: statement i names a protected table (any mode).
 	Protected []bool
+	// Plain[i]: statement i is SET, RESET, transaction control or SELECT
+	// set_config(…) alone, which runs no function of the user's; Execute[i]: it is an EXECUTE;
+	// Write[i]: an INSERT, UPDATE, DELETE or MERGE; Calls[i]: its text
+	// calls a function or procedure, or runs stored code (DO, EXECUTE).
+	Plain, Execute, Write, Calls []bool
 }
 
 // WhichSetting reports which of the fence settings name is (PostgreSQL
@@ -109,15 +114,42 @@ func (r *Rules) SettingOps(sql string) (SettingText, error) {
 	if err != nil {
 		return SettingText{}, err
 	}
-	out := SettingText{Stmts: len(tree.Stmts), Protected: make([]bool, len(tree.Stmts))}
+	n := len(tree.Stmts)
+	out := SettingText{Stmts: n, Protected: make([]bool, n), Plain: make([]bool, n), Execute: make([]bool, n), Write: make([]bool, n), Calls: make([]bool, n)}
 	for i, raw := range tree.Stmts {
 		if raw.Stmt == nil {
 			continue
 		}
 		out.Protected[i] = r.namesProtected(raw.Stmt)
+		out.Calls[i] = callsCode(raw.Stmt)
+		switch raw.Stmt.Node.(type) {
+		case *pg.Node_VariableSetStmt, *pg.Node_TransactionStmt:
+			out.Plain[i] = true
+		case *pg.Node_SelectStmt:
+			// SELECT set_config(…)[, …] and nothing else.
+			out.Plain[i] = plainSelectOf(raw.Stmt, len(raw.Stmt.GetSelectStmt().GetTargetList()))
+		case *pg.Node_ExecuteStmt:
+			out.Execute[i] = true
+		case *pg.Node_InsertStmt, *pg.Node_UpdateStmt, *pg.Node_DeleteStmt, *pg.Node_MergeStmt:
+			out.Write[i] = true
+		}
 		out.Ops = append(out.Ops, r.stmtSettingOps(i, raw.Stmt)...)
 	}
 	return out, nil
+}
+
+// callsCode reports whether n's text calls a function or procedure or
+// runs stored code.
+func callsCode(n *pg.Node) bool {
+	found := false
+	walkMessages(n.ProtoReflect(), func(m protoreflect.Message) bool {
+		switch m.Interface().(type) {
+		case *pg.FuncCall, *pg.CallStmt, *pg.DoStmt, *pg.ExecuteStmt:
+			found = true
+		}
+		return !found
+	})
+	return found
 }
 
 // namesProtected reports whether n names a protected table anywhere.
