@@ -202,7 +202,9 @@ func (ft *fenceText) statementAfterEnd() bool {
 // FROM CURRENT of a fence setting (behind a transaction pooler the
 // server's default is the pooled connection's, not the client's).
 func (t *tracker) sameTextRefusal(sql string, ft *fenceText) *rules.Error {
-	if strings.IndexByte(sql, ';') < 0 {
+	// One statement, maybe with a semicolon after it (psql sends one):
+	// nothing to parse.
+	if strings.IndexByte(strings.TrimRight(sql, " \t\r\n;"), ';') < 0 {
 		return nil
 	}
 	st := ft.st
