@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
@@ -633,22 +632,7 @@ func TestPreparedTokenChangeAttack2LongPipeline(t *testing.T) {
 			if err := p.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			var errs []string
-			for {
-				res, err := p.GetResults()
-				if err != nil {
-					errs = append(errs, err.Error())
-					continue
-				}
-				if res == nil {
-					break
-				}
-				if rr, ok := res.(*pgconn.ResultReader); ok {
-					if _, err := rr.Close(); err != nil {
-						errs = append(errs, err.Error())
-					}
-				}
-			}
+			errs := pipelineErrors(p)
 			if err := p.Close(); err != nil {
 				t.Logf("pipeline close: %v", err)
 			}

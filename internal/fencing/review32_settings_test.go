@@ -393,22 +393,7 @@ func r32Pipeline(t *testing.T, c *pgx.Conn, stmts []string) []string {
 	if err := p.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	var errs []string
-	for {
-		res, err := p.GetResults()
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		if res == nil {
-			break
-		}
-		if rr, ok := res.(*pgconn.ResultReader); ok {
-			if _, err := rr.Close(); err != nil {
-				errs = append(errs, err.Error())
-			}
-		}
-	}
+	errs := pipelineErrors(p)
 	if err := p.Close(); err != nil {
 		errs = append(errs, "close: "+err.Error())
 	}
@@ -549,5 +534,26 @@ func TestReview32SettingsSameTextStaleSecondLock(t *testing.T) {
 	var f int64
 	if err := d.QueryRow(ctx, "SELECT payload, last_fence FROM acct WHERE id = 2").Scan(&p, &f); err != nil || p != "b" {
 		t.Errorf("row 2 = %q fence %d (%v): the stale holder (17) of M (watermark %d) wrote it", p, f, err, r32Watermark(t, d, "M"))
+	}
+}
+
+// pipelineErrors reads a flushed pipeline's results up to its end and
+// returns their errors, in order.
+func pipelineErrors(p *pgconn.Pipeline) []string {
+	var errs []string
+	for {
+		res, err := p.GetResults()
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		if res == nil {
+			return errs
+		}
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			if _, err := rr.Close(); err != nil {
+				errs = append(errs, err.Error())
+			}
+		}
 	}
 }
