@@ -198,9 +198,9 @@ func (ft *fenceText) statementAfterEnd() bool {
 // last such statement, no statement may call a function or procedure or
 // run stored code (the call may set them), other than SELECT set_config
 // alone and the writes of protected tables, and no RESET, SET … TO
-// DEFAULT, RESET ALL or SET …
-// FROM CURRENT of a fence setting (behind a transaction pooler the
-// server's default is the pooled connection's, not the client's).
+// DEFAULT, RESET ALL or SET … FROM CURRENT of a fence setting (behind a
+// transaction pooler the server's default is the pooled connection's,
+// not the client's).
 func (t *tracker) sameTextRefusal(sql string, ft *fenceText) *rules.Error {
 	// One statement, maybe with a semicolon after it (psql sends one):
 	// nothing to parse.
@@ -495,7 +495,7 @@ func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql s
 		}
 		if !ok {
 			refusal = errFenceBroken
-		} else {
+		} else if r.fence.on {
 			refusal = r.sameTextRefusal(sql, ft)
 		}
 		r.lockNamed = named || ft.lock

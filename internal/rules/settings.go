@@ -83,9 +83,10 @@ type SettingText struct {
 	// Protected[i]: statement i names a protected table (any mode).
 	Protected []bool
 	// Plain[i]: statement i is SET, RESET, transaction control or SELECT
-	// set_config(…) alone, which runs no function of the user's; Execute[i]: it is an EXECUTE;
-	// Write[i]: an INSERT, UPDATE, DELETE or MERGE; Calls[i]: its text
-	// calls a function or procedure, or runs stored code (DO, EXECUTE).
+	// set_config(…) alone, which runs no function of the user's;
+	// Execute[i]: it is an EXECUTE; Write[i]: an INSERT, UPDATE, DELETE or
+	// MERGE; Calls[i]: its text calls a function or procedure, or runs
+	// stored code (DO, EXECUTE).
 	Plain, Execute, Write, Calls []bool
 }
 
