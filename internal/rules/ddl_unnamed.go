@@ -221,8 +221,11 @@ func (s *HierarchySet) MayApply(sql string) bool {
 // cannot be DDL HierarchySet refuses (ALTER, DROP, TRIGGER, ASCII case
 // ignored). It does not allocate.
 func MayBeDDL(sql string) bool {
-	return containsWordFoldASCII(sql, "alter") || containsWordFoldASCII(sql, "drop") || containsWordFoldASCII(sql, "trigger")
+	return sqllex.ContainsAnyWordFold(sql, ddlWords)
 }
+
+// ddlWords are the words MayBeDDL looks for.
+var ddlWords = []string{"alter", "drop", "trigger"}
 
 // Check returns the refusal (FP003) of sql if it drops or alters one of
 // the set's relations, renames a column of one, or creates a row trigger

@@ -3,6 +3,7 @@ package rules
 import (
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -91,13 +92,11 @@ var migrationKinds = map[protoreflect.Name]string{
 // be DDL Migration describes (it has the word ALTER, CREATE, DROP,
 // COMMENT, GRANT, REINDEX or TRIGGER, ASCII case ignored).
 func MayBeMigration(sql string) bool {
-	for _, w := range [...]string{"alter", "create", "drop", "comment", "grant", "reindex", "trigger"} {
-		if containsWordFoldASCII(sql, w) {
-			return true
-		}
-	}
-	return false
+	return sqllex.ContainsAnyWordFold(sql, migrationWords)
 }
+
+// migrationWords are the words MayBeMigration looks for.
+var migrationWords = []string{"alter", "create", "drop", "comment", "grant", "reindex", "trigger"}
 
 // Migration describes sql when every statement of it is DDL of the kinds a
 // migration sends and one names a protected table; ok is false otherwise

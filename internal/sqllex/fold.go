@@ -85,10 +85,59 @@ func ContainsFold(s, n string) bool { return IndexFold(s, n) >= 0 }
 // ContainsWordFold reports whether s contains the lower-case word n, not
 // preceded or followed by an identifier byte (IsIdentCont).
 func ContainsWordFold(s, n string) bool {
-	for i := 0; i+len(n) <= len(s); i++ {
-		if HasPrefixFold(s[i:], n) && (i == 0 || !IsIdentCont(s[i-1])) && (i+len(n) == len(s) || !IsIdentCont(s[i+len(n)])) {
-			return true
+	if !isWord(n) {
+		for i := 0; i+len(n) <= len(s); i++ {
+			if HasPrefixFold(s[i:], n) && (i == 0 || !IsIdentCont(s[i-1])) && (i+len(n) == len(s) || !IsIdentCont(s[i+len(n)])) {
+				return true
+			}
 		}
+		return false
+	}
+	return ContainsAnyWordFold(s, []string{n})
+}
+
+// ContainsAnyWordFold reports whether s contains one of the lower-case
+// words, each made of identifier bytes only (IsIdentCont), as
+// ContainsWordFold finds it. It reads s once: a word of identifier bytes
+// with no identifier byte on either side is a whole run of them, so each
+// run is compared with the words of its length, and nothing else is.
+func ContainsAnyWordFold(s string, words []string) bool {
+	for i := 0; i < len(s); {
+		if !identCont[s[i]] {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(s) && identCont[s[j]] {
+			j++
+		}
+		for _, w := range words {
+			if len(w) == j-i && HasPrefixFold(s[i:j], w) {
+				return true
+			}
+		}
+		i = j
 	}
 	return false
+}
+
+// identCont is IsIdentCont as a table.
+var identCont = func() (t [256]bool) {
+	for c := range t {
+		t[c] = IsIdentCont(byte(c))
+	}
+	return t
+}()
+
+// isWord reports whether n is non-empty and made of identifier bytes.
+func isWord(n string) bool {
+	if n == "" {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if !IsIdentCont(n[i]) {
+			return false
+		}
+	}
+	return true
 }
