@@ -142,7 +142,9 @@ func newFencedForms() (fencedForms, error) {
 	if d.Action != rules.Rewrite || d.Lock == nil {
 		return f, fmt.Errorf("server cost: unexpected decision %v", d.Action)
 	}
-	fd := rs.ServerFunctions().Decide(f.client)
+	// The set a session uses in a database with objects version 5: its
+	// token form raises a stale row's error with fenceproxy.stale_at.
+	fd := rs.ServerFunctions().StaleAt().Decide(f.client)
 	if fd.Action != rules.Rewrite || fd.Lock == nil {
 		return f, fmt.Errorf("server cost: unexpected decision %v", fd.Action)
 	}

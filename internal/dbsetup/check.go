@@ -166,8 +166,12 @@ func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 		rep.Problems = append(rep.Problems, objectProblems(obj)...)
 	}
 	rep.Raisers = obj.raisers && obj.hasVersion && obj.version >= raisersVersion && obj.version <= Version
+	rep.StaleAt = rep.Raisers && obj.staleAt && obj.version >= staleAtVersion
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		gain := "whose lock registration costs the server less"
+		gain := "whose error raiser for a stale row costs the server less in a fenced write"
+		if obj.version < registerV4Version {
+			gain = "whose lock registration and error raiser for a stale row cost the server less"
+		}
 		if obj.version < raisersVersion {
 			gain = "whose error raisers and lock registration make fenced writes cheaper for the server"
 		}
@@ -240,7 +244,7 @@ func objectProblems(o objects) []Problem {
 		return []Problem{setupProblem("", "fenceproxy.meta holds no version", "", "")}
 	case o.version < lockVersion:
 		return []Problem{setupProblem("", fmt.Sprintf("the fenceproxy objects are version %d, older than this fenceproxy's version %d: run fenceproxy setup to upgrade them", o.version, Version), "", "")}
-	case o.version <= Version && !o.registerCurrent && !(o.registerV1 && o.version < Version):
+	case o.version <= Version && !o.registerCurrent && !(o.registerV1 && o.version < registerV4Version):
 		return []Problem{setupProblem("", fmt.Sprintf("procedure fenceproxy.register is not this fenceproxy's (version %d): it was replaced, or installed by another build", Version), "", "")}
 	case o.version > Version:
 		return []Problem{{

@@ -188,6 +188,8 @@ type Result struct {
 	// Raisers: the error raisers are current and callable by all
 	// (Report.Raisers), so the rewrites there may call them.
 	Raisers bool
+	// StaleAt: so are the raisers of the token form (Report.StaleAt).
+	StaleAt bool
 	// Watched: the catalog watch is in place and some table in mode
 	// enforce is not guarded, so a change of the catalog made after the
 	// check may open a path Indirect does not list. Stamp is the catalog
@@ -293,7 +295,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
+		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
 		d.ran = asked
 		close(d.ended)
 		d.ended = make(chan struct{})

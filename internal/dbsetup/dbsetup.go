@@ -21,17 +21,26 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy works with older ones as far as they go
 // (lockVersion, raisersVersion).
-const Version = 4
+const Version = 5
 
 // lockVersion is the oldest version whose objects lock fencing works
 // with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
 // the register procedure as it was (registerBodyV1); version 4 made the
-// procedure cheaper and left the raisers as they were.
+// procedure cheaper and left the raisers as they were; version 5 added
+// the raisers of the token form (staleAtVersion).
 const lockVersion = 1
 
 // raisersVersion is the oldest version whose error raisers are those of
-// objects.sql.
+// objects.sql, apart from those added later (raiser.since).
 const raisersVersion = 3
+
+// registerV4Version is the version that made the register procedure what
+// it is (registerBody); earlier ones installed registerBodyV1.
+const registerV4Version = 4
+
+// staleAtVersion is the version that added stale_at and stale_at_b, which
+// the token form of a rewrite calls (Report.StaleAt).
+const staleAtVersion = 5
 
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
@@ -57,6 +66,9 @@ type raiser struct {
 	// pg_get_function_identity_arguments and the result type print them:
 	// the calls the rewriter writes resolve to these, and to no overload.
 	signature string
+	// since is the version that added it: a database with objects of an
+	// earlier version has the others only.
+	since int
 }
 
 var raiserFuncs = func() map[string]raiser {
@@ -69,8 +81,14 @@ var raiserFuncs = func() map[string]raiser {
 		"tok":        "token_setting text, sized_names text -> bigint",
 		"tok_b":      "token_setting text, sized_names text -> boolean",
 		"advance":    "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint",
+		"stale_at":   "fence bigint -> bigint",
+		"stale_at_b": "fence bigint -> boolean",
 	} {
-		out[name] = raiser{body: dollarBody(objectsSQL, name), signature: sig}
+		since := raisersVersion
+		if strings.HasPrefix(name, "stale_at") {
+			since = staleAtVersion
+		}
+		out[name] = raiser{body: dollarBody(objectsSQL, name), signature: sig, since: since}
 	}
 	return out
 }()
@@ -168,6 +186,10 @@ type Report struct {
 	// on schema fenceproxy and EXECUTE on them): the proxy's rewrites may
 	// call them. Setup leaves it false.
 	Raisers bool
+	// StaleAt reports that Check found, besides, the raisers of version 5
+	// (fenceproxy.stale_at and stale_at_b) current and callable by every
+	// role: the token form of a rewrite may call them.
+	StaleAt bool
 	// Watched reports that Check found the catalog watch in place (see
 	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
 	// and notified on CatalogChannel. Setup leaves it false.

@@ -28,6 +28,8 @@ type objects struct {
 	// raisers: the error raisers are objects.sql's and PUBLIC may call
 	// them (see Report.Raisers).
 	raisers bool
+	// staleAt: so are the raisers added in staleAtVersion.
+	staleAt bool
 }
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
@@ -57,7 +59,7 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	o.registerCurrent = src != nil && *src == registerBody && declared
 	o.registerV1 = src != nil && *src == registerBodyV1 && declared
 	if o.schema {
-		if o.raisers, err = readRaisers(ctx, tx); err != nil {
+		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err
 		}
 	}
@@ -103,14 +105,15 @@ func fingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
 	return append(fp, v), nil
 }
 
-// readRaisers reports whether the error raisers are objects.sql's, with
+// readRaisers reports whether the error raisers are objects.sql's (all
+// but those of staleAtVersion: base; those too: staleAt), with
 // the argument and result types the rewriter calls them with, declared as
 // objects.sql declares them (STABLE PL/pgSQL, not STRICT, not SECURITY
 // DEFINER, no settings), PUBLIC may
 // call them (USAGE on the schema, EXECUTE on each), and only the schema's
 // owner can change them (it owns them, and no one else may CREATE in the
 // schema).
-func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
+func readRaisers(ctx context.Context, tx pgx.Tx) (base, staleAt bool, err error) {
 	rows, err := tx.Query(ctx, `
 		SELECT p.proname, p.prosrc,
 			pg_catalog.pg_get_function_identity_arguments(p.oid) || ' -> ' || p.prorettype::pg_catalog.regtype::pg_catalog.text,
@@ -134,23 +137,31 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (bool, error) {
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		WHERE n.nspname = 'fenceproxy' AND p.proname = ANY($1)`, RaiserNames())
 	if err != nil {
-		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
+		return false, false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 	}
 	found := map[string]bool{}
-	ok := true
+	bad := map[string]bool{}
 	for rows.Next() {
 		var name, src, sig string
 		var exec, usable, declared bool
 		if err := rows.Scan(&name, &src, &sig, &exec, &usable, &declared); err != nil {
-			return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
+			return false, false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 		}
 		if r, known := raiserFuncs[name]; found[name] || !known || src != r.body || sig != r.signature || !exec || !usable || !declared {
-			ok = false // an overload, another body or declaration, not callable by all, or changeable by others
+			bad[name] = true // an overload, another body or declaration, not callable by all, or changeable by others
 		}
 		found[name] = true
 	}
 	if err := rows.Err(); err != nil {
-		return false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
+		return false, false, fmt.Errorf("read the fenceproxy error raisers: %w", err)
 	}
-	return ok && len(found) == len(raiserFuncs), nil
+	base, staleAt = true, true
+	for name, r := range raiserFuncs {
+		ok := found[name] && !bad[name]
+		if r.since < staleAtVersion {
+			base = base && ok
+		}
+		staleAt = staleAt && ok
+	}
+	return base, base && staleAt, nil
 }

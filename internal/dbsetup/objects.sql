@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 4. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 5. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -334,10 +334,35 @@ BEGIN
 	RETURN fenceproxy.no_token(token_setting, sized_names);
 END
 $advance$;
+-- Version 5: stale_at(fence) raises FP001 "fenceproxy:stale_at:<fence>"
+--   and returns bigint; stale_at_b, for boolean places, calls it. The
+--   token form of a simple Query (the session's token written into the
+--   statement by the proxy) calls it in place of stale: the proxy knows
+--   the token and the table of the statement it sent and fills them into
+--   the error, and the call's two constant arguments cost the server
+--   about 8k instructions of analysis in every fenced statement sent,
+--   stale row or not (docs/benchmarks.md).
+CREATE OR REPLACE FUNCTION fenceproxy.stale_at(fence bigint)
+RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $stale_at$
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = 'fenceproxy:stale_at:'
+		OPERATOR(pg_catalog.||) COALESCE(fence::pg_catalog.text, '');
+END
+$stale_at$;
+CREATE OR REPLACE FUNCTION fenceproxy.stale_at_b(fence bigint)
+RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $stale_at_b$
+BEGIN
+	PERFORM fenceproxy.stale_at(fence);
+	RETURN NULL; -- not reached: stale_at raises
+END
+$stale_at_b$;
 GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
 	fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text),
 	fenceproxy.tok(text, text), fenceproxy.tok_b(text, text),
-	fenceproxy.advance(text, bigint, boolean, text, text) TO PUBLIC;
+	fenceproxy.advance(text, bigint, boolean, text, text),
+	fenceproxy.stale_at(bigint), fenceproxy.stale_at_b(bigint) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '4')
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '5')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

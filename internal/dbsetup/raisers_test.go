@@ -233,10 +233,12 @@ func TestRaisersPattern(t *testing.T) {
 	}
 }
 
-// TestLockWithOlderObjects: objects of versions 1 (before the raisers)
-// and 3 (before the cheaper register procedure), each with the procedure
-// those versions installed, still serve lock fencing, with a note that
-// setup upgrades them; the check accepts that procedure only with them.
+// TestLockWithOlderObjects: objects of versions 1 (before the raisers),
+// 3 (before the cheaper register procedure) and 4 (before stale_at), each
+// with the procedure those versions installed, still serve lock fencing,
+// with a note that setup upgrades them; the check accepts the old
+// procedure only with versions before 4, and reports stale_at (StaleAt)
+// only from version 5.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
@@ -248,7 +250,8 @@ func TestLockWithOlderObjects(t *testing.T) {
 		note    string
 	}{
 		{"1", false, "whose error raisers and lock registration make fenced writes cheaper"},
-		{"3", true, "whose lock registration costs the server less"},
+		{"3", true, "whose lock registration and error raiser for a stale row cost the server less"},
+		{"4", true, "whose error raiser for a stale row costs the server less in a fenced write"},
 	} {
 		t.Run("version "+tc.version, func(t *testing.T) {
 			db := newDatabase(t)
@@ -258,8 +261,11 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			execSQL(t, conn, string(oldRegister))
+			if tc.version != "4" {
+				execSQL(t, conn, string(oldRegister))
+			}
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
+			execSQL(t, conn, "DROP FUNCTION fenceproxy.stale_at_b(bigint), fenceproxy.stale_at(bigint)")
 			if tc.version == "1" {
 				execSQL(t, conn, `DROP FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
 					fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text)`)
@@ -268,8 +274,8 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !rep.OK() || rep.Raisers != tc.raisers || len(rep.Notes) != 1 ||
-				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 4, "+tc.note) {
+			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt || len(rep.Notes) != 1 ||
+				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 5, "+tc.note) {
 				t.Fatalf("check: %+v", rep)
 			}
 			// The old procedure registers and refuses a stale token.
@@ -285,21 +291,21 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 4"; len(up.Actions) != 1 || up.Actions[0] != want {
+			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 5"; len(up.Actions) != 1 || up.Actions[0] != want {
 				t.Errorf("setup: %+v, want %q", up.Actions, want)
 			}
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || len(rep.Notes) != 0 {
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || len(rep.Notes) != 0 {
 				t.Errorf("check after the upgrade: %+v, %v", rep, err)
 			}
 			if w := watermark(t, db, "locks/config"); w != 5 {
 				t.Errorf("watermark %d after the upgrade, want 5", w)
 			}
 
-			// Version 4 objects with the old procedure: not this fenceproxy's.
+			// Version 5 objects with the old procedure: not this fenceproxy's.
 			execSQL(t, conn, string(oldRegister))
 			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() ||
-				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 4)") {
-				t.Errorf("check of version 4 objects with the old procedure: %+v, %v", rep, err)
+				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 5)") {
+				t.Errorf("check of version 5 objects with the old procedure: %+v, %v", rep, err)
 			}
 		})
 	}

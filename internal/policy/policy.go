@@ -177,6 +177,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		Database: info.Database, User: info.User, ApplicationName: info.ApplicationName,
 		Lexing:  lex,
 		Raisers: st != nil && st.raisers,
+		StaleAt: st != nil && st.staleAt,
 		Quick:   quick,
 	}, sql)
 	switch {

@@ -344,7 +344,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 			// The prelude applies the record, and the text changes no
 			// fence setting: the token the statement would read is the
 			// record's, which may then be written into it.
-			if valid && tf != nil && len(ft.ops) == 0 {
+			if valid && tf != nil && len(ft.ops) == 0 && r.staleAtFor(token, tf.StaleTable()) {
 				if s, ok := tf.Fill(base, token); ok {
 					base = s
 				}

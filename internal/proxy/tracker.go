@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 )
 
@@ -33,6 +34,10 @@ type tracker struct {
 	state    relayState
 	refusals map[uint64]*rules.Error
 	nextRef  uint64
+	// staleAt is the token and the table that an error of
+	// fenceproxy.stale_at is for: those of the token forms calling it
+	// that were sent and may not be answered yet (staleAtFor).
+	staleAt staleAtContext
 
 	// lockNamed: the session may have named a lock (Policy.NamesLock),
 	// from its startup parameters or a statement it sent; from then on
@@ -61,4 +66,45 @@ type tracker struct {
 	loop *loop
 	// idleWaiter is the task parked in waitLocked; guarded by mu.
 	idleWaiter *task
+}
+
+// staleAtContext is what a token form's stale-row error leaves out
+// (rules.TokenForm.StaleTable).
+type staleAtContext struct{ token, table string }
+
+// staleAtFor reports whether a token form whose stale-row errors are for
+// table ("" when they name their own) may be sent with token: its errors
+// come back without either, and the session keeps one pair to fill in
+// (rules.ExpandStaleAt). The pair is replaced only when every statement
+// sent before has been answered, so it is the pair of every form whose
+// error may still come back; while an earlier form of another pair may,
+// the text goes in the form that reads the token on the server, whose
+// errors carry everything.
+func (t *tracker) staleAtFor(token, table string) bool {
+	if table == "" {
+		return true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	want := staleAtContext{token, table}
+	if t.staleAt == want {
+		return true
+	}
+	if t.state.inFlight != 0 || t.state.unsynced || t.state.desync {
+		return false
+	}
+	t.staleAt = want
+	return true
+}
+
+// expandStaleAt fills the session's token and table into a stale-row
+// error of fenceproxy.stale_at (rules.ExpandStaleAt).
+func (t *tracker) expandStaleAt(e *pgproto3.ErrorResponse) {
+	if e.Code != rules.CodeStaleToken {
+		return
+	}
+	t.mu.Lock()
+	at := t.staleAt
+	t.mu.Unlock()
+	e.Message, _ = rules.ExpandStaleAt(e.Message, at.token, at.table)
 }

@@ -56,6 +56,7 @@ func (e *Error) Error() string {
 //
 //	fenceproxy:stale:<token>:<watermark>:<n>:<table>       (watermark empty when NULL)
 //	fenceproxy:token:<n>:<table>:<n>:<setting>:<value>
+//	fenceproxy:stale_at:<watermark>                         (the token form's; see ExpandStaleAt)
 //
 // where <token> is the token setting's text and <value> the setting's value
 // as an SQL literal ('abc', E'a\\b') or NULL when it is not set
@@ -65,8 +66,9 @@ func (e *Error) Error() string {
 const markerPrefix = "fenceproxy:"
 
 const (
-	markerStale = "stale"
-	markerToken = "token"
+	markerStale   = "stale"
+	markerStaleAt = "stale_at"
+	markerToken   = "token"
 	// tokenEchoLen bounds how much of an invalid token is carried back into
 	// the error, so a huge or binary value cannot flood the client's error.
 	tokenEchoLen = 32
@@ -92,10 +94,41 @@ func TranslateError(code, message string) (*Error, bool) {
 	switch {
 	case strings.HasPrefix(m, markerStale+":"):
 		return translateStale(m[len(markerStale)+1:]), true
+	case code == CodeStaleToken && strings.HasPrefix(m, markerStaleAt+":"):
+		// Not expanded (ExpandStaleAt): the token and the table are
+		// unknown here.
+		return translateStale(""), true
 	case strings.HasPrefix(m, markerToken+":"):
 		return translateToken(m[len(markerToken)+1:]), true
 	}
 	return nil, false
+}
+
+// ExpandStaleAt returns message, an FP001 error's message, with the
+// marker fenceproxy.stale_at raises (fenceproxy:stale_at:<watermark>)
+// made the full stale marker for token and table: the token form of a
+// StaleAt set raises it, and only the relay that sent the form knows which
+// token it filled in and which table the form is for
+// (TokenForm.StaleTable). It returns false, and message, when message
+// holds no such marker or token is not a canonical token.
+func ExpandStaleAt(message, token, table string) (string, bool) {
+	const at = markerPrefix + markerStaleAt + ":"
+	i := strings.Index(message, at)
+	if i < 0 || table == "" {
+		return message, false
+	}
+	if c, ok := CanonicalToken(token); !ok || c != token {
+		return message, false
+	}
+	rest := message[i+len(at):]
+	j := 0
+	if j < len(rest) && rest[j] == '-' {
+		j++
+	}
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	return message[:i] + markerPrefix + markerStale + ":" + token + ":" + rest[:j] + ":" + sized(table) + rest[j:], true
 }
 
 func translateStale(m string) *Error {

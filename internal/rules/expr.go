@@ -118,6 +118,9 @@ type fencer struct {
 	// lit: the expressions being built are the token form's, with the
 	// token a constant the proxy fills in (see tokenform.go).
 	lit bool
+	// staleAt: the token form raises a stale row's error with
+	// fenceproxy.stale_at[_b] (Rules.StaleAt).
+	staleAt bool
 }
 
 // dual returns the expression build makes and, when the splicer makes the
@@ -236,9 +239,16 @@ func (f *fencer) fresh() *pg.Node { return op(f.cmp(), f.fence(), f.tok()) }
 //
 //	fenceproxy.stale[_b]('<setting>', F, '<n>:<table>')
 //
-// which raises FP001 with the same marker as its message.
+// which raises FP001 with the same marker as its message. In the token
+// form of a StaleAt set it is fenceproxy.stale_at[_b](F), whose message
+// has the watermark only: the relay that sent the form knows the token and
+// the table (TokenForm.StaleTable), and the two constants cost every
+// statement's analysis more than the stale row's error needs.
 func (f *fencer) raiseStale(typ string) *pg.Node {
 	if f.raisers {
+		if f.lit && f.staleAt {
+			return raiserCall("stale_at", typ, f.fence())
+		}
 		return raiserCall("stale", typ, aStr(f.setting), f.fence(), aStr(sized(f.t.display)))
 	}
 	return cast(cat3(

@@ -52,7 +52,7 @@ func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
 	d := Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
 	d.Preparable = res.audit == nil && preparable(res.tree)
 	if res.sp.tokForm && !res.sp.tokFail {
-		d.Tok = newTokenForm(out, tok)
+		d.Tok = newTokenForm(out, tok, res.sp.staleAt, res.sp.staleTables)
 	}
 	if res.lock != nil {
 		d = r.withLock(d, out, res.tree.Version, res.lock)
@@ -136,6 +136,7 @@ func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 		sp.version = tree.Version
 		sp.choosePrefix(tree, r.unicodeEscape(sql))
 		sp.tokForm = len(sql) < valuesFastMinBytes && !r.prepared && tokenFormStatements(tree) && !containsFoldASCII(sql, tokHoleName) && !r.unicodeEscape(sql)
+		sp.staleAt = r.staleAt
 		w.apply(tree, sp, changed)
 	}
 	if w.err != nil {
@@ -605,7 +606,12 @@ func qualifier(rv *pg.RangeVar) string {
 }
 
 func (r *Rules) fencer(t *tableRule, rv *pg.RangeVar, sp *splicer) *fencer {
-	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers, prepared: r.prepared, sp: sp}
+	if sp != nil && !slices.Contains(sp.staleTables, t.display) {
+		// Whether or not its fragments are built now (a print proven
+		// before serves without a build), the statement writes t.
+		sp.staleTables = append(sp.staleTables, t.display)
+	}
+	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers, prepared: r.prepared, staleAt: r.staleAt, sp: sp}
 }
 
 func refused(t *tableRule, msg, detail, hint string) *Error {

@@ -118,6 +118,11 @@ type Rules struct {
 	// set without it, made on first use.
 	prepared     bool
 	withPrepared atomic.Pointer[Rules]
+	// staleAt: a raisers set whose token forms raise a stale row's error
+	// with fenceproxy.stale_at (StaleAt); withStaleAt is that sibling of
+	// a set without it, made on first use.
+	staleAt     bool
+	withStaleAt atomic.Pointer[Rules]
 }
 
 // raisersCacheSet marks the decision-cache entries of a ServerFunctions
@@ -126,6 +131,7 @@ type Rules struct {
 const (
 	raisersCacheSet  = 1 << 31
 	preparedCacheSet = 1 << 30
+	staleAtCacheSet  = 1 << 29
 )
 
 // ServerFunctions returns the set that decides like r, but whose rewrites
@@ -142,7 +148,23 @@ func (r *Rules) ServerFunctions() *Rules {
 	if r.raisers {
 		return r
 	}
-	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, true, r.prepared)
+	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, true, r.prepared, r.staleAt)
+}
+
+// StaleAt returns the ServerFunctions set that decides like r, but whose
+// token forms (Decision.Tok) raise a stale row's error with
+// fenceproxy.stale_at[_b](F), which objects version 5 added, in place of
+// fenceproxy.stale[_b]('<setting>', F, '<n>:<table>'): its message
+// carries the row's watermark only, and the relay that sent the token
+// form fills in the token and the table (TokenForm.StaleTable,
+// ExpandStaleAt). Its other forms are ServerFunctions'. Call it only for a
+// database whose check found those raisers current. The result is made
+// once per set and kept.
+func (r *Rules) StaleAt() *Rules {
+	if r.staleAt {
+		return r
+	}
+	return r.sibling(&r.withStaleAt, r.cacheSet|raisersCacheSet|staleAtCacheSet, true, r.prepared, true)
 }
 
 // Prepared returns the set that decides like r but writes the form for
@@ -161,13 +183,13 @@ func (r *Rules) Prepared() *Rules {
 	if r.prepared {
 		return r
 	}
-	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, r.raisers, true)
+	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, r.raisers, true, r.staleAt)
 }
 
 // sibling returns the set *p holds, first making it: r with or without
 // the error raisers, in the prepared form or not, its decisions cached as
 // set cacheSet.
-func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prepared bool) *Rules {
+func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prepared, staleAt bool) *Rules {
 	if s := p.Load(); s != nil {
 		return s
 	}
@@ -178,7 +200,7 @@ func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prep
 		cache: r.cache, cacheSet: cacheSet,
 		listed: r.listed, audited: r.audited, scopes: r.scopes,
 		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
-		raisers: raisers, prepared: prepared,
+		raisers: raisers, prepared: prepared, staleAt: staleAt,
 	}
 	if !p.CompareAndSwap(nil, s) {
 		return p.Load()

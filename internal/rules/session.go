@@ -14,6 +14,9 @@ type Session struct {
 	// Raisers: the database has the error raisers fenceproxy setup
 	// installs, current, so rewrites call them (ServerFunctions).
 	Raisers bool
+	// StaleAt: it has those of the token form too, fenceproxy.stale_at
+	// and stale_at_b (StaleAt): with Raisers, the token form calls them.
+	StaleAt bool
 	// Quick: answer only what costs no parse of the rule set's decision
 	// (it is forwarded unlooked at, cached, or refused before it); report
 	// false instead of deciding.
@@ -78,6 +81,9 @@ func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
 	}
 	if s.Raisers {
 		rs = rs.ServerFunctions()
+		if s.StaleAt {
+			rs = rs.StaleAt()
+		}
 	}
 	if s.Lexing.Prepared {
 		rs = rs.Prepared()

@@ -64,6 +64,23 @@ type TokenForm struct {
 	// pieces are the token form's text split at the token's places.
 	pieces []string
 	size   int
+	// staleTable is the table whose stale rows the form's calls of
+	// fenceproxy.stale_at are for, "" when it has none.
+	staleTable string
+}
+
+// StaleTable returns the table (display name) that the form's stale-row
+// errors are for, "" when its errors name their table. A StaleAt set's
+// token form raises a stale row's error with the watermark alone
+// (fenceproxy:stale_at:<watermark>, FP001); the relay that sends the form
+// knows the token it filled in and this table, and gives both to
+// ExpandStaleAt for the error that comes back. A statement whose stale
+// rows may be of several tables gets no token form in such a set.
+func (t *TokenForm) StaleTable() string {
+	if t == nil {
+		return ""
+	}
+	return t.staleTable
 }
 
 // Fill returns sent, a text that ends with the decided text (the relay may
@@ -93,13 +110,26 @@ func (t *TokenForm) Fill(sent, token string) (string, bool) {
 }
 
 // newTokenForm splits tok, the token form of real with NUL bytes in the
-// token's places; nil when there are none.
-func newTokenForm(real, tok string) *TokenForm {
+// token's places; nil when there are none. With staleAt, stale rows' errors
+// name no table: the form is for one table's stale rows or none (tables,
+// those of the fencers' stale-row raisers).
+func newTokenForm(real, tok string, staleAt bool, tables []string) *TokenForm {
 	if strings.IndexByte(tok, 0) < 0 {
 		return nil
 	}
-	pieces := strings.Split(tok, "\x00")
-	return &TokenForm{real: real, pieces: pieces, size: len(tok) - (len(pieces) - 1)}
+	t := &TokenForm{real: real}
+	if staleAt {
+		switch len(tables) {
+		case 0:
+		case 1:
+			t.staleTable = tables[0]
+		default:
+			return nil
+		}
+	}
+	t.pieces = strings.Split(tok, "\x00")
+	t.size = len(tok) - (len(t.pieces) - 1)
+	return t
 }
 
 // CanonicalToken returns a valid token's decimal digits without leading
@@ -186,8 +216,14 @@ func (s *splicer) twinsIn(node *pg.Node) [][2]*pg.Node {
 // prints nothing.
 func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) []string {
 	form, ok := "", false
+	// The same expression has one token form in a StaleAt set and another
+	// in the others.
+	prefix := "lit|"
+	if s.staleAt {
+		prefix = "lit-at|"
+	}
 	if key != "" {
-		form, ok = provenFragments.get("lit|" + key)
+		form, ok = provenFragments.get(prefix + key)
 	}
 	if !ok {
 		pairs := s.twinsIn(node)
@@ -207,7 +243,7 @@ func (s *splicer) tokText(node *pg.Node, key string, holes int, text string) []s
 			}
 		}
 		if key != "" {
-			provenFragments.put("lit|"+key, form)
+			provenFragments.put(prefix+key, form)
 		}
 	}
 	if form == text {
