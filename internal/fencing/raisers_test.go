@@ -49,12 +49,12 @@ func TestRaisersUsed(t *testing.T) {
 
 	// A fresh write: fenced, through the raisers' token form (the
 	// session's token written into the statement, the stale branch
-	// raising through fenceproxy.stale).
+	// raising through fenceproxy.stale_at, objects version 5).
 	setToken(t, cF, "60")
 	if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = 2", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	if q := pid2query(t, dF, pid); !strings.Contains(q, "'60'::bigint THEN '60'::bigint ELSE fenceproxy.stale(") || strings.Contains(q, "pg_catalog.current_setting") || strings.Contains(q, "'fenceproxy:stale:'") {
+	if q := pid2query(t, dF, pid); !strings.Contains(q, "'60'::bigint THEN '60'::bigint ELSE fenceproxy.stale_at(acct.last_fence)") || strings.Contains(q, "pg_catalog.current_setting") || strings.Contains(q, "'fenceproxy:stale:'") {
 		t.Fatalf("the proxy did not send the raisers' token form: %s", q)
 	}
 	var fence int64
