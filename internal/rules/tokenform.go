@@ -111,8 +111,8 @@ func (t *TokenForm) Fill(sent, token string) (string, bool) {
 
 // newTokenForm splits tok, the token form of real with NUL bytes in the
 // token's places; nil when there are none. With staleAt, stale rows' errors
-// name no table: the form is for one table's stale rows or none (tables,
-// those of the fencers' stale-row raisers).
+// name no table: there is a form only for a statement that fences one
+// table or none (tables, those its fencers fence).
 func newTokenForm(real, tok string, staleAt bool, tables []string) *TokenForm {
 	if strings.IndexByte(tok, 0) < 0 {
 		return nil
