@@ -242,15 +242,7 @@ func testAutoPipelined(t *testing.T, e *env) {
 	const upd = "UPDATE acct SET n = n + 1 WHERE id = 1"
 	mustSimple(t, c, upd)
 	f := c.PgConn().Frontend()
-	send := func(sqls ...string) {
-		t.Helper()
-		for _, s := range sqls {
-			f.Send(&pgproto3.Query{String: s})
-		}
-		if err := f.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := func(sqls ...string) { t.Helper(); sendQueries(t, f, sqls...) }
 	// recv reads the answers to n Queries: their command tags, or the
 	// SQLSTATE of their errors.
 	recv := func(n int) []string {

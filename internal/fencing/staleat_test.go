@@ -91,15 +91,7 @@ func TestStaleAtErrors(t *testing.T) {
 		return ""
 	}
 	fe := c.PgConn().Frontend()
-	send := func(sqls ...string) {
-		t.Helper()
-		for _, s := range sqls {
-			fe.Send(&pgproto3.Query{String: s})
-		}
-		if err := fe.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := func(sqls ...string) { t.Helper(); sendQueries(t, fe, sqls...) }
 	// answers reads n Queries' answers and returns their errors.
 	answers := func(n int) []string {
 		t.Helper()
@@ -200,5 +192,17 @@ func TestStaleAtErrors(t *testing.T) {
 	}
 	if n != 0 || changed != 0 {
 		t.Errorf("after stale writes: n summed %d, %d rows' watermarks changed", n, changed)
+	}
+}
+
+// sendQueries sends sqls as simple Queries in one write, without waiting
+// for their answers (a pipeline of simple Queries).
+func sendQueries(t testing.TB, fe *pgproto3.Frontend, sqls ...string) {
+	t.Helper()
+	for _, s := range sqls {
+		fe.Send(&pgproto3.Query{String: s})
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
 	}
 }
