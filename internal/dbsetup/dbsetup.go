@@ -73,22 +73,19 @@ type raiser struct {
 
 var raiserFuncs = func() map[string]raiser {
 	out := map[string]raiser{}
-	for name, sig := range map[string]string{
-		"stale":      "token_setting text, fence bigint, sized_table text -> bigint",
-		"stale_b":    "token_setting text, fence bigint, sized_table text -> boolean",
-		"no_token":   "token_setting text, sized_names text -> bigint",
-		"no_token_b": "token_setting text, sized_names text -> boolean",
-		"tok":        "token_setting text, sized_names text -> bigint",
-		"tok_b":      "token_setting text, sized_names text -> boolean",
-		"advance":    "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint",
-		"stale_at":   "fence bigint -> bigint",
-		"stale_at_b": "fence bigint -> boolean",
+	for name, r := range map[string]raiser{
+		"stale":      {signature: "token_setting text, fence bigint, sized_table text -> bigint", since: raisersVersion},
+		"stale_b":    {signature: "token_setting text, fence bigint, sized_table text -> boolean", since: raisersVersion},
+		"no_token":   {signature: "token_setting text, sized_names text -> bigint", since: raisersVersion},
+		"no_token_b": {signature: "token_setting text, sized_names text -> boolean", since: raisersVersion},
+		"tok":        {signature: "token_setting text, sized_names text -> bigint", since: raisersVersion},
+		"tok_b":      {signature: "token_setting text, sized_names text -> boolean", since: raisersVersion},
+		"advance":    {signature: "token_setting text, fence bigint, strict boolean, sized_table text, sized_names text -> bigint", since: raisersVersion},
+		"stale_at":   {signature: "fence bigint -> bigint", since: staleAtVersion},
+		"stale_at_b": {signature: "fence bigint -> boolean", since: staleAtVersion},
 	} {
-		since := raisersVersion
-		if strings.HasPrefix(name, "stale_at") {
-			since = staleAtVersion
-		}
-		out[name] = raiser{body: dollarBody(objectsSQL, name), signature: sig, since: since}
+		r.body = dollarBody(objectsSQL, name)
+		out[name] = r
 	}
 	return out
 }()

@@ -105,8 +105,8 @@ func fingerprint(ctx context.Context, tx pgx.Tx) ([]string, error) {
 	return append(fp, v), nil
 }
 
-// readRaisers reports whether the error raisers are objects.sql's (all
-// but those of staleAtVersion: base; those too: staleAt), with
+// readRaisers reports whether the error raisers are objects.sql's (base:
+// those before staleAtVersion; staleAt: all of them), with
 // the argument and result types the rewriter calls them with, declared as
 // objects.sql declares them (STABLE PL/pgSQL, not STRICT, not SECURITY
 // DEFINER, no settings), PUBLIC may
@@ -163,5 +163,5 @@ func readRaisers(ctx context.Context, tx pgx.Tx) (base, staleAt bool, err error)
 		}
 		staleAt = staleAt && ok
 	}
-	return base, base && staleAt, nil
+	return base, staleAt, nil
 }

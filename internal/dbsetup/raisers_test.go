@@ -327,3 +327,34 @@ func TestRaiserNames(t *testing.T) {
 		t.Errorf("RaiserNames() = %v, objects.sql creates %v", got, created)
 	}
 }
+
+// TestCheckStaleAt: the check reports the raisers of version 5 only when
+// they are current too; one replaced or dropped leaves the other raisers
+// in use (Raisers) and only the token form without them (StaleAt).
+func TestCheckStaleAt(t *testing.T) {
+	for _, tc := range []struct {
+		name, breakSQL string
+	}{
+		{"replaced", `CREATE OR REPLACE FUNCTION fenceproxy.stale_at(fence bigint) RETURNS bigint
+			LANGUAGE plpgsql STABLE AS $$BEGIN RETURN fence; END$$`},
+		{"dropped", "DROP FUNCTION fenceproxy.stale_at_b(bigint)"},
+		{"not callable by all", "REVOKE EXECUTE ON FUNCTION fenceproxy.stale_at(bigint) FROM PUBLIC"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := newDatabase(t)
+			conn := connect(t, db)
+			execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
+			sp := specs(t, rules.Table{Table: "public.config"})
+			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.Raisers || !rep.StaleAt {
+				t.Fatalf("check after setup: %+v, %v", rep, err)
+			}
+			execSQL(t, conn, tc.breakSQL)
+			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.Raisers || rep.StaleAt {
+				t.Errorf("check: Raisers %v StaleAt %v (%v), want true and false", rep.Raisers, rep.StaleAt, err)
+			}
+		})
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -20,7 +19,8 @@ import (
 // tokens, sent while one of those may still raise, go in the form that
 // reads the token on the server, and every error names its own table,
 // token and watermark. What the proxy sent is read in pg_stat_activity
-// while each statement waits for a row lock; the rows are unchanged after.
+// (while the first statement of a pipeline waits for its table, and after
+// the last); the rows are unchanged after.
 func TestStaleAtErrors(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
@@ -52,43 +52,17 @@ func TestStaleAtErrors(t *testing.T) {
 		}
 		return func() { _ = tx.Rollback(ctx) }
 	}
-	// last returns the text the proxy sent last.
-	last := func() string {
-		var q string
-		if err := d.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q); err != nil {
-			t.Fatal(err)
-		}
-		return q
-	}
-	// blocked waits for the proxy's backend to wait for a lock in a
-	// statement holding want, and returns the statement's text.
+	last := func() string { t.Helper(); return pid2query(t, d, pid) }
+	// blocked waits for the proxy's backend to wait for a lock, and
+	// returns the text it waits in, which must hold want.
 	blocked := func(want string) string {
 		t.Helper()
-		deadline := time.Now().Add(testutil.StepTimeout / 2)
-		var last string
-		for time.Now().Before(deadline) {
-			var q string
-			err := d.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", pid).Scan(&q)
-			if err == nil && strings.Contains(q, want) {
-				return q
-			}
-			if err == nil {
-				last = q
-			} else if err != pgx.ErrNoRows {
-				t.Fatal(err)
-			}
-			time.Sleep(20 * time.Millisecond)
+		waitingOnLock(t, d, uint32(pid))
+		q := last()
+		if !strings.Contains(q, want) {
+			t.Fatalf("the proxy's backend waits in %q, want a text with %q", q, want)
 		}
-		rows, _ := d.Query(context.WithoutCancel(ctx), "SELECT pid, coalesce(wait_event_type, ''), coalesce(wait_event, ''), state, query FROM pg_stat_activity WHERE datname = current_database()")
-		for rows.Next() {
-			var p int
-			var a, b, c2, q string
-			_ = rows.Scan(&p, &a, &b, &c2, &q)
-			t.Logf("activity: pid %d (proxy's %d) %s %s %s: %s", p, pid, a, b, c2, q)
-		}
-		rows.Close()
-		t.Fatalf("the proxy's backend never waited in a statement with %q (last: %q)", want, last)
-		return ""
+		return q
 	}
 	fe := c.PgConn().Frontend()
 	send := func(sqls ...string) { t.Helper(); sendQueries(t, fe, sqls...) }
@@ -204,5 +178,42 @@ func sendQueries(t testing.TB, fe *pgproto3.Frontend, sqls ...string) {
 	}
 	if err := fe.Flush(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStaleAtOlderObjects: in a database whose objects are of version 4
+// (no stale_at), the token form raises a stale row through
+// fenceproxy.stale, whose error names the token and the table itself, and
+// the client sees the same error.
+func TestStaleAtOlderObjects(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	e := startRaisersEnv(t)
+	db := e.newDB(t)
+	d := direct(t, db)
+	ctx := ctxT(t)
+	// Before the proxy's first check of the database.
+	if _, err := d.Exec(ctx, `DROP FUNCTION fenceproxy.stale_at_b(bigint), fenceproxy.stale_at(bigint);
+		UPDATE fenceproxy.meta SET value = '4' WHERE key = 'version'`); err != nil {
+		t.Fatal(err)
+	}
+	resetTable(t, d, tError)
+	setFences(t, d, tError, map[int64]int64{1: 42})
+	c := e.connect(t, db)
+	setTokenN(t, c, 41)
+	var pid int
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = 1")
+	if pe := wantPgError(t, err, rules.CodeStaleToken); pe != nil && pe.Message != "fenceproxy: stale fencing token 41 for table public.acct (stored watermark 42)" {
+		t.Errorf("message %q", pe.Message)
+	}
+	if q := pid2query(t, d, pid); !strings.Contains(q, "'41'::bigint ELSE fenceproxy.stale('fence.token', acct.last_fence, '11:public.acct')") {
+		t.Errorf("sent without the token form of version 4 objects:\n%s", q)
+	}
+	var n int
+	if err := d.QueryRow(ctx, "SELECT n FROM acct WHERE id = 1").Scan(&n); err != nil || n != 0 {
+		t.Errorf("the stale row: n = %d, %v", n, err)
 	}
 }

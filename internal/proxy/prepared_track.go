@@ -334,17 +334,20 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 	if typ == 'Q' && d.Action != Refuse && r.fence.on && ft.prelude {
 		// The session's own values, transaction-locally, before the
 		// text: two statements, whose CommandCompletes are swallowed.
+		// The prelude applies the record, and a text that changes no
+		// fence setting reads the record's token, which may then be
+		// written into it (where its stale-row errors can be told apart:
+		// staleAtForLocked).
+		useTok := d.Action == Rewrite && tf != nil && len(ft.ops) == 0
 		r.mu.Lock()
 		pre := r.fence.simplePrelude()
 		token, valid := rules.CanonicalToken(r.fence.cur.token)
+		useTok = useTok && valid && r.staleAtForLocked(token, tf.StaleTable())
 		r.mu.Unlock()
 		base := sql
 		if d.Action == Rewrite {
 			base = d.SQL
-			// The prelude applies the record, and the text changes no
-			// fence setting: the token the statement would read is the
-			// record's, which may then be written into it.
-			if valid && tf != nil && len(ft.ops) == 0 && r.staleAtFor(token, tf.StaleTable()) {
+			if useTok {
 				if s, ok := tf.Fill(base, token); ok {
 					base = s
 				}

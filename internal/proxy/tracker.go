@@ -36,7 +36,7 @@ type tracker struct {
 	nextRef  uint64
 	// staleAt is the token and the table that an error of
 	// fenceproxy.stale_at is for: those of the token forms calling it
-	// that were sent and may not be answered yet (staleAtFor).
+	// that were sent and may not be answered yet (staleAtForLocked).
 	staleAt staleAtContext
 
 	// lockNamed: the session may have named a lock (Policy.NamesLock),
@@ -72,20 +72,18 @@ type tracker struct {
 // (rules.TokenForm.StaleTable).
 type staleAtContext struct{ token, table string }
 
-// staleAtFor reports whether a token form whose stale-row errors are for
+// staleAtForLocked reports whether a token form whose stale-row errors are for
 // table ("" when they name their own) may be sent with token: its errors
 // come back without either, and the session keeps one pair to fill in
 // (rules.ExpandStaleAt). The pair is replaced only when every statement
 // sent before has been answered, so it is the pair of every form whose
 // error may still come back; while an earlier form of another pair may,
 // the text goes in the form that reads the token on the server, whose
-// errors carry everything.
-func (t *tracker) staleAtFor(token, table string) bool {
+// errors carry everything. t.mu is held.
+func (t *tracker) staleAtForLocked(token, table string) bool {
 	if table == "" {
 		return true
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	want := staleAtContext{token, table}
 	if t.staleAt == want {
 		return true

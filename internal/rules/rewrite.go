@@ -52,7 +52,7 @@ func (r *Rules) decideFull(sql string, toks []scanTok) (Decision, *rewritten) {
 	d := Decision{Action: Rewrite, SQL: out, Tables: res.tables, AuditRefusal: res.audit}
 	d.Preparable = res.audit == nil && preparable(res.tree)
 	if res.sp.tokForm && !res.sp.tokFail {
-		d.Tok = newTokenForm(out, tok, res.sp.staleAt, res.sp.staleTables)
+		d.Tok = newTokenForm(out, tok, res.sp.staleAt, res.sp.fencedTables)
 	}
 	if res.lock != nil {
 		d = r.withLock(d, out, res.tree.Version, res.lock)
@@ -606,10 +606,10 @@ func qualifier(rv *pg.RangeVar) string {
 }
 
 func (r *Rules) fencer(t *tableRule, rv *pg.RangeVar, sp *splicer) *fencer {
-	if sp != nil && !slices.Contains(sp.staleTables, t.display) {
+	if sp != nil && !slices.Contains(sp.fencedTables, t.display) {
 		// Whether or not its fragments are built now (a print proven
 		// before serves without a build), the statement writes t.
-		sp.staleTables = append(sp.staleTables, t.display)
+		sp.fencedTables = append(sp.fencedTables, t.display)
 	}
 	return &fencer{setting: r.tokenSetting, tag: r.auditTag, t: t, qual: qualifier(rv), raisers: r.raisers, prepared: r.prepared, staleAt: r.staleAt, sp: sp}
 }

@@ -66,10 +66,10 @@ type splicer struct {
 	twins    map[*pg.Node]*twin
 	tokHoles []*pg.Node
 	tokFail  bool
-	// staleTables are the tables (display names) the statement's fencers
-	// fence, whose stale rows a token form may raise with
+	// fencedTables are the tables (display names) the statement's
+	// fencers fence: a token form may raise their stale rows with
 	// fenceproxy.stale_at, whose error names no table.
-	staleTables []string
+	fencedTables []string
 	// staleAt: the fencers' token forms call stale_at (Rules.StaleAt).
 	staleAt bool
 }
