@@ -60,6 +60,9 @@ func a2Form(q string) string {
 	if tok := tokenWrittenIn(q); tok != "" {
 		return "token " + tok
 	}
+	if tokenParam(q) {
+		return "param"
+	}
 	if strings.Contains(q, "pg_catalog.current_setting") {
 		return "setting"
 	}
@@ -90,7 +93,7 @@ func TestPreparedTokenChangeAttack2FailedParseEarlierSegment(t *testing.T) {
 					t.Fatal(atkErrs(errs))
 				}
 				if stmt != "" {
-					if f := a2Form(a.a2Stmt(stmt)); f != "setting" {
+					if f := a2Form(a.a2Stmt(stmt)); f != "setting" && f != "param" {
 						t.Fatalf("s1 prepared with %s: %s", tc.prep, f)
 					}
 				}

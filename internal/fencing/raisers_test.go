@@ -88,39 +88,64 @@ func TestRaisersUsed(t *testing.T) {
 	}
 	setToken(t, cF, "60")
 
-	// A named prepared statement gets the prepared form (the checks as
-	// expressions, a check call only behind the short pattern, raisers in
-	// the branches that raise); an unnamed one, analysed at every Parse,
-	// the calls.
-	short := "OPERATOR(pg_catalog.~) '" + rules.ShortTokenPattern() + "' OR fenceproxy.tok_b("
+	// A Parse, named or not, gets the parameter form: the token form with
+	// the token a parameter, which the proxy binds at every Bind.
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
 		if _, err := cF.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = $1", mode, 3); err != nil {
 			t.Fatal(err)
 		}
-		q := pid2query(t, dF, pid)
-		prepared := strings.Contains(q, short) && strings.Contains(q, "fenceproxy.stale(") && !strings.Contains(q, "fenceproxy.advance(")
-		calls := strings.Contains(q, "fenceproxy.advance(") && !strings.Contains(q, short)
-		if mode == pgx.QueryExecModeCacheStatement && !prepared || mode == pgx.QueryExecModeExec && !calls {
+		if q := pid2query(t, dF, pid); !tokenParam(q) || !strings.Contains(q, "fenceproxy.stale(") || strings.Contains(q, "fenceproxy.advance(") {
 			t.Errorf("mode %v: the proxy sent %s", mode, q)
 		}
 	}
 	if err := dF.QueryRow(ctxT(t), "SELECT last_fence FROM acct WHERE id = 3").Scan(&fence); err != nil || fence != 60 {
 		t.Fatalf("fence of row 3: %d, %v; want 60", fence, err)
 	}
-	// Without the raisers, a named prepared statement's token checks try
-	// the short pattern before the full one.
+	// Bound without a valid token, a named statement is prepared again in
+	// the prepared form (the checks as expressions, a check call only
+	// behind the short pattern, raisers in the branches that raise).
+	short := "OPERATOR(pg_catalog.~) '" + rules.ShortTokenPattern() + "' OR fenceproxy.tok_b("
+	namedText := func(c *pgx.Conn) string {
+		t.Helper()
+		var q string
+		if err := c.QueryRow(ctxT(t), "SELECT statement FROM pg_prepared_statements WHERE name = 'named_upd'").Scan(&q); err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	for _, c := range []*pgx.Conn{cF, cI} {
+		if _, err := c.Prepare(ctxT(t), "named_upd", "UPDATE acct SET n = n + 1 WHERE id = $1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setToken(t, cF, "x60")
+	if _, err := cF.Exec(ctxT(t), "named_upd", 3); sqlState(err) != "FP002" {
+		t.Fatalf("invalid token: %v, want FP002", err)
+	}
+	if q := namedText(cF); !strings.Contains(q, short) || !strings.Contains(q, "fenceproxy.stale(") || strings.Contains(q, "fenceproxy.advance(") {
+		t.Errorf("named statement after a Bind without a valid token: %s", q)
+	}
+	setToken(t, cF, "60")
+	// Without the raisers, the same: the parameter form, and after an
+	// invalid token the form whose token checks try the short pattern
+	// before the full one.
 	setToken(t, cI, "60")
-	if _, err := cI.Exec(ctxT(t), "UPDATE acct SET n = n + 1 WHERE id = $1", pgx.QueryExecModeCacheStatement, 3); err != nil {
+	if _, err := cI.Exec(ctxT(t), "named_upd", 3); err != nil {
 		t.Fatal(err)
 	}
-	var inlineSQL string
-	if err := cI.QueryRow(ctxT(t), "SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'UPDATE acct%'").Scan(&inlineSQL); err != nil {
-		t.Fatal(err)
+	if q := namedText(cI); !tokenParam(q) || strings.Contains(q, "fenceproxy.") {
+		t.Errorf("inline parameter form: %s", q)
 	}
+	setToken(t, cI, "x60")
+	if _, err := cI.Exec(ctxT(t), "named_upd", 3); sqlState(err) != "FP002" {
+		t.Fatalf("invalid token, inline: %v, want FP002", err)
+	}
+	inlineSQL := namedText(cI)
 	if !strings.Contains(inlineSQL, "OPERATOR(pg_catalog.~) '"+rules.ShortTokenPattern()+"' OR ") || !strings.Contains(inlineSQL, rules.TokenPattern()) ||
 		strings.Contains(inlineSQL, "fenceproxy.") {
 		t.Errorf("inline prepared form: %s", inlineSQL)
 	}
+	setToken(t, cI, "60")
 
 	// Stale, missing and invalid tokens: the same errors in both forms,
 	// and nothing written.
@@ -333,7 +358,7 @@ func TestRaisersPreparedTokens(t *testing.T) {
 
 // TestRaisersPreparedKeptOverReload: a reload that changes nothing keeps a
 // named prepared statement as the server has it — decided again in the
-// prepared form, it is what was sent, so it is not prepared again.
+// parameter form, it is what was sent, so it is not prepared again.
 func TestRaisersPreparedKeptOverReload(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
@@ -356,8 +381,8 @@ func TestRaisersPreparedKeptOverReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	sql0, at0 := prepared()
-	if !strings.Contains(sql0, "OPERATOR(pg_catalog.~) '"+rules.ShortTokenPattern()+"' OR fenceproxy.tok_b(") {
-		t.Fatalf("not the prepared form: %s", sql0)
+	if !tokenParam(sql0) {
+		t.Fatalf("not the parameter form: %s", sql0)
 	}
 	// A named Parse that runs a SQL PREPARE: the proxy records the SQL-level
 	// statement as decided for a Query's text, so the server gets that form.

@@ -74,6 +74,9 @@ type stmtDef struct {
 	// fence: what the statement does to the fence settings when it runs
 	// (set_config with parameters is resolved at each Bind).
 	fence []rules.SettingOp
+	// param is the number of the parameter the relay binds the session's
+	// token to (tokenparam.go), 0 when the statement reads the setting.
+	param int
 }
 
 // stmtEntry is what the server may have under one name.
@@ -125,6 +128,9 @@ type pendingResp struct {
 	// if set, is called with it.
 	op   *stmtOp
 	done func(outcome)
+	// trim: a Describe of a statement in the parameter form, whose
+	// ParameterDescription loses the token's parameter (tokenparam.go).
+	trim bool
 }
 
 // preparedState is guarded by session.mu.

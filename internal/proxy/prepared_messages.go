@@ -23,12 +23,29 @@ func (r *requests) relayBind(body []byte) error {
 	if !ok || !ok2 {
 		return r.sess.protocolViolation(fmt.Errorf("malformed Bind"))
 	}
-	send, err := r.bindHead(portal, stmt, body)
+	send, tok, err := r.bindHead(portal, stmt, body)
 	if err != nil || !send {
 		return err
 	}
+	if tok != "" {
+		// The statement's parameter form: the session's token last; the
+		// portal must run before anything can change the token.
+		r.keepLive(portal, stmt, body)
+		out, ok := withTokenParam(r.bindBuf, body, tok)
+		if !ok {
+			return fmt.Errorf("proxy: a Bind checked for the token's parameter could not take it")
+		}
+		if cap(out) <= maxReusedBind {
+			r.bindBuf = out[:0]
+		}
+		body = out
+	}
 	return r.forwardTracked('B', body)
 }
+
+// maxReusedBind bounds the buffer a session keeps for the Binds it adds
+// the token to.
+const maxReusedBind = 16 << 10
 
 // bindHead does what a Bind of stmt into portal needs before it goes
 // upstream: the checks against the rules in force, a statement prepared
@@ -36,23 +53,33 @@ func (r *requests) relayBind(body []byte) error {
 // portal's bookkeeping. It reports whether the Bind is to be sent; if not,
 // something failing stands in its place. body is the whole message, or
 // nil when its parameter values are streamed past (bindNeedsValues is
-// false): then they are not read.
-func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err error) {
-	refuse := func(e *rules.Error) (bool, error) { return false, r.sendRefusedInstead(e) }
+// false): then they are not read. tok is the token to append to the Bind
+// as its last parameter ("" for none: tokenparam.go).
+func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok string, err error) {
+	refuse := func(e *rules.Error) (bool, string, error) { return false, "", r.sendRefusedInstead(e) }
+	if r.liveSet && portal == "" && r.live == "" {
+		r.liveSet = false // a Bind of the unnamed portal replaces it
+	}
+	if r.closedSet && serverKey(portal) == serverKey(r.closed) {
+		r.closedSet = false
+	}
 	gen := r.ps.pol.Generation()
 	v, err := r.checkStatement(stmt, gen, false)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	if v.refuse != nil {
 		return refuse(v.refuse)
 	}
 	if v.reprepare != nil {
 		if err := r.reprepare(strings.Clone(stmt), v); err != nil {
-			return false, err
+			return false, "", err
 		}
 	}
 	var fence []fenceApplied
+	if v.def != nil && v.def.param > 0 && !r.fence.on {
+		return refuse(errFenceBroken) // not reached: the form needs the record
+	}
 	if r.fence.on && v.def != nil {
 		var ok bool
 		if fence, ok = r.resolveBindOps(v.def.fence, body); !ok {
@@ -65,18 +92,36 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 			// first, transaction-locally; the registration follows them.
 			named, ok, err := r.fenceReady()
 			if err != nil {
-				return false, err
+				return false, "", err
 			}
 			if !ok {
 				return refuse(errFenceBroken)
 			}
 			r.lockNamed = named
+			if v.def.param > 0 {
+				t, e, nd, err := r.tokenBind(strings.Clone(stmt), v.def, body)
+				switch {
+				case err != nil:
+					return false, "", err
+				case e != nil:
+					return refuse(e)
+				case nd != nil:
+					v.def = nd
+				}
+				tok = t
+				if tok != "" {
+					r.liveDef, r.liveGen = v.def, gen
+				}
+			}
 			if everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named) {
 				if err := r.sendPrelude(); err != nil {
-					return false, err
+					return false, "", err
 				}
 			}
 		}
+	}
+	if v.def != nil && v.def.param > 0 && tok == "" {
+		return refuse(errFenceBroken) // not reached: the token is bound above
 	}
 	lock := r.bindLock(v.def, gen)
 	if lock.refuse != nil {
@@ -85,12 +130,12 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 	if v.def != nil && v.def.lock != nil && v.def.lock.Pre != "" {
 		// The catalog check, whether or not the registration runs.
 		if err := r.register(v.def.lock.Pre, nil); err != nil {
-			return false, err
+			return false, "", err
 		}
 	}
 	if lock.call != "" && !(r.fence.on && r.spare(lock.reg)) {
 		if err := r.register(lock.call, lock.reg); err != nil {
-			return false, err
+			return false, "", err
 		}
 	}
 	r.mu.Lock()
@@ -128,7 +173,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, err er
 	if full {
 		return refuse(refusePrepared("too many open portals in this session", "Close portals you no longer need, or end the transaction."))
 	}
-	return true, nil
+	return true, tok, nil
 }
 
 // bindStreamBytes: a Bind longer than this has its parameter values
@@ -158,9 +203,12 @@ func (r *requests) relayLargeBind(n int) (bool, error) {
 	if r.bindNeedsValues(stmt) {
 		return false, nil
 	}
-	send, err := r.bindHead(portal, stmt, nil)
+	send, tok, err := r.bindHead(portal, stmt, nil)
 	if err != nil {
 		return true, err
+	}
+	if tok != "" {
+		return true, fmt.Errorf("proxy: a streamed Bind of a statement that takes the token")
 	}
 	if !send {
 		if err := r.cr.skip(n); err != nil {
@@ -185,6 +233,9 @@ func (t *tracker) bindNeedsValues(stmt string) bool {
 		return true
 	}
 	for _, d := range e.defs() {
+		if d.param > 0 {
+			return true // the token is added to it
+		}
 		for _, op := range d.fence {
 			if op.Kind == rules.SetParams {
 				return true
@@ -215,8 +266,12 @@ func (r *requests) reprepare(name string, v stmtVerdict) error {
 	if !r.track('P') {
 		return errSessionDone
 	}
-	r.logger().Info("prepared statement re-prepared under reloaded rules", zap.String("statement", name))
-	return upstreamErr(writeMsg(r.uw, &pgproto3.Parse{Name: name, Query: v.newSQL, ParameterOIDs: v.reprepare.oids}))
+	why := v.why
+	if why == "" {
+		why = "under reloaded rules"
+	}
+	r.logger().Info("prepared statement re-prepared "+why, zap.String("statement", name))
+	return upstreamErr(writeMsg(r.uw, &pgproto3.Parse{Name: name, Query: v.newSQL, ParameterOIDs: v.reprepare.parseOIDs()}))
 }
 
 // relayDescribe handles a Describe: a statement described must be the one
@@ -242,6 +297,11 @@ func (r *requests) relayDescribe(body []byte) error {
 				return err
 			}
 		}
+		if v.def != nil && v.def.param > 0 {
+			r.mu.Lock()
+			r.ps.expectDescription()
+			r.mu.Unlock()
+		}
 	}
 	return r.forwardTracked('D', body)
 }
@@ -252,6 +312,18 @@ func (r *requests) relayExecute(body []byte) error {
 	portal, _, ok := cstring(body)
 	if !ok {
 		return r.sess.protocolViolation(fmt.Errorf("malformed Execute"))
+	}
+	if r.closedSet && serverKey(portal) == serverKey(r.closed) {
+		if err := r.rebindClosed(); err != nil {
+			return err
+		}
+	}
+	if r.liveSet {
+		if serverKey(portal) == serverKey(r.live) {
+			r.liveSet = false // its write runs now, with its Bind's token
+		} else if err := r.closeLive(); err != nil {
+			return err
+		}
 	}
 	gen := r.ps.pol.Generation()
 	r.mu.Lock()
@@ -273,7 +345,7 @@ func (r *requests) relayExecute(body []byte) error {
 		if pe.uncertain || def == nil || !def.kept {
 			return r.sendRefusedInstead(stale)
 		}
-		same, _, err := r.redecide(def)
+		same, _, _, err := r.redecide(def)
 		if err != nil {
 			return err
 		}
@@ -325,6 +397,9 @@ func (r *requests) relayClose(body []byte) error {
 	name, _, ok := cstring(body[1:])
 	if !ok {
 		return r.sess.protocolViolation(fmt.Errorf("malformed Close"))
+	}
+	if body[0] == 'P' && r.liveSet && serverKey(name) == serverKey(r.live) {
+		r.liveSet = false
 	}
 	r.mu.Lock()
 	switch body[0] {

@@ -59,21 +59,29 @@ func (r *requests) sendRefusedInstead(e *rules.Error) error {
 }
 
 // redecide decides a statement's text again under the rules in force and
-// reports whether it would send the same as def, with the decision taken.
-func (r *requests) redecide(def *stmtDef) (same bool, d rules.Decision, err error) {
+// reports whether it would send the same as def, with the decision taken
+// and the token's parameter in its text (0: none, tokenparam.go).
+func (r *requests) redecide(def *stmtDef) (same bool, d rules.Decision, param int, err error) {
 	lexing := r.lexingFor
 	if def.sqlLevel {
 		lexing = r.lexingNoWait // as in sqlOpDefs
 	}
 	lex, err := lexing(def.sql)
 	if err != nil {
-		return false, d, err
+		return false, d, 0, err
 	}
 	lex.Prepared = def.preparedForm
 	start := r.clock()
 	d = r.decide(lex, def.sql)
 	r.decided(&d, r.clock().Sub(start))
-	return decisionHash(&d, def.sql) == def.sent, d, nil
+	if def.param > 0 && d.Action == Rewrite {
+		// Compared in the form it was sent in; prepared again, it goes
+		// in the parameter form if it still has one.
+		if pd, k, ok := r.paramDecision(lex, def.sql, len(def.oids)); ok {
+			return k == def.param && decisionHash(&pd, def.sql) == def.sent, pd, k, nil
+		}
+	}
+	return decisionHash(&d, def.sql) == def.sent, d, 0, nil
 }
 
 // waitEarlier waits until no change to e sent in an earlier segment is
@@ -110,6 +118,9 @@ type stmtVerdict struct {
 	reprepare *stmtDef // prepare this definition again before the message
 	newSQL    string
 	def       *stmtDef // the definition the message runs (nil: none known)
+	// why the statement is prepared again, for the log ("" : the rules
+	// were reloaded).
+	why string
 }
 
 // checkStatement decides whether a message running the prepared statement
@@ -153,7 +164,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	if !def.kept {
 		return stmtVerdict{refuse: stale}, nil
 	}
-	same, d, err := r.redecide(def)
+	same, d, param, err := r.redecide(def)
 	if err != nil {
 		return stmtVerdict{}, err
 	}
@@ -174,7 +185,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	// Everything the new decision says: its lock registration (or a
 	// re-prepared statement would run without it), whether it is plain.
 	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm,
-		lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence}
+		lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence, param: param}
 	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
 }
 

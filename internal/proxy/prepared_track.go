@@ -53,6 +53,15 @@ func (r *requests) checkExecutesLock(ops []PreparedOp, gen uint64) (*rules.Error
 			if v.refuse != nil {
 				return v.refuse, nil, nil
 			}
+			if v.def != nil && v.def.param > 0 {
+				// Its last parameter is the token a Bind gets: for
+				// EXECUTE, it goes in the form that reads the setting.
+				nd, e, err := r.settingForm(op.Name, v.def)
+				if err != nil || e != nil {
+					return e, nil, err
+				}
+				v.def = nd
+			}
 			if v.def != nil && v.def.lock != nil && v.def.lock.Call != "" && (r.lockNamed || v.def.lock.Required) {
 				if lock != nil {
 					return refusePrepared("a text that executes several prepared statements on lock-fenced tables cannot be registered",
@@ -261,9 +270,10 @@ func cloneOps(ops []PreparedOp) []PreparedOp {
 // Parse about to be sent with decision d (which it may turn into a
 // refusal): EXECUTEs of statements prepared under older rules are checked,
 // and what the text defines or removes is recorded; preparedForm is
-// whether d was decided with Lexing.Prepared, words what mentionsPrepared
-// found in sql.
-func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *rules.Decision, preparedForm bool, words prepWords, ft *fenceText) error {
+// whether d was decided with Lexing.Prepared, param the token's parameter
+// in a Parse's parameter form (0: none), words what mentionsPrepared found
+// in sql.
+func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen uint64, d *rules.Decision, preparedForm bool, param int, words prepWords, ft *fenceText) error {
 	var ops []PreparedOp
 	if d.Action != Refuse {
 		if words.any {
@@ -398,6 +408,9 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 	default:
 		r.ps.clientNamed(p.Name)
 		def := r.ps.repeatDef(p.Name, sql, d, gen, p.ParameterOIDs, ops)
+		if def != nil && def.param != param {
+			def = nil
+		}
 		if def == nil {
 			def = r.ps.newDef(sql, decisionHash(d, sql), gen, p.ParameterOIDs, false)
 			def.ops = cloneOps(ops) // their texts may alias the Parse's, read in place
@@ -406,6 +419,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 			def.forward = d.Action == Forward
 			def.preparedForm = preparedForm
 			def.fence = ft.ops
+			def.param = param
 		}
 		r.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

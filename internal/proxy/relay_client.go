@@ -39,6 +39,16 @@ func (r *requests) copyClientToUpstream() error {
 			// and cancels a statement still running for it.
 			return clientErr(err)
 		}
+		if r.liveSet && runsSomething(typ) {
+			if err := r.closeLive(); err != nil {
+				return err
+			}
+		}
+		if typ == 'Q' && r.closedSet && r.closed == "" {
+			// A Query replaces the unnamed portal: the server would not
+			// have it either.
+			r.closedSet = false
+		}
 		switch typ {
 		case 'Q', 'P':
 			body, err := r.cr.body(n)
@@ -113,6 +123,18 @@ func (r *requests) copyClientToUpstream() error {
 			}
 		}
 	}
+}
+
+// runsSomething reports whether a client message of type typ may run
+// code on the server that the proxy does not see (a Query, a FunctionCall,
+// a Sync's commit, a copy's triggers), or runs a portal (an Execute, which
+// relayExecute checks itself): a live portal is closed before it.
+func runsSomething(typ byte) bool {
+	switch typ {
+	case 'P', 'B', 'D', 'C', 'H':
+		return false
+	}
+	return typ != 'E'
 }
 
 // forwardUnread forwards a client message without decoding its body.
@@ -250,7 +272,7 @@ func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
 	}
 	d := rules.Decision{Action: Refuse, Err: e}
 	if r.ps != nil {
-		if err := r.trackPrepared(typ, &p, "", r.ps.pol.Generation(), &d, false, prepWords{}, &fenceText{}); err != nil {
+		if err := r.trackPrepared(typ, &p, "", r.ps.pol.Generation(), &d, false, 0, prepWords{}, &fenceText{}); err != nil {
 			return err
 		}
 	}
@@ -359,13 +381,21 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 			return err
 		}
 	}
+	// A Parse of a fenced statement that changes no fence setting: in the
+	// parameter form, when it has one (tokenparam.go).
+	param := 0
+	if typ == 'P' && d.Action == Rewrite && r.ps != nil && r.fence.on && len(ft.ops) == 0 && !words.any {
+		if pd, k, ok := r.paramDecision(lex, sql, len(p.ParameterOIDs)); ok {
+			d, param = pd, k
+		}
+	}
 	if typ == 'Q' && d.Action == Rewrite && d.Preparable && r.ps != nil && r.srv.opts.AutoPrepare > 0 && !words.any {
 		if done, err := r.autoPrepare(lex, sql, &d); done || err != nil {
 			return err
 		}
 	}
 	if r.ps != nil {
-		if err := r.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, words, &ft); err != nil {
+		if err := r.trackPrepared(typ, &p, sql, gen, &d, lex.Prepared, param, words, &ft); err != nil {
 			return err
 		}
 	} else if d.Lock != nil && d.Action != Refuse && typ == 'Q' && len(d.Lock.Calls) > 0 && (r.lockNamed || d.Lock.Required) {
@@ -405,8 +435,11 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		msg = &pgproto3.Query{String: out}
 	} else {
 		oids := p.ParameterOIDs
-		if d.Action == Refuse {
+		switch {
+		case d.Action == Refuse:
 			oids = nil
+		case param > 0:
+			oids = tokenOIDs(oids, param)
 		}
 		msg = &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}
 	}

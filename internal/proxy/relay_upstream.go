@@ -70,6 +70,19 @@ func (s *session) copyUpstreamToClient() error {
 			if err := writeRaw(s.cw, typ, body); err != nil {
 				return clientErr(err)
 			}
+		case typ == 't' && s.ps != nil && n <= maxServerMessage && s.trimsDescription():
+			body, err := s.ur.body(n)
+			if err != nil {
+				return upstreamErr(err)
+			}
+			if out, ok := trimDescription(body); ok {
+				body = out
+			} else {
+				s.logger().Warn("a statement's parameter description does not end with the token's parameter; relayed as it is")
+			}
+			if err := writeRaw(s.cw, typ, body); err != nil {
+				return clientErr(err)
+			}
 		case typ == 'G' || typ == 'W':
 			s.copyInStarted()
 			if err := writeHeader(s.cw, typ, n); err != nil {
@@ -130,6 +143,13 @@ func (t *tracker) parameterStatus(body []byte) {
 		t.forgetOnSetting()
 		t.mu.Unlock()
 	}
+}
+
+// trimsDescription is preparedState.trimsDescription, taking t.mu.
+func (t *tracker) trimsDescription() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ps.trimsDescription()
 }
 
 func (t *tracker) finishing() bool {

@@ -16,4 +16,29 @@ type requests struct {
 	// oidBuf is reused for the parameter types of the client's Parse
 	// messages, up to maxReusedOIDs.
 	oidBuf []uint32
+	// bindBuf is reused for the Binds the token is added to
+	// (withTokenParam), up to maxReusedBind.
+	bindBuf []byte
+	// live is the portal of a statement in the parameter form that was
+	// bound and not yet executed (liveSet): it runs with the token of its
+	// Bind, so the proxy closes it before any message that may run
+	// something (closeLive). liveBind is its Bind (the client's, up to
+	// maxKeptBind bytes, else nil) of liveStmt, defined as liveDef.
+	live      string
+	liveSet   bool
+	liveBind  []byte
+	liveStmt  string
+	liveDef   *stmtDef
+	liveDepth int    // the savepoint depth of its Bind (fenceRecord.saves)
+	liveGen   uint64 // the rules generation of its Bind
+	// closed is the portal closeLive closed last (closedSet), until a Bind
+	// of that name; closedBind, closedStmt and closedDef are its live*.
+	// Its Execute binds it again with the token then, if the server would
+	// still have it (rebindClosed).
+	closed     string
+	closedSet  bool
+	closedBind []byte
+	closedStmt string
+	closedDef  *stmtDef
+	closedGen  uint64
 }

@@ -50,6 +50,17 @@ type fenceRecord struct {
 	// in the open transaction (spareRegistration).
 	registered        bool
 	regLock, regToken string
+	// portal follows the portal the relay closed for a Bind's token
+	// (requests.closed): whether the server would still have it.
+	portal portalLife
+}
+
+// portalLife is what became of a portal since its Bind, at savepoint
+// depth depth: dead once its transaction ended or a rollback to a
+// savepoint set before the Bind undid it (watch: being followed).
+type portalLife struct {
+	watch, dead bool
+	depth       int
 }
 
 func (f *fenceRecord) forgetRegistration() { f.registered = false }
@@ -94,6 +105,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		f.pend.copyFrom(f.cur, which)
 	case rules.TxBegin:
 	case rules.TxCommit, rules.TxPrepare:
+		f.portal.dead = true
 		f.forgetRegistration()
 		if f.failed {
 			f.revert() // COMMIT of a failed transaction rolls it back
@@ -102,6 +114,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		}
 		f.inTx = op.Chain
 	case rules.TxRollback:
+		f.portal.dead = true
 		f.forgetRegistration()
 		f.revert()
 		f.inTx = op.Chain
@@ -110,6 +123,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 	case rules.TxRelease:
 		if i := f.savepoint(op.Savepoint); i >= 0 {
 			f.saves = f.saves[:i]
+			f.portal.depth = min(f.portal.depth, i)
 		}
 	case rules.TxRollbackTo:
 		// What the savepoint undid may include a registration.
@@ -117,6 +131,11 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		if i := f.savepoint(op.Savepoint); i >= 0 {
 			f.pend, f.cur = f.saves[i].pend, f.saves[i].cur
 			f.saves = f.saves[:i+1]
+			if i < f.portal.depth {
+				f.portal.dead = true // bound after the savepoint
+			}
+		} else {
+			f.portal.dead = true
 		}
 		f.failed = false
 	}
@@ -139,6 +158,7 @@ func (f *fenceRecord) ready(status byte) {
 	}
 	switch status {
 	case 'I':
+		f.portal.dead = true
 		if f.inTx {
 			if f.failed {
 				f.revert()

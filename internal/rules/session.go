@@ -46,6 +46,13 @@ type Lexing struct {
 	// choose a rewrite that costs more to analyse and less to execute
 	// (Prepared). It does not change what is fenced.
 	Prepared bool
+	// TokenParam: the relay would bind the session's token as the
+	// statement's last parameter (TokenForm.ParamText), so the decision
+	// is taken in the set whose token forms have a parameter form: the
+	// ServerFunctions set without StaleAt (the stale-row error reads the
+	// setting the relay applies before the Bind), not Prepared (the
+	// token form has none of the checks Prepared writes differently).
+	TokenParam bool
 }
 
 // DecideFor returns the decision on sql, a simple-query string or the text
@@ -81,11 +88,11 @@ func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
 	}
 	if s.Raisers {
 		rs = rs.ServerFunctions()
-		if s.StaleAt {
+		if s.StaleAt && !s.Lexing.TokenParam {
 			rs = rs.StaleAt()
 		}
 	}
-	if s.Lexing.Prepared {
+	if s.Lexing.Prepared && !s.Lexing.TokenParam {
 		rs = rs.Prepared()
 	}
 	if s.Quick {

@@ -2,7 +2,9 @@ package rules
 
 import (
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -67,6 +69,11 @@ type TokenForm struct {
 	// staleTable is the table whose stale rows the form's calls of
 	// fenceproxy.stale_at are for, "" when it has none.
 	staleTable string
+	// param is the parameter form (ParamText), made and proven once.
+	param    sync.Once
+	paramPcs []string // the pieces without the quotes of the token's constant
+	paramMax int      // the highest parameter number the text refers to
+	paramOK  bool
 }
 
 // StaleTable returns the table (display name) that the form's stale-row
@@ -107,6 +114,109 @@ func (t *TokenForm) Fill(sent, token string) (string, bool) {
 		b.WriteString(p)
 	}
 	return b.String(), true
+}
+
+// MaxParams is the most parameters a prepared statement may have: the
+// protocol counts them in 16 bits.
+const MaxParams = 65535
+
+// ParamText returns the token form with the token a parameter of the
+// statement, $k, in place of the constant, for a relay that binds the
+// session's token as the statement's last parameter at every Bind: the
+// parameter form of a Parse message, which the server analyses once and
+// executes with whatever token each Bind supplies, so that nothing of one
+// token stays in the statement. declared is the number of parameter types
+// the Parse declares; k is one more than the statement's own parameters
+// (the declared ones and those its text refers to). It returns false when
+// the form has no parameter form: k would be over MaxParams, or the print
+// could not be proven to take a parameter where it takes the constant.
+//
+// The relay must bind only a canonical token (CanonicalToken) as $k, of
+// type bigint, and strip $k from what it reports of the statement's
+// parameters: the statement is otherwise the token form, which is right
+// for a valid token alone.
+func (t *TokenForm) ParamText(declared int) (text string, k int, ok bool) {
+	if t == nil {
+		return "", 0, false
+	}
+	t.param.Do(t.proveParam)
+	if !t.paramOK {
+		return "", 0, false
+	}
+	k = max(declared, t.paramMax) + 1
+	if k > MaxParams {
+		return "", 0, false
+	}
+	return strings.Join(t.paramPcs, "$"+strconv.Itoa(k)), k, true
+}
+
+// proveParam makes the parameter form's pieces: each place of the token
+// is a string constant, '<token>', which a parameter replaces as one
+// token of the grammar for another. The print, with the parameter one
+// number above the text's own, must parse into one statement that refers
+// to that number exactly at the token's places, and to no other number
+// above the text's own.
+func (t *TokenForm) proveParam() {
+	n := len(t.pieces)
+	if n < 2 {
+		return
+	}
+	pcs := make([]string, n)
+	for i, p := range t.pieces {
+		if i > 0 {
+			if !strings.HasPrefix(p, "'") {
+				return
+			}
+			p = p[1:]
+		}
+		if i < n-1 {
+			if !strings.HasSuffix(p, "'") {
+				return
+			}
+			p = p[:len(p)-1]
+			// A letter, digit, underscore, & or $ before the quote would
+			// make it another kind of constant (B'', X'', E'', U&'') or
+			// join the parameter to the word before it.
+			if j := len(p) - 1; j >= 0 {
+				switch c := p[j]; {
+				case c == '_' || c == '&' || c == '$' || c >= '0' && c <= '9' || c|0x20 >= 'a' && c|0x20 <= 'z' || c >= 0x80:
+					return
+				}
+			}
+		}
+		pcs[i] = p
+	}
+	real, err := pg.Parse(t.real)
+	if err != nil || len(real.Stmts) != 1 {
+		return
+	}
+	m, _ := paramRefs(real, 0)
+	if m >= MaxParams {
+		return
+	}
+	got, err := pg.Parse(strings.Join(pcs, "$"+strconv.Itoa(m+1)))
+	if err != nil || len(got.Stmts) != 1 {
+		return
+	}
+	if top, at := paramRefs(got, m+1); top != m+1 || at != n-1 {
+		return
+	}
+	t.paramPcs, t.paramMax, t.paramOK = pcs, m, true
+}
+
+// paramRefs returns the highest parameter number tree refers to and how
+// many of its references are to number k.
+func paramRefs(tree *pg.ParseResult, k int) (top, at int) {
+	walkMessages(tree.ProtoReflect(), func(m protoreflect.Message) bool {
+		if p, ok := m.Interface().(*pg.ParamRef); ok {
+			top = max(top, int(p.Number))
+			if int(p.Number) == k {
+				at++
+			}
+		}
+		return true
+	})
+	return top, at
 }
 
 // newTokenForm splits tok, the token form of real with NUL bytes in the
