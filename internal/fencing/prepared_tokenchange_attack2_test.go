@@ -16,11 +16,12 @@ import (
 // afterwards. Rows start at last_fence 55; the session's token is 60
 // (atkSetup).
 //
-// They were written against a token form for prepared statements that has
-// since been withdrawn (rules/tokenform.go says why): a statement "in the
-// token form of N" is now one parsed while the session's token was N,
-// which the server keeps in the form that reads the setting. The outcomes
-// asserted are the same: the rows carry the session's token at each run.
+// They were written against a token form for prepared statements that
+// kept the token as a constant, since withdrawn: a statement "in the token
+// form of N" is now one parsed while the session's token was N, which the
+// server keeps in the parameter form (the token bound at each Bind) or in
+// the form that reads the setting. The outcomes asserted are the same: the
+// rows carry the session's token at each run.
 
 // a2Sleep is a pipeline head that keeps the server busy for a while, so
 // that the proxy reads and relays the messages after it before the

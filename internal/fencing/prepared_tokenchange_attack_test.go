@@ -19,11 +19,12 @@ import (
 // (per the proxy's record) when the write runs; a stale or missing token
 // is refused.
 //
-// They were written against a token form for prepared statements that has
-// since been withdrawn (rules/tokenform.go says why): a statement "in the
-// token form of N" is now one parsed while the session's token was N,
-// which the server keeps in the form that reads the setting. The outcomes
-// asserted are the same: the rows carry the session's token at each run.
+// They were written against a token form for prepared statements that
+// kept the token as a constant, since withdrawn: a statement "in the token
+// form of N" is now one parsed while the session's token was N, which the
+// server keeps in the parameter form (the token bound at each Bind) or in
+// the form that reads the setting. The outcomes asserted are the same: the
+// rows carry the session's token at each run.
 
 // atkRaw is a hijacked connection for sending protocol messages by hand.
 type atkRaw struct {

@@ -32,12 +32,12 @@ func rowOf(t *testing.T, d *pgx.Conn, id int) (n int, fence int64) {
 	return n, fence
 }
 
-// TestPreparedTokenChange: a prepared statement reads the token from the
-// setting whatever token the session had at its Parse (the prepared form
-// has no token form: rules/tokenform.go), across changes of the token
-// between its Binds, and the rows written carry the session's token every
-// time. A portal bound with one token and run once the session's token is
-// another writes that one.
+// TestPreparedTokenChange: a prepared statement keeps no token of its own,
+// whatever token the session had at its Parse (it is sent in the parameter
+// form, the token bound at each Bind, or in the form reading the setting),
+// across changes of the token between its Binds, and the rows written
+// carry the session's token every time. A portal bound with one token and
+// run once the session's token is another writes the later one.
 func TestPreparedTokenChange(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()

@@ -45,14 +45,14 @@ import (
 // DELETE, MERGE, SELECT and transaction commands): a PREPARE's, a rule's or
 // a function's body would keep the constant for later runs.
 //
-// The prepared form (Rules.Prepared) has none, for the same reason: the
-// server keeps a named statement, and stored code can run it by name
-// (EXECUTE inside a function) after the session's token changed, where no
-// relay sees the run. Guarding each fence with the setting (CASE WHEN
-// setting = '<token>' THEN <token form> ELSE <the form reading it> END)
-// answers correctly under any setting, but PostgreSQL initialises both
-// branches at every execution: measured, it cost more per EXECUTE than
-// the form reading the setting (docs/benchmarks.md).
+// A named statement cannot hold the token as a constant: the server keeps
+// it, and stored code can run it by name (EXECUTE inside a function) after
+// the session's token changed, where no relay sees the run. (Guarding each
+// fence with the setting was measured and cost more than reading it.) Its
+// token is a parameter instead (ParamText): the token's places become
+// $k::bigint, k after every parameter the statement has, and the relay
+// binds the session's token at every Bind. Stored code running it by name
+// must then give a token itself, which the proxy cannot forge for it.
 
 // tokHoleName is the token's placeholder in a token-form print. A text
 // that holds it (in any case) gets no token form; a configured name that
