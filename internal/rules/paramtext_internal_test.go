@@ -34,9 +34,9 @@ func TestParamText(t *testing.T) {
 	}
 	// The print's token places, made unsafe by hand: none.
 	for _, pieces := range [][]string{
-		{"SELECT x'", "'::bigint"},  // a bit-string constant
-		{"SELECT E'", "'::bigint"},  // an escape string
-		{"SELECT ", "::bigint"},     // no quotes
+		{"SELECT x'", "'::bigint"},          // a bit-string constant
+		{"SELECT E'", "'::bigint"},          // an escape string
+		{"SELECT ", "::bigint"},             // no quotes
 		{"SELECT '", "'::bigint; SELECT 1"}, // two statements
 	} {
 		tf := &TokenForm{real: "SELECT 1", pieces: pieces}
