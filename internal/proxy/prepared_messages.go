@@ -110,6 +110,13 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 				}
 				tok = t
 				if tok != "" {
+					// One portal at a time is live: another one is
+					// closed, as anything else before its Execute would.
+					if r.liveSet && serverKey(portal) != serverKey(r.live) {
+						if err := r.closeLive(); err != nil {
+							return false, "", err
+						}
+					}
 					r.liveDef, r.liveGen = v.def, gen
 				}
 			}

@@ -140,7 +140,11 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 			Message: fmt.Sprintf("prepared statement \"%s\" does not exist", name),
 			Hint:    "fenceproxy: prepare statements through the proxy (PREPARE or a Parse message), not in functions."}}, nil
 	}
-	if g, ok := e.minGen(); !ok || g == gen {
+	// A change to the name in an earlier segment may have failed (a Parse
+	// of a name in use, a PREPARE after an error in its Query): the
+	// definition the message meets is known once it is answered.
+	undecided := len(e.pending) > 0 && e.pending[len(e.pending)-1].seg < r.ps.sentSeg
+	if g, ok := e.minGen(); !undecided && (!ok || g == gen) {
 		def := e.assumed()
 		r.mu.Unlock()
 		return stmtVerdict{def: def}, nil
@@ -151,11 +155,19 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	if err != nil {
 		return stmtVerdict{}, err
 	}
+	if !ok && undecided {
+		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("fenceproxy cannot tell which definition of prepared statement %q the server has", name), hintPrepareAgain)}, nil
+	}
 	stale := refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules that have since been reloaded, and fenceproxy cannot check it against the rules in force", name), hintPrepareAgain)
 	if !ok {
 		return stmtVerdict{refuse: stale}, nil
 	}
 	r.mu.Lock()
+	if r.ps.stmts[key] != e {
+		// Every change failed and the entry went: the name is not defined.
+		r.mu.Unlock()
+		return r.checkStatement(name, gen, sqlExec)
+	}
 	def := e.assumed()
 	r.mu.Unlock()
 	if def == nil || def.gen == gen {

@@ -114,26 +114,37 @@ func withTokenParam(buf, body []byte, tok string) ([]byte, bool) {
 	if !ok || nParams >= rules.MaxParams || nFmt != 0 && nFmt != 1 && nFmt != nParams {
 		return nil, false
 	}
-	binaryAll := false
+	binaryAll, spread := false, false
 	if nFmt == 1 {
-		// One code for every parameter, the token's too.
+		// One code for every parameter, the token's too, unless it is
+		// one PostgreSQL rejects: then it is given to each of the
+		// client's parameters, for the server's own error, and the
+		// token is text.
 		switch binary.BigEndian.Uint16(body[fmtAt+2:]) {
 		case 0:
 		case 1:
 			binaryAll = true
 		default:
-			return nil, false
+			spread = true
 		}
 	}
 	out := buf[:0]
 	fmtEnd := fmtAt + 2 + 2*nFmt
-	if nFmt > 1 {
+	switch {
+	case spread:
+		out = append(out, body[:fmtAt]...)
+		out = binary.BigEndian.AppendUint16(out, uint16(nParams+1))
+		for range nParams {
+			out = append(out, body[fmtAt+2:fmtEnd]...)
+		}
+		out = binary.BigEndian.AppendUint16(out, 0)
+	case nFmt > 1:
 		// One code per parameter: one more, text.
 		out = append(out, body[:fmtAt]...)
 		out = binary.BigEndian.AppendUint16(out, uint16(nFmt+1))
 		out = append(out, body[fmtAt+2:fmtEnd]...)
 		out = binary.BigEndian.AppendUint16(out, 0)
-	} else {
+	default:
 		out = append(out, body[:fmtEnd]...)
 	}
 	out = binary.BigEndian.AppendUint16(out, uint16(nParams+1))
@@ -167,7 +178,10 @@ func bindCountError(got, want int, stmt string) *rules.Error {
 func (r *requests) tokenBind(stmt string, def *stmtDef, body []byte) (tok string, refuse *rules.Error, nd *stmtDef, err error) {
 	// (A Bind whose values cannot be read gets the setting's form.)
 	if body != nil {
-		if _, _, n, _, ok := bindShape(body); ok && n != def.param-1 {
+		// PostgreSQL's checks of the counts, in its order.
+		if _, nFmt, n, _, ok := bindShape(body); ok && nFmt > 1 && nFmt != n {
+			return "", &rules.Error{Code: "08P01", Message: fmt.Sprintf("bind message has %d parameter formats but %d parameters", nFmt, n)}, nil, nil
+		} else if ok && n != def.param-1 {
 			return "", bindCountError(n, def.param-1, stmt), nil, nil
 		}
 	}
@@ -290,7 +304,7 @@ func (r *requests) closeLive() error {
 const maxKeptBind = 64 << 10
 
 // keepLive records the Bind of portal, of stmt, just checked with the
-// token added: the live portal.
+// token added: the live portal (bindHead closed any other).
 func (r *requests) keepLive(portal, stmt string, body []byte) {
 	r.live, r.liveSet, r.liveStmt = strings.Clone(portal), true, strings.Clone(stmt)
 	r.mu.Lock()
@@ -313,7 +327,9 @@ func (r *requests) keepLive(portal, stmt string, body []byte) {
 // own answer.
 func (r *requests) rebindClosed() error {
 	portal, body, stmt, def := r.closed, r.closedBind, r.closedStmt, r.closedDef
-	r.closedSet = false
+	// body is this call's now: closing another live portal (bindHead)
+	// keeps that one's Bind in a new array.
+	r.closedSet, r.closedBind = false, nil
 	if err := r.fenceWait(); err != nil {
 		return err
 	}

@@ -1,0 +1,246 @@
+package fencing_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// The parameter form in pipelines: more than one portal bound before an
+// Execute, a Parse of a name in use answered after the Bind that follows
+// it, Binds whose format codes PostgreSQL rejects. Each checks the rows.
+
+// tpPipe sends msgs and reads up to the syncs'th ReadyForQuery; it returns
+// the errors, the CommandComplete tags and the first column of each
+// DataRow.
+func (a *atkRaw) tpPipe(syncs int, msgs ...pgproto3.FrontendMessage) (errs []pgproto3.ErrorResponse, tags, vals []string) {
+	a.t.Helper()
+	for _, m := range msgs {
+		a.fe.Send(m)
+	}
+	if err := a.fe.Flush(); err != nil {
+		a.t.Fatal(err)
+	}
+	for syncs > 0 {
+		m, err := a.fe.Receive()
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			errs = append(errs, *m)
+		case *pgproto3.CommandComplete:
+			tags = append(tags, string(m.CommandTag))
+		case *pgproto3.DataRow:
+			vals = append(vals, string(m.Values[0]))
+		case *pgproto3.ReadyForQuery:
+			syncs--
+		}
+	}
+	return errs, tags, vals
+}
+
+func tpBind(portal, stmt string, vals ...string) *pgproto3.Bind {
+	b := &pgproto3.Bind{DestinationPortal: portal, PreparedStatement: stmt}
+	for _, v := range vals {
+		b.Parameters = append(b.Parameters, []byte(v))
+	}
+	return b
+}
+
+// TestTokenParamTwoPortals: a portal holds its Bind's token, so only one
+// can be open at a time; binding a second closes the first, which its
+// Execute binds again with the token then. No portal runs with a token
+// the session has since replaced.
+func TestTokenParamTwoPortals(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t) // rows 1..3 at 55, the session's token 60
+	if _, err := c.Prepare(ctxT(t), "s1", atkUpd); err != nil {
+		t.Fatal(err)
+	}
+	a := atkHijack(t, c)
+	start := map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}}
+
+	// Two named portals bound with 60, then 50 (stale) set: neither
+	// writes.
+	a.q("BEGIN")
+	if errs, _, _ := a.tpPipe(1, tpBind("p1", "s1", "1"), tpBind("p2", "s1", "2"), &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	a.q("SET LOCAL fence.token = '50'")
+	errs, tags, _ := a.tpPipe(1, &pgproto3.Execute{Portal: "p1"}, &pgproto3.Execute{Portal: "p2"}, &pgproto3.Sync{})
+	if len(errs) != 1 || len(tags) != 0 {
+		t.Errorf("two portals bound with 60, executed after SET LOCAL 50: %s %v; want one error", atkErrs(errs), tags)
+	}
+	a.q("ROLLBACK")
+	atkWantRows(t, d, start)
+
+	// The unnamed portal and a named one in one pipeline.
+	a.q("BEGIN")
+	if errs, _, _ := a.tpPipe(1, tpBind("", "s1", "1"), tpBind("p2", "s1", "2"), &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	a.q("SET LOCAL fence.token = '50'")
+	errs, tags, _ = a.tpPipe(1, &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 1 || len(tags) != 0 {
+		t.Errorf("the unnamed portal after SET LOCAL 50: %s %v; want an error", atkErrs(errs), tags)
+	}
+	a.q("ROLLBACK")
+	atkWantRows(t, d, start)
+
+	// A portal bound again at its Execute closes the one bound since.
+	a.q("BEGIN")
+	if errs, _, _ := a.tpPipe(1, tpBind("p1", "s1", "1"), &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	a.q("SET LOCAL fence.token = '70'")
+	errs, tags, _ = a.tpPipe(1, tpBind("p2", "s1", "2"), &pgproto3.Execute{Portal: "p1"}, &pgproto3.Sync{})
+	if len(errs) > 0 || len(tags) != 1 || tags[0] != "UPDATE 1" {
+		t.Errorf("p1 executed after p2's Bind: %s %v", atkErrs(errs), tags)
+	}
+	a.q("SET LOCAL fence.token = '50'")
+	errs, tags, _ = a.tpPipe(1, &pgproto3.Execute{Portal: "p2"}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "FP001" || len(tags) != 0 {
+		t.Errorf("p2, bound with 70, executed after SET LOCAL 50: %s %v; want FP001", atkErrs(errs), tags)
+	}
+	a.q("ROLLBACK")
+	atkWantRows(t, d, start)
+
+	// What a client sees of it, token unchanged: both portals run, each
+	// with the session's token.
+	a.q("SET fence.token = '70'")
+	errs, tags, _ = a.tpPipe(1, tpBind("p1", "s1", "1"), tpBind("p2", "s1", "2"),
+		&pgproto3.Execute{Portal: "p1"}, &pgproto3.Execute{Portal: "p2"}, &pgproto3.Sync{})
+	if len(errs) > 0 || len(tags) != 2 {
+		t.Errorf("Bind p1, Bind p2, Execute p1, Execute p2: %s %v", atkErrs(errs), tags)
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {1, 70}, 2: {1, 70}, 3: {0, 55}})
+}
+
+// TestTokenParamParseInUse: a Parse of a name in use fails and leaves the
+// statement the server has; a Bind sent after its Sync, before the answer,
+// meets that one, and the proxy binds it as that one.
+func TestTokenParamParseInUse(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	a := atkHijack(t, c)
+
+	// The write first, then a SELECT of two parameters under its name: the
+	// second value is no token of the client's.
+	errs, tags, _ := a.tpPipe(2, &pgproto3.Parse{Name: "s5", Query: atkUpd},
+		&pgproto3.Parse{Name: "s5", Query: "SELECT $1::bigint, $2::bigint"}, &pgproto3.Sync{},
+		tpBind("", "s5", "1", "99"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 2 || errs[0].Code != "42P05" || errs[1].Code != "08P01" || len(tags) != 0 {
+		t.Errorf("Parse of s5 in use, then a Bind of two values: %s %v; want 42P05 and 08P01", atkErrs(errs), tags)
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}})
+	errs, tags, _ = a.tpPipe(1, tpBind("", "s5", "1"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) > 0 || len(tags) != 1 {
+		t.Errorf("s5 bound as the write: %s %v", atkErrs(errs), tags)
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {1, 60}, 2: {0, 55}, 3: {0, 55}})
+
+	// The other way round: the SELECT stays, and its Bind is the client's.
+	errs, tags, vals := a.tpPipe(2, &pgproto3.Parse{Name: "s3", Query: "SELECT $1::bigint"},
+		&pgproto3.Parse{Name: "s3", Query: atkUpd}, &pgproto3.Sync{},
+		tpBind("", "s3", "1"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "42P05" || len(vals) != 1 || vals[0] != "1" || len(tags) != 1 {
+		t.Errorf("Parse of s3 in use by a SELECT, then its Bind: %s %v %v; want 42P05 and the row 1", atkErrs(errs), tags, vals)
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {1, 60}, 2: {0, 55}, 3: {0, 55}})
+
+	// A PREPARE that does not run (an error before it in its Query)
+	// leaves the name undefined.
+	errs, tags, _ = a.tpPipe(2, &pgproto3.Query{String: "SELECT 1/0; PREPARE s6(bigint, bigint) AS SELECT $1, $2"},
+		tpBind("", "s6", "1", "99"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 2 || errs[0].Code != "22012" || errs[1].Code != "26000" || len(tags) != 0 {
+		t.Errorf("Bind of a PREPARE that did not run: %s %v; want 22012 and 26000", atkErrs(errs), tags)
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {1, 60}, 2: {0, 55}, 3: {0, 55}})
+}
+
+// TestTokenParamParseInUseLock: the same with lock fencing, where a Bind
+// taken for a plain SELECT would run without the registration: the stale
+// holder is refused and the rows and the watermark stay.
+func TestTokenParamParseInUseLock(t *testing.T) {
+	t.Parallel()
+	e := startLockEnv(t)
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	old := e.holder(t, db, "tenant/7", 10, pgx.QueryExecModeCacheStatement)
+	mustExec(t, old, "SELECT 1")
+	nw := e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeCacheStatement)
+	var n int
+	if err := nw.QueryRow(ctxT(t), "SELECT n FROM acct WHERE id = $1", 2).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	before := atkRows(t, d, "acct")
+	a := atkHijack(t, old)
+	// acct is fenced by row too: a second value would be the token.
+	errs, tags, _ := a.tpPipe(2, &pgproto3.Parse{Name: "s5", Query: "UPDATE acct SET n = n + 1 WHERE id = $1"},
+		&pgproto3.Parse{Name: "s5", Query: "SELECT $1::bigint, $2::bigint"}, &pgproto3.Sync{},
+		tpBind("", "s5", "1", "10"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 2 || errs[0].Code != "42P05" || errs[1].Code != "08P01" || len(tags) != 0 {
+		t.Errorf("the stale holder's Bind of acct's s5 after a Parse of s5 in use: %s %v; want 42P05 and 08P01", atkErrs(errs), tags)
+	}
+	// jobs is fenced by the lock alone: the registration is the fence.
+	errs, tags, _ = a.tpPipe(2, &pgproto3.Parse{Name: "s6", Query: "UPDATE jobs SET state = 'stale' WHERE id = $1"},
+		&pgproto3.Parse{Name: "s6", Query: "SELECT $1::bigint"}, &pgproto3.Sync{},
+		tpBind("", "s6", "1"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 2 || errs[0].Code != "42P05" || errs[1].Code != "FP001" || len(tags) != 0 {
+		t.Errorf("the stale holder's Bind of jobs' s6 after a Parse of s6 in use: %s %v; want 42P05 and FP001", atkErrs(errs), tags)
+	}
+	if after := atkRows(t, d, "acct"); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("acct: %v, was %v", after, before)
+	}
+	var state string
+	if err := d.QueryRow(ctxT(t), "SELECT state FROM jobs WHERE id = 1").Scan(&state); err != nil || state != "queued" {
+		t.Errorf("jobs row 1: %q %v; want queued", state, err)
+	}
+	var w int64
+	if err := d.QueryRow(ctxT(t), "SELECT token FROM fenceproxy.locks WHERE name = 'tenant/7'").Scan(&w); err != nil || w != 11 {
+		t.Errorf("watermark: %d %v; want 11", w, err)
+	}
+}
+
+// TestTokenParamBadFormats: a Bind with format codes PostgreSQL rejects
+// gets PostgreSQL's error and writes nothing; the session goes on.
+func TestTokenParamBadFormats(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	if _, err := c.Prepare(ctxT(t), "s1", atkUpd); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Prepare(ctxT(t), "s2", "UPDATE acct SET payload = $2 WHERE id = $1"); err != nil {
+		t.Fatal(err)
+	}
+	a := atkHijack(t, c)
+	start := map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}}
+	for _, tc := range []struct {
+		name string
+		bind *pgproto3.Bind
+		code string
+		msg  string
+	}{
+		{"code 2", &pgproto3.Bind{PreparedStatement: "s1", ParameterFormatCodes: []int16{2}, Parameters: [][]byte{[]byte("1")}}, "22023", "unsupported format code: 2"},
+		{"code 2 of two", &pgproto3.Bind{PreparedStatement: "s2", ParameterFormatCodes: []int16{0, 2}, Parameters: [][]byte{[]byte("1"), []byte("x")}}, "22023", "unsupported format code: 2"},
+		{"two codes, one value", &pgproto3.Bind{PreparedStatement: "s1", ParameterFormatCodes: []int16{0, 0}, Parameters: [][]byte{[]byte("1")}}, "08P01", "bind message has 2 parameter formats but 1 parameters"},
+		{"three codes, two values", &pgproto3.Bind{PreparedStatement: "s2", ParameterFormatCodes: []int16{0, 0, 0}, Parameters: [][]byte{[]byte("1"), []byte("x")}}, "08P01", "bind message has 3 parameter formats but 2 parameters"},
+	} {
+		errs, tags, _ := a.tpPipe(1, tc.bind, &pgproto3.Execute{}, &pgproto3.Sync{})
+		if len(errs) != 1 || errs[0].Code != tc.code || errs[0].Message != tc.msg || len(tags) != 0 {
+			t.Errorf("%s: %s %v; want %s %s", tc.name, atkErrs(errs), tags, tc.code, tc.msg)
+		}
+	}
+	atkWantRows(t, d, start)
+	if v := a.value("SELECT 7"); v != "7" {
+		t.Errorf("the session after: %q", v)
+	}
+	errs, tags, _ := a.tpPipe(1, tpBind("", "s1", "1"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) > 0 || len(tags) != 1 {
+		t.Errorf("s1 after: %s %v", atkErrs(errs), tags)
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {1, 60}, 2: {0, 55}, 3: {0, 55}})
+}
