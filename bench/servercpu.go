@@ -102,6 +102,11 @@ const handCall = "CALL fenceproxy.register('fence.lock', 'fence.token', false, f
 // handUpdate is the hand-written conditional UPDATE (token 42).
 const handUpdate = "UPDATE config SET counter = counter + 1, last_fence = 42 WHERE id = 7 AND last_fence <= 42"
 
+// handParam is handUpdate taking the token as its parameter, as a
+// prepared statement written by hand does (pgbench -M prepared's own
+// scripts bind every value).
+const handParam = "UPDATE config SET counter = counter + 1, last_fence = $1 WHERE id = 7 AND last_fence <= $1"
+
 // fencedForms are the statements whose cost to the server the bench
 // compares: the client's UPDATE in the forms fenceproxy sends it, and the
 // hand-written statements they are held against.
@@ -121,8 +126,12 @@ type fencedForms struct {
 	// which a PREPARE gets).
 	inline, raisers, lock, lockCall string
 	raisersSetting, lockSetting     string
-	// The forms a named prepared statement gets (rules.Prepared).
-	inlinePrepared, raisersPrepared string
+	// The forms a named prepared statement gets: without fenceproxy
+	// setup, rules.Prepared's; after it, param, the token form with the
+	// token its parameter $1 (TokenForm.ParamText), which the proxy binds
+	// at each Bind, and raisersPrepared, the form reading the setting
+	// that SQL EXECUTE gets.
+	inlinePrepared, raisersPrepared, param string
 	// noop is raisersSetting calling functions of the same signatures that only
 	// return a constant (setupObjects): what the two calls cost whatever
 	// the functions do.
@@ -163,6 +172,16 @@ func newFencedForms() (fencedForms, error) {
 		return f, fmt.Errorf("server cost: no token form")
 	}
 	f.inlinePrepared, f.raisersPrepared = pi.SQL, pd.SQL
+	// The set a Parse is decided in for its parameter form.
+	td := rs.ServerFunctions().Decide(f.client)
+	if td.Action != rules.Rewrite || td.Tok == nil {
+		return f, fmt.Errorf("server cost: no token form to bind the token to")
+	}
+	var k int
+	f.param, k, ok1 = td.Tok.ParamText(0)
+	if !ok1 || k != 1 {
+		return f, fmt.Errorf("server cost: no parameter form (%v, $%d)", ok1, k)
+	}
 	f.noop = strings.ReplaceAll(f.raisersSetting, "fenceproxy.", noopSchema+".")
 	if f.lockCall != handCall {
 		// Still measured: the hand-written baseline is what a client

@@ -20,7 +20,7 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	user := c.fs.String("user", "", "session user, for scoped rules")
 	app := c.fs.String("application-name", "", "session application_name, for scoped rules")
 	raisers := c.fs.Bool("server-functions", false, "print the form used in databases where fenceproxy setup installed the error raisers (objects of version 3 or later)")
-	prepared := c.fs.Bool("prepared", false, "print the form a named prepared statement gets (cheaper to execute, dearer to analyse)")
+	prepared := c.fs.Bool("prepared", false, "print the form a client's prepared statement (a Parse) gets: the token as its last parameter where the statement has a token form, else the form reading the setting that is cheaper to execute and dearer to analyse")
 	if code, ok := c.parse(args); !ok {
 		return code
 	}
@@ -51,10 +51,14 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *raisers {
 		rs = rs.ServerFunctions()
 	}
+	d, param := rs.Decide(sql), 0
 	if *prepared {
-		rs = rs.Prepared()
+		if text, k, ok := paramForm(d); ok {
+			d.SQL, param = text, k
+		} else {
+			d = rs.Prepared().Decide(sql)
+		}
 	}
-	d := rs.Decide(sql)
 	switch d.Action {
 	case rules.Forward:
 		fmt.Fprintln(stdout, "-- forwarded unchanged")
@@ -65,13 +69,20 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case rules.Rewrite:
 		fmt.Fprintf(stdout, "-- rewritten (protected: %s)\n", strings.Join(d.Tables, ", "))
 		fmt.Fprintln(stdout, d.SQL)
+		if param > 0 {
+			fmt.Fprintf(stdout, "-- $%d: the session's token, bound by the proxy at each Bind\n", param)
+		}
 	}
 	if d.Lock != nil {
 		when := "in sessions that name a lock"
 		if d.Lock.Required {
 			when = "always (lock: required)"
 		}
-		fmt.Fprintf(stdout, "-- lock registration, %s: sent as\n%s\n", when, d.Lock.Query)
+		if *prepared && d.Lock.Call != "" {
+			fmt.Fprintf(stdout, "-- lock registration, %s: sent before each Bind as\n%s\n", when, d.Lock.Call)
+		} else {
+			fmt.Fprintf(stdout, "-- lock registration, %s: sent as\n%s\n", when, d.Lock.Query)
+		}
 	}
 	switch d.Action {
 	case rules.Refuse:
@@ -85,4 +96,13 @@ func rewriteMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 3
 	}
 	return 0
+}
+
+// paramForm returns d's parameter form for a Parse declaring no types:
+// the text, and the token's parameter number.
+func paramForm(d rules.Decision) (string, int, bool) {
+	if d.Action != rules.Rewrite || d.Tok == nil {
+		return "", 0, false
+	}
+	return d.Tok.ParamText(0)
 }

@@ -216,21 +216,28 @@ func TestRewriteCommand(t *testing.T) {
 			}
 		}
 	}
-	// The other forms: the raisers' calls, and for a named prepared
-	// statement the token checks behind the short pattern (with the
-	// raisers, the checks as expressions and the calls behind it).
+	// The other forms: the raisers' calls; for a prepared statement the
+	// token as its last parameter, and where the statement has no token
+	// form (here: its text holds the placeholder's name) the token checks
+	// behind the short pattern (with the raisers, the checks as
+	// expressions and the calls behind it).
+	const upd, noTok = "UPDATE config SET payload = $1 WHERE id = 1", "UPDATE config SET payload = 'fenceproxy_token_hole' WHERE id = 1"
 	for _, f := range []struct {
 		flags         []string
+		sql           string
 		want, without string
 	}{
-		{[]string{"--server-functions"}, "fenceproxy.advance('fence.token', config.last_fence", "CASE"},
-		{[]string{"--server-functions", "--prepared"}, "OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR fenceproxy.tok_b(", "fenceproxy.advance"},
-		{[]string{"--prepared"}, "(pg_catalog.current_setting('fence.token', true) OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR pg_catalog.current_setting(", "fenceproxy.tok_b"},
+		{[]string{"--server-functions"}, upd, "fenceproxy.advance('fence.token', config.last_fence", "CASE"},
+		{[]string{"--server-functions", "--prepared"}, upd, "config.last_fence OPERATOR(pg_catalog.<=) $2::bigint THEN $2::bigint ELSE fenceproxy.stale(", "current_setting"},
+		{[]string{"--server-functions", "--prepared"}, upd, "-- $2: the session's token, bound by the proxy at each Bind", "fenceproxy.advance"},
+		{[]string{"--prepared"}, upd, "THEN $2::bigint ELSE", "fenceproxy.stale"},
+		{[]string{"--server-functions", "--prepared"}, noTok, "OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR fenceproxy.tok_b(", "::bigint THEN $"},
+		{[]string{"--prepared"}, noTok, "(pg_catalog.current_setting('fence.token', true) OPERATOR(pg_catalog.~) '^0*[1-9][0-9]{0,17}$' OR pg_catalog.current_setting(", "fenceproxy.tok_b"},
 	} {
 		var out, errb strings.Builder
-		code := runMain(append(append([]string{"rewrite", "-c", cfg}, f.flags...), "UPDATE config SET payload = 'x' WHERE id = 1"), strings.NewReader(""), &out, &errb)
+		code := runMain(append(append([]string{"rewrite", "-c", cfg}, f.flags...), f.sql), strings.NewReader(""), &out, &errb)
 		if code != 0 || !strings.Contains(out.String(), f.want) || strings.Contains(out.String(), f.without) {
-			t.Errorf("%v: exit %d, output:\n%s\nstderr %q", f.flags, code, out.String(), errb.String())
+			t.Errorf("%v %s: exit %d, output:\n%s\nstderr %q", f.flags, f.sql, code, out.String(), errb.String())
 		}
 	}
 	// SQL from standard input.
