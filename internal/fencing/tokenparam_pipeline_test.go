@@ -2,6 +2,7 @@ package fencing_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -243,4 +244,136 @@ func TestTokenParamBadFormats(t *testing.T) {
 		t.Errorf("s1 after: %s %v", atkErrs(errs), tags)
 	}
 	atkWantRows(t, d, map[int64][2]int64{1: {1, 60}, 2: {0, 55}, 3: {0, 55}})
+}
+
+// TestTokenParamQueryAfterExecute: a Query sent after a Bind and Execute
+// with no Sync between ends their segment; the proxy reads its answers as
+// the Query's, so a SET of the token in it counts and a statement it
+// did not run does not.
+func TestTokenParamQueryAfterExecute(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	a := atkHijack(t, c)
+	start := map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}}
+	if errs, _, _ := a.tpPipe(1, &pgproto3.Parse{Name: "s1", Query: atkUpd}, &pgproto3.Parse{Name: "s2", Query: "SELECT $1::int"}, &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	// A fenced Bind, then SET 50 in a Query: the session's token is 50,
+	// which is stale for every row.
+	errs, _, _ := a.tpPipe(2, tpBind("p1", "s1", "1"), &pgproto3.Query{String: "SET fence.token = '50'"}, &pgproto3.Execute{Portal: "p1"}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "34000" {
+		t.Errorf("Bind, Query SET, Execute: %s; want 34000", atkErrs(errs))
+	}
+	errs, _ = a.rt(&pgproto3.Query{String: "UPDATE acct SET n = n + 1 WHERE id = 2"})
+	if len(errs) != 1 || errs[0].Code != "FP001" {
+		t.Errorf("UPDATE after SET 50: %s; want FP001", atkErrs(errs))
+	}
+	atkWantRows(t, d, start)
+
+	// Executes, then a Query whose DEALLOCATE and PREPARE do not run: s1
+	// is still the write, and a second value is no token of the client's.
+	a.q("SET fence.token = '60'")
+	errs, _, _ = a.tpPipe(1, tpBind("a", "s2", "1"), &pgproto3.Execute{Portal: "a"}, tpBind("b", "s2", "2"), &pgproto3.Execute{Portal: "b"},
+		tpBind("c", "s2", "3"), &pgproto3.Execute{Portal: "c"}, &pgproto3.Query{String: "SELECT 1/0; DEALLOCATE s1; PREPARE s1(bigint, bigint) AS SELECT $1, $2"})
+	if len(errs) != 1 || errs[0].Code != "22012" {
+		t.Errorf("Executes, then a Query failing before its DEALLOCATE: %s; want 22012", atkErrs(errs))
+	}
+	errs, tags, _ := a.tpPipe(1, tpBind("", "s1", "1", "99"), &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "08P01" || len(tags) != 0 {
+		t.Errorf("Bind of s1 with two values: %s %v; want 08P01", atkErrs(errs), tags)
+	}
+	atkWantRows(t, d, start)
+}
+
+// TestTokenParamQueryAfterExecuteLock: the same for a lock holder: a SET
+// to a stale token after an Execute counts, and the holder is refused.
+func TestTokenParamQueryAfterExecuteLock(t *testing.T) {
+	t.Parallel()
+	e := startLockEnv(t)
+	db := newLockDB(t, true)
+	d := direct(t, db)
+	nw := e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeCacheStatement)
+	var n int
+	if err := nw.QueryRow(ctxT(t), "SELECT n FROM acct WHERE id = $1", 2).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	a := atkHijack(t, nw)
+	if errs, _, _ := a.tpPipe(1, &pgproto3.Parse{Name: "s5", Query: "UPDATE acct SET n = n + 1 WHERE id = $1"}, &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	if errs, _, _ := a.tpPipe(1, tpBind("p", "s5", "3"), &pgproto3.Execute{Portal: "p"}, &pgproto3.Query{String: "SET fence.token = '10'"}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	errs, _ := a.rt(&pgproto3.Query{String: "UPDATE jobs SET state = 'by10' WHERE id = 1"})
+	if len(errs) != 1 || errs[0].Code != "FP001" {
+		t.Errorf("the holder's UPDATE after SET 10: %s; want FP001", atkErrs(errs))
+	}
+	var state string
+	var w int64
+	if err := d.QueryRow(ctxT(t), "SELECT (SELECT state FROM jobs WHERE id = 1), (SELECT token FROM fenceproxy.locks WHERE name = 'tenant/7')").Scan(&state, &w); err != nil || state != "queued" || w != 11 {
+		t.Errorf("jobs row 1 %q, watermark %d (%v); want queued and 11", state, w, err)
+	}
+}
+
+// TestTokenParamClosedPortalEnds: a portal the proxy closed is not bound
+// again once the client closed it or its transaction ended: its Execute
+// gets the server's 34000, as it would without the proxy.
+func TestTokenParamClosedPortalEnds(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	if _, err := c.Prepare(ctxT(t), "s1", atkUpd); err != nil {
+		t.Fatal(err)
+	}
+	a := atkHijack(t, c)
+	start := map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}}
+	a.q("BEGIN")
+	if errs, _, _ := a.tpPipe(1, tpBind("p1", "s1", "1"), &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	if errs, _, _ := a.tpPipe(1, &pgproto3.Close{ObjectType: 'P', Name: "p1"}, &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	errs, tags, _ := a.tpPipe(1, &pgproto3.Execute{Portal: "p1"}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "34000" || len(tags) != 0 {
+		t.Errorf("Execute of a portal the client closed: %s %v; want 34000", atkErrs(errs), tags)
+	}
+	a.q("COMMIT")
+	atkWantRows(t, d, start)
+
+	// Outside a transaction block a Query between Bind and Execute ends
+	// the portal, pipelined or not.
+	for _, msgs := range [][]pgproto3.FrontendMessage{
+		{tpBind("p1", "s1", "1"), &pgproto3.Query{String: "SELECT 1"}, &pgproto3.Execute{Portal: "p1"}, &pgproto3.Sync{}},
+		{tpBind("p1", "s1", "1"), tpBind("p2", "s1", "2"), &pgproto3.Sync{}, &pgproto3.Execute{Portal: "p2"}, &pgproto3.Sync{}},
+	} {
+		errs, tags, _ := a.tpPipe(2, msgs...)
+		if len(errs) != 1 || errs[0].Code != "34000" || slices.Contains(tags, "UPDATE 1") {
+			t.Errorf("Execute after the portal's implicit transaction ended: %s %v; want 34000", atkErrs(errs), tags)
+		}
+	}
+	atkWantRows(t, d, start)
+}
+
+// TestSkippedQueryGivesUpFencing: after an error in an extended-protocol
+// message the server ignores a Query sent before the Sync, which the
+// proxy cannot follow: the session gives up fencing (protected tables
+// refused, nothing written) and goes on for the rest.
+func TestSkippedQueryGivesUpFencing(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	a := atkHijack(t, c)
+	errs, _, _ := a.tpPipe(1, &pgproto3.Parse{Query: "SELEC bogus"}, &pgproto3.Query{String: "SET fence.token = '50'"}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "42601" {
+		t.Fatalf("a bad Parse, a Query, a Sync: %s; want 42601 alone", atkErrs(errs))
+	}
+	for _, q := range []string{"UPDATE acct SET n = n + 1 WHERE id = 1", "SET fence.token = '70'", "UPDATE acct SET n = n + 1 WHERE id = 2"} {
+		errs, _ := a.rt(&pgproto3.Query{String: q})
+		if q[0] == 'U' && (len(errs) != 1 || errs[0].Code != "FP003") {
+			t.Errorf("%s after the skipped Query: %s; want FP003", q, atkErrs(errs))
+		}
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}})
+	if v := a.value("SELECT 7"); v != "7" {
+		t.Errorf("a read after: %q", v)
+	}
 }

@@ -133,6 +133,13 @@ type pendingResp struct {
 	trim bool
 }
 
+// querySent is a Query sent: its segment, and the number of
+// extended-protocol messages sent before it in the segment.
+type querySent struct {
+	seg uint64
+	ext int
+}
+
 // preparedState is guarded by session.mu.
 type preparedState struct {
 	pol Policy
@@ -145,9 +152,20 @@ type preparedState struct {
 	sentIdx int    // completion messages sent in the open segment
 	recvSeg uint64 // ReadyForQuery received
 	recvExt int    // extended-protocol completions received in the segment
-	recvCC  int    // CommandCompletes received in the segment
-	failed  bool   // an error was received in the segment
-	idleSeg uint64 // portals bound in earlier segments are gone
+	recvCC  int    // CommandCompletes of the segment's Query received
+	// queries are the Queries sent and not answered: each ends its
+	// segment, after the completions of the ext extended-protocol
+	// messages sent before it in the segment (a client may send Bind and
+	// Execute, then a Query, with no Sync between).
+	queries []querySent
+	qHead   int  // queries[:qHead] are answered
+	failed  bool // an error was received in the segment
+	// extFailed: that error answered an extended-protocol message (not
+	// the segment's Query), so the server skips to the next Sync.
+	extFailed bool
+	// skippedBoundary: a Query or function call the server ignored.
+	skippedBoundary bool
+	idleSeg         uint64 // portals bound in earlier segments are gone
 	// portalSeq numbers the Binds (portalEntry.id).
 	portalSeq uint64
 	fifo      []pendingResp
@@ -241,6 +259,9 @@ func decisionHash(d *rules.Decision, sql string) [32]byte {
 func (ps *preparedState) countSent(typ byte) {
 	switch typ {
 	case 'Q', 'F', 'S':
+		if typ != 'S' {
+			ps.queries = append(ps.queries, querySent{seg: ps.sentSeg, ext: ps.sentIdx})
+		}
 		ps.sentSeg++
 		ps.sentIdx = 0
 	case 'P', 'B', 'C', 'D', 'E':
@@ -467,8 +488,27 @@ func isCompletion(typ byte) bool {
 func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 	switch {
 	case typ == 'Z':
+		q := ps.queries[ps.qHead:]
+		if ps.extFailed && len(q) > 0 && q[0].seg == ps.recvSeg {
+			// An error in an extended-protocol message makes the server
+			// ignore everything up to a Sync, a Query or function call
+			// too: this ReadyForQuery is not that Query's, and the
+			// segments counted from here are wrong (the session gives up
+			// the bookkeeping: preparedResponse).
+			ps.skippedBoundary = true
+		}
+		for ps.qHead < len(ps.queries) && ps.queries[ps.qHead].seg <= ps.recvSeg {
+			ps.qHead++
+		}
+		if ps.qHead == len(ps.queries) {
+			// Empty: start over in the same array.
+			ps.queries, ps.qHead = ps.queries[:0], 0
+			if cap(ps.queries) > maxReusedFifo {
+				ps.queries = nil
+			}
+		}
 		ps.recvSeg++
-		ps.recvExt, ps.recvCC, ps.failed = 0, 0, false
+		ps.recvExt, ps.recvCC, ps.failed, ps.extFailed = 0, 0, false, false
 		for len(ps.fifo) > 0 && ps.fifo[0].seg < ps.recvSeg {
 			if ps.fifo[0].swallow != 0 {
 				mismatch = true
@@ -483,10 +523,12 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 			return false, false
 		}
 		ps.failed = true
+		inQuery := ps.inQuery()
+		ps.extFailed = !inQuery
 		for len(ps.fifo) > 0 && ps.fifo[0].seg == ps.recvSeg {
 			h := ps.fifo[0]
 			o := outcomeSkipped
-			if (!h.query && h.idx == ps.recvExt) || (h.query && h.idx == ps.recvCC) {
+			if (!h.query && !inQuery && h.idx == ps.recvExt) || (h.query && inQuery && h.idx == ps.recvCC) {
 				o = outcomeFailed
 			}
 			ps.pop(o)
@@ -496,7 +538,8 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 		if ps.failed {
 			return false, false
 		}
-		for len(ps.fifo) > 0 && ps.fifo[0].seg == ps.recvSeg && !ps.fifo[0].query && ps.fifo[0].idx == ps.recvExt {
+		inQuery := ps.inQuery()
+		for len(ps.fifo) > 0 && ps.fifo[0].seg == ps.recvSeg && !ps.fifo[0].query && !inQuery && ps.fifo[0].idx == ps.recvExt {
 			h := ps.fifo[0]
 			if h.swallow != 0 {
 				if h.swallow != typ {
@@ -507,7 +550,7 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 			ps.pop(outcomeOK)
 		}
 		ps.recvExt++
-		if typ == 'C' {
+		if typ == 'C' && inQuery {
 			for len(ps.fifo) > 0 && ps.fifo[0].seg == ps.recvSeg && ps.fifo[0].query && ps.fifo[0].idx == ps.recvCC {
 				if ps.fifo[0].swallow != 0 {
 					drop = true
@@ -518,6 +561,17 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 		}
 	}
 	return drop, mismatch
+}
+
+// inQuery reports whether the response arriving now is the segment's
+// Query's: the segment ends with a Query, and the completions of the
+// extended-protocol messages before it have all arrived.
+func (ps *preparedState) inQuery() bool {
+	if ps.qHead == len(ps.queries) {
+		return false
+	}
+	q := ps.queries[ps.qHead]
+	return q.seg == ps.recvSeg && ps.recvExt >= q.ext
 }
 
 func (ps *preparedState) pop(o outcome) {

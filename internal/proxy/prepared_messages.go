@@ -408,6 +408,9 @@ func (r *requests) relayClose(body []byte) error {
 	if body[0] == 'P' && r.liveSet && serverKey(name) == serverKey(r.live) {
 		r.liveSet = false
 	}
+	if body[0] == 'P' && r.closedSet && serverKey(name) == serverKey(r.closed) {
+		r.closedSet = false // the client's Close: its Execute gets the server's answer
+	}
 	r.mu.Lock()
 	switch body[0] {
 	case 'S':

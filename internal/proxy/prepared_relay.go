@@ -26,6 +26,10 @@ func (s *session) preparedResponse(typ byte, status byte) bool {
 		s.fence.failed = true
 	}
 	drop, mismatch := s.ps.response(typ, status)
+	if s.ps.skippedBoundary && !mismatch {
+		s.ps.skippedBoundary = false
+		s.losePreparedTrack()
+	}
 	if mismatch {
 		s.ps.loseTrack()
 		s.fenceLost()

@@ -215,11 +215,15 @@ func (s *session) copyInStarted() {
 			// Those Syncs end no segment: positions recorded after them
 			// are wrong.
 			s.ps.sentSeg -= uint64(s.state.syncsSinceExecute)
+			lose := false
 			for _, h := range s.ps.fifo {
-				if h.seg > s.ps.recvSeg {
-					s.losePreparedTrack()
-					break
-				}
+				lose = lose || h.seg > s.ps.recvSeg
+			}
+			for _, q := range s.ps.queries[s.ps.qHead:] {
+				lose = lose || q.seg > s.ps.recvSeg
+			}
+			if lose {
+				s.losePreparedTrack()
 			}
 		}
 		s.state.syncsSinceExecute = 0

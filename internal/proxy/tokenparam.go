@@ -333,6 +333,27 @@ func (r *requests) rebindClosed() error {
 	if err := r.fenceWait(); err != nil {
 		return err
 	}
+	// Whether the server still has the portal is known once the segments
+	// before this one are answered: a ReadyForQuery outside a transaction
+	// block ends it.
+	r.mu.Lock()
+	earlier := r.ps.recvSeg < r.ps.sentSeg
+	r.mu.Unlock()
+	if earlier {
+		if err := r.uw.Flush(); err != nil {
+			return upstreamErr(err)
+		}
+		r.mu.Lock()
+		r.waitLocked(func() bool { return r.ps.recvSeg < r.ps.sentSeg && !r.ps.lost })
+		finishing, unknown := r.state.finishing, r.ps.recvSeg < r.ps.sentSeg || r.ps.lost
+		r.mu.Unlock()
+		if finishing {
+			return errSessionDone
+		}
+		if unknown {
+			return r.sendRefusedInstead(errPortalClosed(portal))
+		}
+	}
 	r.mu.Lock()
 	life, broken := r.fence.portal, r.fence.broken
 	r.fence.portal = portalLife{}
