@@ -377,3 +377,63 @@ func TestSkippedQueryGivesUpFencing(t *testing.T) {
 		t.Errorf("a read after: %q", v)
 	}
 }
+
+// TestCopySyncGivesUpFencing: a Sync sent while a simple Query's COPY FROM
+// STDIN may be running is ignored by the server, which the proxy cannot
+// place; the session gives up fencing rather than miscount what follows
+// (a SET of a stale token after it), for a row and for a lock holder.
+func TestCopySyncGivesUpFencing(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	a := atkHijack(t, c)
+	a.q("CREATE TEMP TABLE src (v text)")
+	errs, _, _ := a.tpPipe(3, &pgproto3.Query{String: "COPY src FROM STDIN"}, &pgproto3.Sync{}, &pgproto3.CopyData{Data: []byte("x\n")}, &pgproto3.CopyDone{},
+		&pgproto3.Query{String: "SET fence.token = '50'"}, &pgproto3.Sync{})
+	if len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	errs, _ = a.rt(&pgproto3.Query{String: "UPDATE acct SET n = n + 1 WHERE id = 1"})
+	if len(errs) != 1 || (errs[0].Code != "FP003" && errs[0].Code != "FP001") {
+		t.Errorf("UPDATE after the copy and SET 50: %s; want a refusal", atkErrs(errs))
+	}
+	atkWantRows(t, d, map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}})
+
+	e := startLockEnv(t)
+	db := newLockDB(t, true)
+	ld := direct(t, db)
+	nw := e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeSimpleProtocol)
+	mustExec(t, nw, "UPDATE jobs SET state = 'by11' WHERE id = 1")
+	mustExec(t, nw, "CREATE TEMP TABLE src (v text)")
+	b := atkHijack(t, nw)
+	if errs, _, _ := b.tpPipe(3, &pgproto3.Query{String: "COPY src FROM STDIN"}, &pgproto3.Sync{}, &pgproto3.CopyData{Data: []byte("x\n")}, &pgproto3.CopyDone{},
+		&pgproto3.Query{String: "SET fence.token = '10'"}, &pgproto3.Sync{}); len(errs) > 0 {
+		t.Fatal(atkErrs(errs))
+	}
+	errs, _ = b.rt(&pgproto3.Query{String: "UPDATE jobs SET state = 'by10' WHERE id = 1"})
+	if len(errs) != 1 {
+		t.Errorf("the holder's UPDATE at token 10: %s; want a refusal", atkErrs(errs))
+	}
+	var state string
+	if err := ld.QueryRow(ctxT(t), "SELECT state FROM jobs WHERE id = 1").Scan(&state); err != nil || state != "by11" {
+		t.Errorf("jobs row 1: %q %v; want by11", state, err)
+	}
+}
+
+// TestTokenParamSQLCloseAll: SQL CLOSE ALL between a Bind and its Execute
+// ends the portal the proxy had closed, as PostgreSQL would: its Execute
+// gets 34000 and nothing is written.
+func TestTokenParamSQLCloseAll(t *testing.T) {
+	t.Parallel()
+	c, d := atkSetup(t)
+	if _, err := c.Prepare(ctxT(t), "s1", atkUpd); err != nil {
+		t.Fatal(err)
+	}
+	a := atkHijack(t, c)
+	a.q("BEGIN")
+	errs, tags, _ := a.tpPipe(3, tpBind("p1", "s1", "1"), &pgproto3.Sync{}, &pgproto3.Query{String: "CLOSE ALL"}, &pgproto3.Execute{Portal: "p1"}, &pgproto3.Sync{})
+	if len(errs) != 1 || errs[0].Code != "34000" || slices.Contains(tags, "UPDATE 1") {
+		t.Errorf("Execute after CLOSE ALL: %s %v; want 34000", atkErrs(errs), tags)
+	}
+	a.q("ROLLBACK")
+	atkWantRows(t, d, map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}})
+}

@@ -137,6 +137,18 @@ func runsSomething(typ byte) bool {
 	return typ != 'E'
 }
 
+// closesCursor reports whether a Query's text may close a cursor: it
+// has the word CLOSE in any case (a string or comment that has it too
+// only costs a closed portal its rebinding).
+func closesCursor(text []byte) bool {
+	for i := 0; i+5 <= len(text); i++ {
+		if text[i]|0x20 == 'c' && bytes.EqualFold(text[i:i+5], []byte("close")) {
+			return true
+		}
+	}
+	return false
+}
+
 // forwardUnread forwards a client message without decoding its body.
 func (r *requests) forwardUnread(typ byte, n int) error {
 	if !r.track(typ) {
@@ -177,6 +189,9 @@ func (t *tracker) track(typ byte) bool {
 		t.state.lastWasQuery = true
 		t.state.copyEndSent = false
 	case 'S':
+		if t.state.lastWasQuery && !t.state.copyEndSent {
+			t.state.syncAfterQuery = true
+		}
 		t.state.inFlight++
 		t.state.unsynced = false
 		if !t.state.copyEndSent {
@@ -203,9 +218,10 @@ func (t *tracker) track(typ byte) bool {
 func (s *session) copyInStarted() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.state.lastWasQuery && (s.state.execsSinceIdle > 1 || s.state.copyEndSent) {
-		// Which Execute started this copy, and so which Syncs the server
-		// ignored, is unknown: never trust inFlight for lexing again.
+	if !s.state.lastWasQuery && (s.state.execsSinceIdle > 1 || s.state.copyEndSent) || s.state.syncAfterQuery {
+		// Which Execute or Query started this copy, and so which Syncs
+		// the server ignored, is unknown: never trust inFlight for
+		// lexing again.
 		s.state.desync = true
 		s.losePreparedTrack()
 	}
@@ -340,6 +356,11 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		}
 		if len(body) > 1 {
 			sql = unsafe.String(&body[0], len(body)-1)
+		}
+		if r.closedSet && closesCursor(body) {
+			// SQL CLOSE (of the portal or ALL) ends a portal the proxy
+			// closed as it would have ended it: not bound again.
+			r.closedSet = false
 		}
 	} else {
 		// Read in place too (decodeParse): the name, a map key, is copied.
