@@ -165,7 +165,14 @@ type preparedState struct {
 	extFailed bool
 	// skippedBoundary: a Query or function call the server ignored.
 	skippedBoundary bool
-	idleSeg         uint64 // portals bound in earlier segments are gone
+	// syncAfterQuery: a Sync was sent while the Query of segment
+	// syncQuerySeg (the last sent) was unanswered. A COPY FROM STDIN it
+	// runs ignores the Sync, which the segments cannot show: a copy that
+	// starts before that Query is answered gives the bookkeeping up
+	// (copyInStarted).
+	syncAfterQuery bool
+	syncQuerySeg   uint64
+	idleSeg        uint64 // portals bound in earlier segments are gone
 	// portalSeq numbers the Binds (portalEntry.id).
 	portalSeq uint64
 	fifo      []pendingResp
@@ -499,6 +506,9 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 		}
 		for ps.qHead < len(ps.queries) && ps.queries[ps.qHead].seg <= ps.recvSeg {
 			ps.qHead++
+		}
+		if ps.syncAfterQuery && ps.syncQuerySeg <= ps.recvSeg {
+			ps.syncAfterQuery = false // that Query is answered: its copies ended
 		}
 		if ps.qHead == len(ps.queries) {
 			// Empty: start over in the same array.

@@ -189,8 +189,10 @@ func (t *tracker) track(typ byte) bool {
 		t.state.lastWasQuery = true
 		t.state.copyEndSent = false
 	case 'S':
-		if t.state.lastWasQuery && !t.state.copyEndSent {
-			t.state.syncAfterQuery = true
+		if t.ps != nil && t.ps.qHead < len(t.ps.queries) {
+			// A Query is unanswered: a COPY FROM STDIN of it (a Query
+			// may run several) would ignore this Sync.
+			t.ps.syncAfterQuery, t.ps.syncQuerySeg = true, t.ps.queries[len(t.ps.queries)-1].seg
 		}
 		t.state.inFlight++
 		t.state.unsynced = false
@@ -218,7 +220,7 @@ func (t *tracker) track(typ byte) bool {
 func (s *session) copyInStarted() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.state.lastWasQuery && (s.state.execsSinceIdle > 1 || s.state.copyEndSent) || s.state.syncAfterQuery {
+	if !s.state.lastWasQuery && (s.state.execsSinceIdle > 1 || s.state.copyEndSent) || s.ps != nil && s.ps.syncAfterQuery {
 		// Which Execute or Query started this copy, and so which Syncs
 		// the server ignored, is unknown: never trust inFlight for
 		// lexing again.

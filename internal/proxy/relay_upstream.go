@@ -190,7 +190,6 @@ func (s *session) readyForQuery(status byte) bool {
 		}
 		s.state.rewrote = false
 		s.state.execsSinceIdle = 0
-		s.state.syncAfterQuery = false
 		idle = status == 'I'
 	}
 	s.idleCond.Broadcast()

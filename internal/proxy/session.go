@@ -65,11 +65,6 @@ type relayState struct {
 	copyIn            bool
 	lastWasQuery      bool // the last request was a simple Query (not Execute)
 	syncsSinceExecute int
-	// syncAfterQuery: a Sync was sent after a simple Query, before any
-	// copy it may start was ended, and not everything sent is answered
-	// yet. A COPY FROM STDIN of that Query ignores the Sync, and which
-	// Query it was is not known: copyInStarted gives the bookkeeping up.
-	syncAfterQuery bool
 	// desync: a ReadyForQuery arrived that the bookkeeping did not
 	// expect, so inFlight cannot be trusted for lexing any more.
 	desync bool
