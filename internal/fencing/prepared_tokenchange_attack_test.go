@@ -46,26 +46,8 @@ func atkHijack(t *testing.T, c *pgx.Conn) *atkRaw {
 // the CommandComplete tags.
 func (a *atkRaw) rt(msgs ...pgproto3.FrontendMessage) (errs []pgproto3.ErrorResponse, tags []string) {
 	a.t.Helper()
-	for _, m := range msgs {
-		a.fe.Send(m)
-	}
-	if err := a.fe.Flush(); err != nil {
-		a.t.Fatal(err)
-	}
-	for {
-		m, err := a.fe.Receive()
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		switch m := m.(type) {
-		case *pgproto3.ErrorResponse:
-			errs = append(errs, *m)
-		case *pgproto3.CommandComplete:
-			tags = append(tags, string(m.CommandTag))
-		case *pgproto3.ReadyForQuery:
-			return errs, tags
-		}
-	}
+	errs, tags, _ = a.tpPipe(1, msgs...)
+	return errs, tags
 }
 
 // value runs a simple Query that must succeed and returns the first

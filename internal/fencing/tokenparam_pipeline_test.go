@@ -51,6 +51,31 @@ func tpBind(portal, stmt string, vals ...string) *pgproto3.Bind {
 	return b
 }
 
+// tpNewHolder starts a proxy with lockRules and a database with the
+// objects, and connects a holder of tenant/7 with token 11 that has
+// registered (a read of acct) and set jobs row 1 to 'by11': the lock's
+// watermark is 11, and a session at 10 is stale. d is a direct connection.
+func tpNewHolder(t *testing.T) (e *lockEnv, db string, d, nw *pgx.Conn) {
+	t.Helper()
+	e = startLockEnv(t)
+	db = newLockDB(t, true)
+	d = direct(t, db)
+	nw = e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeSimpleProtocol)
+	mustExec(t, nw, "SELECT n FROM acct WHERE id = 2")
+	mustExec(t, nw, "UPDATE jobs SET state = 'by11' WHERE id = 1")
+	return e, db, d, nw
+}
+
+// tpWantJobs checks jobs row 1 and the watermark of tenant/7.
+func tpWantJobs(t *testing.T, d *pgx.Conn, state string) {
+	t.Helper()
+	var got string
+	var w int64
+	if err := d.QueryRow(ctxT(t), "SELECT (SELECT state FROM jobs WHERE id = 1), (SELECT token FROM fenceproxy.locks WHERE name = 'tenant/7')").Scan(&got, &w); err != nil || got != state || w != 11 {
+		t.Errorf("jobs row 1 %q, watermark %d (%v); want %q and 11", got, w, err, state)
+	}
+}
+
 // TestTokenParamTwoPortals: a portal holds its Bind's token, so only one
 // can be open at a time; binding a second closes the first, which its
 // Execute binds again with the token then. No portal runs with a token
@@ -167,16 +192,8 @@ func TestTokenParamParseInUse(t *testing.T) {
 // holder is refused and the rows and the watermark stay.
 func TestTokenParamParseInUseLock(t *testing.T) {
 	t.Parallel()
-	e := startLockEnv(t)
-	db := newLockDB(t, true)
-	d := direct(t, db)
+	e, db, d, _ := tpNewHolder(t)
 	old := e.holder(t, db, "tenant/7", 10, pgx.QueryExecModeCacheStatement)
-	mustExec(t, old, "SELECT 1")
-	nw := e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeCacheStatement)
-	var n int
-	if err := nw.QueryRow(ctxT(t), "SELECT n FROM acct WHERE id = $1", 2).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
 	before := atkRows(t, d, "acct")
 	a := atkHijack(t, old)
 	// acct is fenced by row too: a second value would be the token.
@@ -196,14 +213,7 @@ func TestTokenParamParseInUseLock(t *testing.T) {
 	if after := atkRows(t, d, "acct"); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("acct: %v, was %v", after, before)
 	}
-	var state string
-	if err := d.QueryRow(ctxT(t), "SELECT state FROM jobs WHERE id = 1").Scan(&state); err != nil || state != "queued" {
-		t.Errorf("jobs row 1: %q %v; want queued", state, err)
-	}
-	var w int64
-	if err := d.QueryRow(ctxT(t), "SELECT token FROM fenceproxy.locks WHERE name = 'tenant/7'").Scan(&w); err != nil || w != 11 {
-		t.Errorf("watermark: %d %v; want 11", w, err)
-	}
+	tpWantJobs(t, d, "by11")
 }
 
 // TestTokenParamBadFormats: a Bind with format codes PostgreSQL rejects
@@ -289,14 +299,7 @@ func TestTokenParamQueryAfterExecute(t *testing.T) {
 // to a stale token after an Execute counts, and the holder is refused.
 func TestTokenParamQueryAfterExecuteLock(t *testing.T) {
 	t.Parallel()
-	e := startLockEnv(t)
-	db := newLockDB(t, true)
-	d := direct(t, db)
-	nw := e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeCacheStatement)
-	var n int
-	if err := nw.QueryRow(ctxT(t), "SELECT n FROM acct WHERE id = $1", 2).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	_, _, d, nw := tpNewHolder(t)
 	a := atkHijack(t, nw)
 	if errs, _, _ := a.tpPipe(1, &pgproto3.Parse{Name: "s5", Query: "UPDATE acct SET n = n + 1 WHERE id = $1"}, &pgproto3.Sync{}); len(errs) > 0 {
 		t.Fatal(atkErrs(errs))
@@ -308,11 +311,7 @@ func TestTokenParamQueryAfterExecuteLock(t *testing.T) {
 	if len(errs) != 1 || errs[0].Code != "FP001" {
 		t.Errorf("the holder's UPDATE after SET 10: %s; want FP001", atkErrs(errs))
 	}
-	var state string
-	var w int64
-	if err := d.QueryRow(ctxT(t), "SELECT (SELECT state FROM jobs WHERE id = 1), (SELECT token FROM fenceproxy.locks WHERE name = 'tenant/7')").Scan(&state, &w); err != nil || state != "queued" || w != 11 {
-		t.Errorf("jobs row 1 %q, watermark %d (%v); want queued and 11", state, w, err)
-	}
+	tpWantJobs(t, d, "by11")
 }
 
 // TestTokenParamClosedPortalEnds: a portal the proxy closed is not bound
@@ -375,47 +374,6 @@ func TestSkippedQueryGivesUpFencing(t *testing.T) {
 	atkWantRows(t, d, map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}})
 	if v := a.value("SELECT 7"); v != "7" {
 		t.Errorf("a read after: %q", v)
-	}
-}
-
-// TestCopySyncGivesUpFencing: a Sync sent while a simple Query's COPY FROM
-// STDIN may be running is ignored by the server, which the proxy cannot
-// place; the session gives up fencing rather than miscount what follows
-// (a SET of a stale token after it), for a row and for a lock holder.
-func TestCopySyncGivesUpFencing(t *testing.T) {
-	t.Parallel()
-	c, d := atkSetup(t)
-	a := atkHijack(t, c)
-	a.q("CREATE TEMP TABLE src (v text)")
-	errs, _, _ := a.tpPipe(3, &pgproto3.Query{String: "COPY src FROM STDIN"}, &pgproto3.Sync{}, &pgproto3.CopyData{Data: []byte("x\n")}, &pgproto3.CopyDone{},
-		&pgproto3.Query{String: "SET fence.token = '50'"}, &pgproto3.Sync{})
-	if len(errs) > 0 {
-		t.Fatal(atkErrs(errs))
-	}
-	errs, _ = a.rt(&pgproto3.Query{String: "UPDATE acct SET n = n + 1 WHERE id = 1"})
-	if len(errs) != 1 || (errs[0].Code != "FP003" && errs[0].Code != "FP001") {
-		t.Errorf("UPDATE after the copy and SET 50: %s; want a refusal", atkErrs(errs))
-	}
-	atkWantRows(t, d, map[int64][2]int64{1: {0, 55}, 2: {0, 55}, 3: {0, 55}})
-
-	e := startLockEnv(t)
-	db := newLockDB(t, true)
-	ld := direct(t, db)
-	nw := e.holder(t, db, "tenant/7", 11, pgx.QueryExecModeSimpleProtocol)
-	mustExec(t, nw, "UPDATE jobs SET state = 'by11' WHERE id = 1")
-	mustExec(t, nw, "CREATE TEMP TABLE src (v text)")
-	b := atkHijack(t, nw)
-	if errs, _, _ := b.tpPipe(3, &pgproto3.Query{String: "COPY src FROM STDIN"}, &pgproto3.Sync{}, &pgproto3.CopyData{Data: []byte("x\n")}, &pgproto3.CopyDone{},
-		&pgproto3.Query{String: "SET fence.token = '10'"}, &pgproto3.Sync{}); len(errs) > 0 {
-		t.Fatal(atkErrs(errs))
-	}
-	errs, _ = b.rt(&pgproto3.Query{String: "UPDATE jobs SET state = 'by10' WHERE id = 1"})
-	if len(errs) != 1 {
-		t.Errorf("the holder's UPDATE at token 10: %s; want a refusal", atkErrs(errs))
-	}
-	var state string
-	if err := ld.QueryRow(ctxT(t), "SELECT state FROM jobs WHERE id = 1").Scan(&state); err != nil || state != "by11" {
-		t.Errorf("jobs row 1: %q %v; want by11", state, err)
 	}
 }
 

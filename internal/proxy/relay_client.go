@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
@@ -135,18 +136,6 @@ func runsSomething(typ byte) bool {
 		return false
 	}
 	return typ != 'E'
-}
-
-// closesCursor reports whether a Query's text may close a cursor: it
-// has the word CLOSE in any case (a string or comment that has it too
-// only costs a closed portal its rebinding).
-func closesCursor(text []byte) bool {
-	for i := 0; i+5 <= len(text); i++ {
-		if text[i]|0x20 == 'c' && bytes.EqualFold(text[i:i+5], []byte("close")) {
-			return true
-		}
-	}
-	return false
 }
 
 // forwardUnread forwards a client message without decoding its body.
@@ -359,9 +348,10 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		if len(body) > 1 {
 			sql = unsafe.String(&body[0], len(body)-1)
 		}
-		if r.closedSet && closesCursor(body) {
+		if r.closedSet && sqllex.ContainsWordFold(sql, "close") {
 			// SQL CLOSE (of the portal or ALL) ends a portal the proxy
-			// closed as it would have ended it: not bound again.
+			// closed as it would have ended it: not bound again (the
+			// word in a string or comment only costs it the rebinding).
 			r.closedSet = false
 		}
 	} else {
