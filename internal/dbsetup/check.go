@@ -167,10 +167,14 @@ func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	}
 	rep.Raisers = obj.raisers && obj.hasVersion && obj.version >= raisersVersion && obj.version <= Version
 	rep.StaleAt = rep.Raisers && obj.staleAt && obj.version >= staleAtVersion
+	rep.Hold = obj.hold && obj.registerCurrent && obj.version >= holdVersion && obj.version <= Version
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		gain := "whose error raiser for a stale row costs the server less in a fenced write"
-		if obj.version < registerV4Version {
+		gain := "whose lock registration costs the server less"
+		if obj.version < staleAtVersion {
 			gain = "whose lock registration and error raiser for a stale row cost the server less"
+		}
+		if obj.version < registerV4Version {
+			gain = "whose lock registration and error raisers cost the server less"
 		}
 		if obj.version < raisersVersion {
 			gain = "whose error raisers and lock registration make fenced writes cheaper for the server"

@@ -21,13 +21,14 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy works with older ones as far as they go
 // (lockVersion, raisersVersion).
-const Version = 5
+const Version = 6
 
 // lockVersion is the oldest version whose objects lock fencing works
 // with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
 // the register procedure as it was (registerBodyV1); version 4 made the
 // procedure cheaper and left the raisers as they were; version 5 added
-// the raisers of the token form (staleAtVersion).
+// the raisers of the token form (staleAtVersion); version 6 the cheaper
+// registration, fenceproxy.hold (holdVersion).
 const lockVersion = 1
 
 // raisersVersion is the oldest version whose error raisers are those of
@@ -42,11 +43,20 @@ const registerV4Version = 4
 // the token form of a rewrite calls (Report.StaleAt).
 const staleAtVersion = 5
 
+// holdVersion is the version that added fenceproxy.hold, register's
+// common case at a lower cost, which the proxy then calls in its place
+// (Report.Hold).
+const holdVersion = 6
+
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
 // same version, is reported.
 var registerBody = dollarBody(objectsSQL, "body")
+
+// holdBody is the hold procedure's source in objects.sql, compared as
+// registerBody is.
+var holdBody = dollarBody(objectsSQL, "hold")
 
 // registerV1SQL is the register procedure of versions 1 to 3, which Check
 // accepts in a database whose objects are of one of those versions.
@@ -187,6 +197,12 @@ type Report struct {
 	// (fenceproxy.stale_at and stale_at_b) current and callable by every
 	// role: the token form of a rewrite may call them.
 	StaleAt bool
+	// Hold reports that Check found, besides a current register
+	// procedure, the hold procedure of version 6 current and callable by
+	// every role (and fenceproxy.locks readable by every role, which it
+	// reads with the caller's rights): the proxy's lock registrations may
+	// call it (rules.HoldProc) in place of register.
+	Hold bool
 	// Watched reports that Check found the catalog watch in place (see
 	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
 	// and notified on CatalogChannel. Setup leaves it false.

@@ -30,12 +30,16 @@ type objects struct {
 	raisers bool
 	// staleAt: so are the raisers added in staleAtVersion.
 	staleAt bool
+	// hold: the hold procedure is objects.sql's, declared as there (no
+	// SECURITY DEFINER, no settings), and PUBLIC may call it and read
+	// fenceproxy.locks (it reads them with the caller's rights).
+	hold bool
 }
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	var o objects
-	var src *string
-	var declared bool
+	var src, holdSrc *string
+	var declared, holdDeclared bool
 	err := tx.QueryRow(ctx, `
 		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
 		SELECT EXISTS (SELECT FROM ns),
@@ -50,14 +54,31 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 			coalesce((SELECT p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']
 				FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
 				WHERE p.proname = 'register' AND p.prokind = 'p'
+				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector), false),
+			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+				WHERE p.proname = 'hold' AND p.prokind = 'p'
+				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector),
+			-- hold runs with the caller's rights and sets nothing; no one
+			-- but the schema's owner may have replaced it, and every role
+			-- may call it and read the watermarks it reads.
+			coalesce((SELECT NOT p.prosecdef AND p.proconfig IS NULL AND p.proowner = n.nspowner
+					AND (p.proacl IS NULL OR EXISTS (SELECT FROM pg_catalog.aclexplode(p.proacl) a
+						WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+					AND EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
+						WHERE a.grantee = 0 AND a.privilege_type = 'USAGE')
+					AND EXISTS (SELECT FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+						WHERE c.relnamespace = n.oid AND c.relname = 'locks' AND a.grantee = 0 AND a.privilege_type = 'SELECT')
+				FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+				WHERE n.nspname = 'fenceproxy' AND p.proname = 'hold' AND p.prokind = 'p'
 				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector), false)`).
-		Scan(&o.schema, &o.meta, &o.locks, &src, &declared)
+		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared)
 	if err != nil {
 		return o, fmt.Errorf("read the fenceproxy objects: %w", err)
 	}
 	o.register = src != nil
 	o.registerCurrent = src != nil && *src == registerBody && declared
 	o.registerV1 = src != nil && *src == registerBodyV1 && declared
+	o.hold = holdSrc != nil && *holdSrc == holdBody && holdDeclared
 	if o.schema {
 		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 5. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 6. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -194,6 +194,61 @@ $body$;
 REVOKE ALL ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, text, text) TO PUBLIC;
 
+-- hold(lock_setting, token_setting, required, audit, tag, tables) is what
+-- proxies of objects version 6 and later call in place of register: the
+-- same arguments and the same outcome in every case, at a lower cost in
+-- the common one (a lock name, a token of up to 18 digits, READ
+-- COMMITTED, the watermark equal to the token), which is nearly every
+-- registration: the watermark read, held shared, read again, as register
+-- does, in a procedure that runs with the caller's rights and sets no
+-- search_path (register's SECURITY DEFINER and SET search_path cost the
+-- call more than its reads: the session's GUC state is saved and
+-- restored around it). Every other case is register's: it is called.
+-- With no search_path of its own, every name is qualified, operators
+-- too, so that the caller's search_path cannot change what it runs; it
+-- only reads (fenceproxy.locks is readable by PUBLIC), and the watermark
+-- moves in register only.
+CREATE OR REPLACE PROCEDURE fenceproxy.hold(
+	lock_setting text, token_setting text, required boolean, audit boolean,
+	tag text, tables text)
+LANGUAGE plpgsql
+AS $hold$
+DECLARE
+	lk text := pg_catalog.current_setting(lock_setting, true);
+	tk text := pg_catalog.current_setting(token_setting, true);
+	tok bigint;
+	w bigint;
+	v text;
+BEGIN
+	IF pg_catalog.octet_length(lk) OPERATOR(pg_catalog.>) 0
+			AND pg_catalog.octet_length(lk) OPERATOR(pg_catalog.<=) 1024
+			AND pg_catalog.octet_length(tk) OPERATOR(pg_catalog.>) 0
+			AND pg_catalog.octet_length(tk) OPERATOR(pg_catalog.<=) 18
+			AND pg_catalog.ltrim(tk, '0123456789') OPERATOR(pg_catalog.=) ''
+			AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+		tok := tk::bigint;
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+		IF w OPERATOR(pg_catalog.=) tok THEN
+			-- Held shared, then read again: a newer holder may have
+			-- registered while we waited (each read of a procedure that
+			-- is not STABLE takes a new snapshot under READ COMMITTED).
+			v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::text;
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+			IF w OPERATOR(pg_catalog.=) tok THEN
+				v := pg_catalog.set_config('fenceproxy.guard_registered', lk OPERATOR(pg_catalog.||) E'\n' OPERATOR(pg_catalog.||) tok::text, true);
+				RETURN;
+			END IF;
+		END IF;
+	END IF;
+	-- Not the common case, or the watermark moved while we waited (newer:
+	-- register raises FP001; lowered or deleted by hand: register restores
+	-- it, as after its own wait).
+	CALL fenceproxy.register(lock_setting, token_setting, required, audit, tag, tables);
+END
+$hold$;
+REVOKE ALL ON PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) TO PUBLIC;
+
 -- The error raisers of the rewritten statements (version 2). A rewritten
 -- write calls them only in the CASE branch of a stale row or an invalid
 -- token; on the common path they cost the server one function lookup while
@@ -364,5 +419,5 @@ GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale
 	fenceproxy.advance(text, bigint, boolean, text, text),
 	fenceproxy.stale_at(bigint), fenceproxy.stale_at_b(bigint) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '5')
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '6')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -234,24 +234,25 @@ func TestRaisersPattern(t *testing.T) {
 }
 
 // TestLockWithOlderObjects: objects of versions 1 (before the raisers),
-// 3 (before the cheaper register procedure) and 4 (before stale_at), each
-// with the procedure those versions installed, still serve lock fencing,
-// with a note that setup upgrades them; the check accepts the old
-// procedure only with versions before 4, and reports stale_at (StaleAt)
-// only from version 5.
+// 3 (before the cheaper register procedure), 4 (before stale_at) and 5
+// (before hold), each with the procedure those versions installed, still
+// serve lock fencing, with a note that setup upgrades them; the check
+// accepts the old procedure only with versions before 4, reports stale_at
+// (StaleAt) only from version 5 and hold (Hold) only from version 6.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		version string
-		raisers bool
-		note    string
+		version          string
+		raisers, staleAt bool
+		note             string
 	}{
-		{"1", false, "whose error raisers and lock registration make fenced writes cheaper"},
-		{"3", true, "whose lock registration and error raiser for a stale row cost the server less"},
-		{"4", true, "whose error raiser for a stale row costs the server less in a fenced write"},
+		{"1", false, false, "whose error raisers and lock registration make fenced writes cheaper"},
+		{"3", true, false, "whose lock registration and error raisers cost the server less"},
+		{"4", true, false, "whose lock registration and error raiser for a stale row cost the server less"},
+		{"5", true, true, "whose lock registration costs the server less"},
 	} {
 		t.Run("version "+tc.version, func(t *testing.T) {
 			db := newDatabase(t)
@@ -261,11 +262,14 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if tc.version != "4" {
+			if tc.version == "1" || tc.version == "3" {
 				execSQL(t, conn, string(oldRegister))
 			}
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
-			execSQL(t, conn, "DROP FUNCTION fenceproxy.stale_at_b(bigint), fenceproxy.stale_at(bigint)")
+			execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)")
+			if !tc.staleAt {
+				execSQL(t, conn, "DROP FUNCTION fenceproxy.stale_at_b(bigint), fenceproxy.stale_at(bigint)")
+			}
 			if tc.version == "1" {
 				execSQL(t, conn, `DROP FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale_b(text, bigint, text),
 					fenceproxy.no_token(text, text), fenceproxy.no_token_b(text, text)`)
@@ -274,8 +278,8 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt || len(rep.Notes) != 1 ||
-				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 5, "+tc.note) {
+			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold || len(rep.Notes) != 1 ||
+				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 6, "+tc.note) {
 				t.Fatalf("check: %+v", rep)
 			}
 			// The old procedure registers and refuses a stale token.
@@ -291,21 +295,21 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 5"; len(up.Actions) != 1 || up.Actions[0] != want {
+			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 6"; len(up.Actions) != 1 || up.Actions[0] != want {
 				t.Errorf("setup: %+v, want %q", up.Actions, want)
 			}
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || len(rep.Notes) != 0 {
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || !rep.Hold || len(rep.Notes) != 0 {
 				t.Errorf("check after the upgrade: %+v, %v", rep, err)
 			}
 			if w := watermark(t, db, "locks/config"); w != 5 {
 				t.Errorf("watermark %d after the upgrade, want 5", w)
 			}
 
-			// Version 5 objects with the old procedure: not this fenceproxy's.
+			// Version 6 objects with the old procedure: not this fenceproxy's.
 			execSQL(t, conn, string(oldRegister))
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() ||
-				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 5)") {
-				t.Errorf("check of version 5 objects with the old procedure: %+v, %v", rep, err)
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() || rep.Hold ||
+				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 6)") {
+				t.Errorf("check of version 6 objects with the old procedure: %+v, %v", rep, err)
 			}
 		})
 	}
@@ -354,6 +358,50 @@ func TestCheckStaleAt(t *testing.T) {
 			execSQL(t, conn, tc.breakSQL)
 			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.Raisers || rep.StaleAt {
 				t.Errorf("check: Raisers %v StaleAt %v (%v), want true and false", rep.Raisers, rep.StaleAt, err)
+			}
+		})
+	}
+}
+
+// TestCheckHold: the check reports hold (Hold) only when it is
+// objects.sql's, declared as there, callable by every role, and the
+// watermarks it reads with the caller's rights are readable by every
+// role; otherwise the proxy registers with register, and the database
+// has no problem.
+func TestCheckHold(t *testing.T) {
+	for _, tc := range []struct {
+		name, breakSQL string
+		kept           bool // setup does not undo it (an owner)
+	}{
+		{"replaced", `CREATE OR REPLACE PROCEDURE fenceproxy.hold(lock_setting text, token_setting text, required boolean, audit boolean, tag text, tables text)
+			LANGUAGE plpgsql AS $$BEGIN RETURN; END$$`, false},
+		{"dropped", "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)", false},
+		{"security definer", "ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) SECURITY DEFINER", false},
+		{"a setting", "ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) SET search_path = public", false},
+		{"not callable by all", "REVOKE EXECUTE ON PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) FROM PUBLIC", false},
+		{"watermarks not readable by all", "REVOKE SELECT ON fenceproxy.locks FROM PUBLIC", false},
+		{"another owner", `CREATE ROLE hold_owner_x; ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) OWNER TO hold_owner_x`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := newDatabase(t)
+			conn := connect(t, db)
+			execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
+			sp := specs(t, rules.Table{Table: "public.config", Lock: rules.LockRequired})
+			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Hold {
+				t.Fatalf("check after setup: %+v, %v", rep, err)
+			}
+			execSQL(t, conn, tc.breakSQL)
+			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || rep.Hold || !rep.Raisers {
+				t.Errorf("check: Hold %v Raisers %v (%v), want false and true", rep.Hold, rep.Raisers, err)
+			}
+			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || rep.Hold == tc.kept {
+				t.Errorf("check after setup again: Hold %v (%v), want %v", rep.Hold, err, !tc.kept)
 			}
 		})
 	}

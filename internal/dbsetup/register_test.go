@@ -53,6 +53,21 @@ func register(ctx context.Context, conn *pgx.Conn, required bool) error {
 	return err
 }
 
+// hold calls fenceproxy.hold as the proxy does in place of register
+// where the database has it (objects version 6).
+func hold(ctx context.Context, conn *pgx.Conn, required bool) error {
+	_, err := conn.Exec(ctx, "CALL fenceproxy.hold('fence.lock', 'fence.token', $1, false, 'test', 'public.config')", required)
+	return err
+}
+
+// registrations are the procedures a proxy registers with: the tests of
+// register run with each, since hold must have register's outcome in
+// every case.
+var registrations = []struct {
+	name string
+	call func(context.Context, *pgx.Conn, bool) error
+}{{"register", register}, {"hold", hold}}
+
 // sqlState returns err's SQLSTATE, "" for nil or a non-server error.
 func sqlState(err error) string {
 	var pe *pgconn.PgError
@@ -76,35 +91,39 @@ func watermark(t *testing.T, db, lock string) int64 {
 // TestRegisterStaleToken: once a token is registered, an older one gets
 // FP001; the same token again is fine.
 func TestRegisterStaleToken(t *testing.T) {
-	db, role := registerDB(t)
-	if err := register(t.Context(), session(t, db, role, "locks/config", "5"), false); err != nil {
-		t.Fatal(err)
-	}
-	err := register(t.Context(), session(t, db, role, "locks/config", "4"), false)
-	if sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale token 4") {
-		t.Errorf("older token: %v, want FP001 naming token 4", err)
-	}
-	if err := register(t.Context(), session(t, db, role, "locks/config", "5"), false); err != nil {
-		t.Errorf("same token: %v", err)
-	}
-	if err := register(t.Context(), session(t, db, role, "locks/other", "1"), false); err != nil {
-		t.Errorf("another lock's first token: %v", err)
-	}
-	// Tokens past the common path's short pattern (19 digits, zero-padded)
-	// register and compare as numbers too.
-	for _, tc := range []struct{ token, state string }{
-		{"0005", ""}, {"9223372036854775806", ""}, {"09223372036854775807", ""},
-		{"9223372036854775806", "FP001"}, {"9223372036854775807", ""},
-	} {
-		if err := register(t.Context(), session(t, db, role, "locks/big", tc.token), true); sqlState(err) != tc.state {
-			t.Errorf("lock locks/big, token %s: %v, want %q", tc.token, err, tc.state)
-		}
-	}
-	if w := watermark(t, db, "locks/big"); w != 9223372036854775807 {
-		t.Errorf("locks/big watermark %d, want 2^63-1", w)
-	}
-	if w := watermark(t, db, "locks/config"); w != 5 {
-		t.Errorf("watermark %d, want 5", w)
+	for _, reg := range registrations {
+		t.Run(reg.name, func(t *testing.T) {
+			db, role := registerDB(t)
+			if err := reg.call(t.Context(), session(t, db, role, "locks/config", "5"), false); err != nil {
+				t.Fatal(err)
+			}
+			err := reg.call(t.Context(), session(t, db, role, "locks/config", "4"), false)
+			if sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale token 4") {
+				t.Errorf("older token: %v, want FP001 naming token 4", err)
+			}
+			if err := reg.call(t.Context(), session(t, db, role, "locks/config", "5"), false); err != nil {
+				t.Errorf("same token: %v", err)
+			}
+			if err := reg.call(t.Context(), session(t, db, role, "locks/other", "1"), false); err != nil {
+				t.Errorf("another lock's first token: %v", err)
+			}
+			// Tokens past the common path's short pattern (19 digits, zero-padded)
+			// register and compare as numbers too.
+			for _, tc := range []struct{ token, state string }{
+				{"0005", ""}, {"9223372036854775806", ""}, {"09223372036854775807", ""},
+				{"9223372036854775806", "FP001"}, {"9223372036854775807", ""},
+			} {
+				if err := reg.call(t.Context(), session(t, db, role, "locks/big", tc.token), true); sqlState(err) != tc.state {
+					t.Errorf("lock locks/big, token %s: %v, want %q", tc.token, err, tc.state)
+				}
+			}
+			if w := watermark(t, db, "locks/big"); w != 9223372036854775807 {
+				t.Errorf("locks/big watermark %d, want 2^63-1", w)
+			}
+			if w := watermark(t, db, "locks/config"); w != 5 {
+				t.Errorf("watermark %d, want 5", w)
+			}
+		})
 	}
 }
 
@@ -112,51 +131,59 @@ func TestRegisterStaleToken(t *testing.T) {
 // valid token, registration fails with FP002 when the table requires a
 // lock and does nothing otherwise.
 func TestRegisterRequired(t *testing.T) {
-	db, role := registerDB(t)
-	for _, tc := range []struct{ name, lock, token string }{
-		{"no lock", "", "5"},
-		{"no token", "locks/config", ""},
-		{"not a number", "locks/config", "abc"},
-		{"zero", "locks/config", "000"},
-		{"too large", "locks/config", "9223372036854775808"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			conn := session(t, db, role, tc.lock, tc.token)
-			if err := register(t.Context(), conn, true); sqlState(err) != "FP002" {
-				t.Errorf("required: %v, want FP002", err)
+	for _, reg := range registrations {
+		t.Run(reg.name, func(t *testing.T) {
+			db, role := registerDB(t)
+			for _, tc := range []struct{ name, lock, token string }{
+				{"no lock", "", "5"},
+				{"no token", "locks/config", ""},
+				{"not a number", "locks/config", "abc"},
+				{"zero", "locks/config", "000"},
+				{"too large", "locks/config", "9223372036854775808"},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					conn := session(t, db, role, tc.lock, tc.token)
+					if err := reg.call(t.Context(), conn, true); sqlState(err) != "FP002" {
+						t.Errorf("required: %v, want FP002", err)
+					}
+					if err := reg.call(t.Context(), conn, false); err != nil {
+						t.Errorf("optional: %v, want nothing", err)
+					}
+				})
 			}
-			if err := register(t.Context(), conn, false); err != nil {
-				t.Errorf("optional: %v, want nothing", err)
+			if w := watermark(t, db, "locks/config"); w != 0 {
+				t.Errorf("watermark %d after invalid registrations, want none", w)
 			}
 		})
-	}
-	if w := watermark(t, db, "locks/config"); w != 0 {
-		t.Errorf("watermark %d after invalid registrations, want none", w)
 	}
 }
 
 // TestRegisterEqualTokensShare: sessions of the lock's current token, in
 // open transactions, do not wait for each other.
 func TestRegisterEqualTokensShare(t *testing.T) {
-	db, role := registerDB(t)
-	if err := register(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
-		t.Fatal(err)
+	for _, reg := range registrations {
+		t.Run(reg.name, func(t *testing.T) {
+			db, role := registerDB(t)
+			if err := reg.call(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
+				t.Fatal(err)
+			}
+			a := session(t, db, role, "locks/config", "7")
+			b := session(t, db, role, "locks/config", "7")
+			execSQL(t, a, "BEGIN")
+			execSQL(t, b, "BEGIN")
+			if err := reg.call(t.Context(), a, false); err != nil {
+				t.Fatal(err)
+			}
+			// Were b to wait for a, this would time out: a's transaction stays open.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if err := reg.call(ctx, b, false); err != nil {
+				t.Fatalf("second session of the same token: %v", err)
+			}
+			execSQL(t, a, "COMMIT")
+			execSQL(t, b, "COMMIT")
+		})
 	}
-	a := session(t, db, role, "locks/config", "7")
-	b := session(t, db, role, "locks/config", "7")
-	execSQL(t, a, "BEGIN")
-	execSQL(t, b, "BEGIN")
-	if err := register(t.Context(), a, false); err != nil {
-		t.Fatal(err)
-	}
-	// Were b to wait for a, this would time out: a's transaction stays open.
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := register(ctx, b, false); err != nil {
-		t.Fatalf("second session of the same token: %v", err)
-	}
-	execSQL(t, a, "COMMIT")
-	execSQL(t, b, "COMMIT")
 }
 
 // TestRegisterNewerWaitsForOlder: a newer token's registration waits until
@@ -164,45 +191,49 @@ func TestRegisterEqualTokensShare(t *testing.T) {
 // token's transaction commits, the older token gets FP001 (its session
 // waits for that commit rather than failing early or writing meanwhile).
 func TestRegisterNewerWaitsForOlder(t *testing.T) {
-	db, role := registerDB(t)
-	admin := connect(t, db)
-	if err := register(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
-		t.Fatal(err)
-	}
-	older := session(t, db, role, "locks/config", "7")
-	newer := session(t, db, role, "locks/config", "8")
-	execSQL(t, older, "BEGIN")
-	if err := register(t.Context(), older, false); err != nil {
-		t.Fatal(err)
-	}
+	for _, reg := range registrations {
+		t.Run(reg.name, func(t *testing.T) {
+			db, role := registerDB(t)
+			admin := connect(t, db)
+			if err := reg.call(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
+				t.Fatal(err)
+			}
+			older := session(t, db, role, "locks/config", "7")
+			newer := session(t, db, role, "locks/config", "8")
+			execSQL(t, older, "BEGIN")
+			if err := reg.call(t.Context(), older, false); err != nil {
+				t.Fatal(err)
+			}
 
-	execSQL(t, newer, "BEGIN")
-	newerDone := make(chan error, 1)
-	go func() { newerDone <- register(t.Context(), newer, false) }()
-	waitForLockWait(t, admin, newer.PgConn().PID())
-	select {
-	case err := <-newerDone:
-		t.Fatalf("the newer token registered while the older one's transaction was open (%v)", err)
-	default:
-	}
-	execSQL(t, older, "COMMIT")
-	if err := receive(t, newerDone); err != nil {
-		t.Fatalf("newer token after the older transaction ended: %v", err)
-	}
+			execSQL(t, newer, "BEGIN")
+			newerDone := make(chan error, 1)
+			go func() { newerDone <- reg.call(t.Context(), newer, false) }()
+			waitForLockWait(t, admin, newer.PgConn().PID())
+			select {
+			case err := <-newerDone:
+				t.Fatalf("the newer token registered while the older one's transaction was open (%v)", err)
+			default:
+			}
+			execSQL(t, older, "COMMIT")
+			if err := receive(t, newerDone); err != nil {
+				t.Fatalf("newer token after the older transaction ended: %v", err)
+			}
 
-	// The newer token's transaction is open: the older token waits for it,
-	// then is refused.
-	execSQL(t, older, "BEGIN")
-	olderDone := make(chan error, 1)
-	go func() { olderDone <- register(t.Context(), older, false) }()
-	waitForLockWait(t, admin, older.PgConn().PID())
-	execSQL(t, newer, "COMMIT")
-	if err := receive(t, olderDone); sqlState(err) != "FP001" {
-		t.Errorf("older token after the newer one committed: %v, want FP001", err)
-	}
-	execSQL(t, older, "ROLLBACK")
-	if w := watermark(t, db, "locks/config"); w != 8 {
-		t.Errorf("watermark %d, want 8", w)
+			// The newer token's transaction is open: the older token waits for it,
+			// then is refused.
+			execSQL(t, older, "BEGIN")
+			olderDone := make(chan error, 1)
+			go func() { olderDone <- reg.call(t.Context(), older, false) }()
+			waitForLockWait(t, admin, older.PgConn().PID())
+			execSQL(t, newer, "COMMIT")
+			if err := receive(t, olderDone); sqlState(err) != "FP001" {
+				t.Errorf("older token after the newer one committed: %v, want FP001", err)
+			}
+			execSQL(t, older, "ROLLBACK")
+			if w := watermark(t, db, "locks/config"); w != 8 {
+				t.Errorf("watermark %d, want 8", w)
+			}
+		})
 	}
 }
 
@@ -224,61 +255,65 @@ func receive(t *testing.T, c <-chan error) error {
 // database guard trusts (fenceproxy.guard_registered) does not spare it,
 // set by the procedure or by hand for the session.
 func TestRegisterEveryCall(t *testing.T) {
-	db, role := registerDB(t)
-	conn := session(t, db, role, "locks/config", "5")
-	ctx := t.Context()
-	// scans counts this transaction's index scans of the watermarks.
-	scans := func() int64 {
-		t.Helper()
-		var n int64
-		if err := conn.QueryRow(ctx, "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = 'fenceproxy.locks'::regclass").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	registers := func(name string) {
-		t.Helper()
-		before := scans()
-		if err := register(ctx, conn, false); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if scans() == before {
-			t.Errorf("%s: the registration read no watermark", name)
-		}
-	}
+	for _, reg := range registrations {
+		t.Run(reg.name, func(t *testing.T) {
+			db, role := registerDB(t)
+			conn := session(t, db, role, "locks/config", "5")
+			ctx := t.Context()
+			// scans counts this transaction's index scans of the watermarks.
+			scans := func() int64 {
+				t.Helper()
+				var n int64
+				if err := conn.QueryRow(ctx, "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = 'fenceproxy.locks'::regclass").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			registers := func(name string) {
+				t.Helper()
+				before := scans()
+				if err := reg.call(ctx, conn, false); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if scans() == before {
+					t.Errorf("%s: the registration read no watermark", name)
+				}
+			}
 
-	if err := register(ctx, conn, false); err != nil {
-		t.Fatal(err)
-	}
-	execSQL(t, conn, "BEGIN")
-	registers("first in the transaction")
-	registers("same lock and token again")
-	execSQL(t, conn, "SET LOCAL fence.token = '6'")
-	registers("newer token")
-	execSQL(t, conn, "SET LOCAL fence.token = '5'")
-	if err := register(ctx, conn, false); sqlState(err) != "FP001" {
-		t.Errorf("the first token again after the newer one: %v, want FP001", err)
-	}
-	execSQL(t, conn, "ROLLBACK")
-	if w := watermark(t, db, "locks/config"); w != 5 {
-		t.Errorf("watermark %d after the rollback, want 5", w)
-	}
+			if err := reg.call(ctx, conn, false); err != nil {
+				t.Fatal(err)
+			}
+			execSQL(t, conn, "BEGIN")
+			registers("first in the transaction")
+			registers("same lock and token again")
+			execSQL(t, conn, "SET LOCAL fence.token = '6'")
+			registers("newer token")
+			execSQL(t, conn, "SET LOCAL fence.token = '5'")
+			if err := reg.call(ctx, conn, false); sqlState(err) != "FP001" {
+				t.Errorf("the first token again after the newer one: %v, want FP001", err)
+			}
+			execSQL(t, conn, "ROLLBACK")
+			if w := watermark(t, db, "locks/config"); w != 5 {
+				t.Errorf("watermark %d after the rollback, want 5", w)
+			}
 
-	if err := register(ctx, session(t, db, role, "locks/config", "7"), false); err != nil {
-		t.Fatal(err)
-	}
-	stale := session(t, db, role, "locks/config", "5")
-	execSQL(t, stale, `SET fenceproxy.guard_registered = E'locks/config\n5'`)
-	for _, tx := range []string{"", "BEGIN; SET LOCAL fenceproxy.guard_registered = E'locks/config\\n5'"} {
-		if tx != "" {
-			execSQL(t, stale, tx)
-		}
-		if err := register(ctx, stale, false); sqlState(err) != "FP001" {
-			t.Errorf("a stale token with the guard's memo set (%q): %v, want FP001", tx, err)
-		}
-		if tx != "" {
-			execSQL(t, stale, "ROLLBACK")
-		}
+			if err := reg.call(ctx, session(t, db, role, "locks/config", "7"), false); err != nil {
+				t.Fatal(err)
+			}
+			stale := session(t, db, role, "locks/config", "5")
+			execSQL(t, stale, `SET fenceproxy.guard_registered = E'locks/config\n5'`)
+			for _, tx := range []string{"", "BEGIN; SET LOCAL fenceproxy.guard_registered = E'locks/config\\n5'"} {
+				if tx != "" {
+					execSQL(t, stale, tx)
+				}
+				if err := reg.call(ctx, stale, false); sqlState(err) != "FP001" {
+					t.Errorf("a stale token with the guard's memo set (%q): %v, want FP001", tx, err)
+				}
+				if tx != "" {
+					execSQL(t, stale, "ROLLBACK")
+				}
+			}
+		})
 	}
 }
 
@@ -286,29 +321,107 @@ func TestRegisterEveryCall(t *testing.T) {
 // by hand while a registration of the equal token waits for the lock is
 // put back to the token, so older tokens stay refused.
 func TestRegisterRestoresLoweredWatermark(t *testing.T) {
+	for _, reg := range registrations {
+		t.Run(reg.name, func(t *testing.T) {
+			db, role := registerDB(t)
+			ctx := t.Context()
+			for _, lower := range []string{"UPDATE fenceproxy.locks SET token = 3", "DELETE FROM fenceproxy.locks"} {
+				if err := reg.call(ctx, session(t, db, role, "locks/config", "5"), false); err != nil {
+					t.Fatal(err)
+				}
+				admin := connect(t, db)
+				execSQL(t, admin, "BEGIN; SELECT pg_advisory_xact_lock(1179667531, hashtext('locks/config')); "+lower)
+				holder := session(t, db, role, "locks/config", "5")
+				execSQL(t, holder, "BEGIN")
+				done := make(chan error, 1)
+				go func() { done <- reg.call(ctx, holder, false) }()
+				waitForLockWait(t, admin, holder.PgConn().PID())
+				execSQL(t, admin, "COMMIT")
+				if err := receive(t, done); err != nil {
+					t.Fatalf("%s: %v", lower, err)
+				}
+				execSQL(t, holder, "COMMIT")
+				if w := watermark(t, db, "locks/config"); w != 5 {
+					t.Errorf("%s: watermark %d after the registration, want 5", lower, w)
+				}
+				if err := reg.call(ctx, session(t, db, role, "locks/config", "4"), false); sqlState(err) != "FP001" {
+					t.Errorf("%s: an older token afterwards: %v, want FP001", lower, err)
+				}
+			}
+		})
+	}
+}
+
+// TestHoldCommonCase: hold registers the lock's current token without
+// calling register (its saving), and calls it for everything else: a
+// newer token, REPEATABLE READ, a token past 18 digits.
+func TestHoldCommonCase(t *testing.T) {
 	db, role := registerDB(t)
 	ctx := t.Context()
-	for _, lower := range []string{"UPDATE fenceproxy.locks SET token = 3", "DELETE FROM fenceproxy.locks"} {
-		if err := register(ctx, session(t, db, role, "locks/config", "5"), false); err != nil {
+	if err := hold(ctx, session(t, db, role, "locks/config", "5"), false); err != nil {
+		t.Fatal(err)
+	}
+	// registerCalls runs hold in a transaction of a session of token,
+	// counting the calls of register it makes (track_functions is a
+	// superuser's setting: the role is given it for the test).
+	admin := connect(t, db)
+	execSQL(t, admin, "ALTER ROLE "+role+" SET track_functions = 'pl'")
+	registerCalls := func(token, begin string) int64 {
+		t.Helper()
+		conn := session(t, db, role, "locks/config", token)
+		execSQL(t, conn, begin)
+		defer execSQL(t, conn, "ROLLBACK")
+		if err := hold(ctx, conn, false); err != nil {
+			t.Fatalf("token %s, %s: %v", token, begin, err)
+		}
+		var n int64
+		if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT calls FROM pg_stat_xact_user_functions
+			WHERE schemaname = 'fenceproxy' AND funcname = 'register'), 0)`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		admin := connect(t, db)
-		execSQL(t, admin, "BEGIN; SELECT pg_advisory_xact_lock(1179667531, hashtext('locks/config')); "+lower)
-		holder := session(t, db, role, "locks/config", "5")
-		execSQL(t, holder, "BEGIN")
-		done := make(chan error, 1)
-		go func() { done <- register(ctx, holder, false) }()
-		waitForLockWait(t, admin, holder.PgConn().PID())
-		execSQL(t, admin, "COMMIT")
-		if err := receive(t, done); err != nil {
-			t.Fatalf("%s: %v", lower, err)
+		return n
+	}
+	for _, tc := range []struct {
+		token, begin string
+		calls        int64
+	}{
+		{"5", "BEGIN", 0},
+		{"0005", "BEGIN", 0},
+		{"5", "BEGIN ISOLATION LEVEL REPEATABLE READ", 1},
+		{"6", "BEGIN", 1},
+		{"0000000000000000006", "BEGIN", 1},
+	} {
+		if n := registerCalls(tc.token, tc.begin); n != tc.calls {
+			t.Errorf("token %s, %s: register called %d times, want %d", tc.token, tc.begin, n, tc.calls)
 		}
-		execSQL(t, holder, "COMMIT")
-		if w := watermark(t, db, "locks/config"); w != 5 {
-			t.Errorf("%s: watermark %d after the registration, want 5", lower, w)
-		}
-		if err := register(ctx, session(t, db, role, "locks/config", "4"), false); sqlState(err) != "FP001" {
-			t.Errorf("%s: an older token afterwards: %v, want FP001", lower, err)
-		}
+	}
+}
+
+// TestHoldSearchPath: hold sets no search_path, so a session's own
+// operators and functions, found first on its search_path, must change
+// nothing: a stale token is still refused, with the watermark unmoved.
+func TestHoldSearchPath(t *testing.T) {
+	db, role := registerDB(t)
+	ctx := t.Context()
+	if err := hold(ctx, session(t, db, role, "locks/config", "5"), false); err != nil {
+		t.Fatal(err)
+	}
+	admin := connect(t, db)
+	execSQL(t, admin, `CREATE SCHEMA evil; GRANT USAGE ON SCHEMA evil TO PUBLIC;
+		CREATE FUNCTION evil.yes(bigint, bigint) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';
+		CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes);
+		CREATE FUNCTION evil.yes(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';
+		CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.yes);
+		CREATE FUNCTION evil.current_setting(text, boolean) RETURNS text LANGUAGE sql AS 'SELECT ''5''';
+		CREATE FUNCTION evil.ltrim(text, text) RETURNS text LANGUAGE sql AS 'SELECT ''''';
+		CREATE TABLE evil.locks (name text, token bigint); INSERT INTO evil.locks VALUES ('locks/config', 4);
+		GRANT SELECT ON evil.locks TO PUBLIC`)
+	stale := session(t, db, role, "locks/config", "4")
+	execSQL(t, stale, "SET search_path = evil, pg_catalog, public")
+	if err := hold(ctx, stale, false); sqlState(err) != "FP001" {
+		t.Errorf("stale token with the session's operators first on its search_path: %v, want FP001", err)
+	}
+	if w := watermark(t, db, "locks/config"); w != 5 {
+		t.Errorf("watermark %d, want 5", w)
 	}
 }

@@ -136,7 +136,7 @@ func TestLockFencingRaisers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The session's own values first (SET LOCAL), then the registration.
-	if !strings.HasPrefix(q, "SET LOCAL fence.token = '7';SET LOCAL fence.lock = 'L';CALL fenceproxy.register(") || !strings.Contains(q, "'7'::bigint THEN '7'::bigint ELSE fenceproxy.stale_at(acct.last_fence)") {
+	if !strings.HasPrefix(q, "SET LOCAL fence.token = '7';SET LOCAL fence.lock = 'L';CALL fenceproxy.hold(") || !strings.Contains(q, "'7'::bigint THEN '7'::bigint ELSE fenceproxy.stale_at(acct.last_fence)") {
 		t.Fatalf("sent %s; want the session's values, the registration and the raisers' token form", q)
 	}
 

@@ -45,6 +45,9 @@ type dbChecks struct {
 	raisers bool
 	// staleAt: and those of the token form (rules.Rules.StaleAt).
 	staleAt bool
+	// hold: lock registrations may call fenceproxy.hold
+	// (rules.Rules.Hold).
+	hold bool
 	// watched: the catalog watch counts changes here and a table in mode
 	// enforce is not guarded, so writes compare stamp, the catalog stamp
 	// the results describe, with the stamp now (stamp.go).
@@ -131,7 +134,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
 		// last hold while the stamp reads as it did then, and writes are

@@ -125,6 +125,15 @@ func (p *Policy) missingObjectsError(info *proxy.SessionInfo, e *pgproto3.ErrorR
 		}
 		msg = "fenceproxy: the error raisers of fenceproxy setup were removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
 		hint = "Retry it: fenceproxy checks the database again and fences without them meanwhile. Run `fenceproxy setup -c <config file>` to restore them."
+	case e.Code == "42883" && strings.Contains(e.Message, rules.HoldProc+"(") && !schemaGone:
+		// fenceproxy.hold was removed after the check that found it: a
+		// new check finds it missing, and registrations go back to
+		// fenceproxy.register.
+		if p.checks != nil {
+			p.checks.Recheck(info.Database)
+		}
+		msg = "fenceproxy: the lock registration procedure " + rules.HoldProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
+		hint = "Retry it: fenceproxy checks the database again and registers with " + rules.RegisterProc + " meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
 	case schemaGone || (e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):
 		msg = "fenceproxy: lock fencing is not set up in database " + info.Database + ": the procedure " + rules.RegisterProc + " is missing"
 		hint = "Run `fenceproxy setup -c <config file>` for this database, or set lock: off for the table."

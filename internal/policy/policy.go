@@ -178,6 +178,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		Lexing:  lex,
 		Raisers: st != nil && st.raisers,
 		StaleAt: st != nil && st.staleAt,
+		Hold:    st != nil && st.hold,
 		Quick:   quick,
 	}, sql)
 	switch {

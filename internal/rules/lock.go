@@ -18,6 +18,11 @@ import (
 // a session's token for its lock.
 const RegisterProc = "fenceproxy.register"
 
+// HoldProc is the procedure objects version 6 added: RegisterProc's
+// arguments and outcome, its common case cheaper for the server. A Hold
+// set's registrations call it.
+const HoldProc = "fenceproxy.hold"
+
 // maxLockTablesArg bounds the table list passed to the procedure (it only
 // names tables in messages).
 const maxLockTablesArg = 200
@@ -184,7 +189,7 @@ func callArgs(u *lockUse) (list string, required, audit bool) {
 func (r *Rules) callNode(list string, required, audit bool) *pg.Node {
 	return &pg.Node{Node: &pg.Node_CallStmt{CallStmt: &pg.CallStmt{
 		Funccall: &pg.FuncCall{
-			Funcname: []*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode("register")},
+			Funcname: []*pg.Node{pg.MakeStrNode("fenceproxy"), pg.MakeStrNode(r.procName())},
 			Args: []*pg.Node{
 				aStr(r.lockSetting), aStr(r.tokenSetting), aBool(required), aBool(audit),
 				aStr(r.auditTag), aStr(list),
@@ -193,6 +198,15 @@ func (r *Rules) callNode(list string, required, audit bool) *pg.Node {
 			Location:   -1,
 		},
 	}}}
+}
+
+// procName is the unqualified name of the procedure the set's
+// registrations call.
+func (r *Rules) procName() string {
+	if r.hold {
+		return "hold"
+	}
+	return "register"
 }
 
 // provenCall is a registration statement printed and proven.

@@ -123,6 +123,11 @@ type Rules struct {
 	// a set without it, made on first use.
 	staleAt     bool
 	withStaleAt atomic.Pointer[Rules]
+	// hold: lock registrations call HoldProc in place of RegisterProc
+	// (Hold); withHold is that sibling of a set without it, made on first
+	// use.
+	hold     bool
+	withHold atomic.Pointer[Rules]
 }
 
 // raisersCacheSet marks the decision-cache entries of a ServerFunctions
@@ -132,6 +137,7 @@ const (
 	raisersCacheSet  = 1 << 31
 	preparedCacheSet = 1 << 30
 	staleAtCacheSet  = 1 << 29
+	holdCacheSet     = 1 << 28
 )
 
 // ServerFunctions returns the set that decides like r, but whose rewrites
@@ -148,7 +154,7 @@ func (r *Rules) ServerFunctions() *Rules {
 	if r.raisers {
 		return r
 	}
-	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, true, r.prepared, r.staleAt)
+	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, true, r.prepared, r.staleAt, r.hold)
 }
 
 // StaleAt returns the ServerFunctions set that decides like r, but whose
@@ -164,7 +170,7 @@ func (r *Rules) StaleAt() *Rules {
 	if r.staleAt {
 		return r
 	}
-	return r.sibling(&r.withStaleAt, r.cacheSet|raisersCacheSet|staleAtCacheSet, true, r.prepared, true)
+	return r.sibling(&r.withStaleAt, r.cacheSet|raisersCacheSet|staleAtCacheSet, true, r.prepared, true, r.hold)
 }
 
 // Prepared returns the set that decides like r but writes the form for
@@ -183,13 +189,25 @@ func (r *Rules) Prepared() *Rules {
 	if r.prepared {
 		return r
 	}
-	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, r.raisers, true, r.staleAt)
+	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, r.raisers, true, r.staleAt, r.hold)
+}
+
+// Hold returns the set that decides like r, but whose lock registrations
+// call HoldProc, which objects version 6 added, in place of RegisterProc:
+// the same arguments and outcome, the common case cheaper for the server.
+// Call it only for a database whose check found hold current. The result
+// is made once per set and kept.
+func (r *Rules) Hold() *Rules {
+	if r.hold {
+		return r
+	}
+	return r.sibling(&r.withHold, r.cacheSet|holdCacheSet, r.raisers, r.prepared, r.staleAt, true)
 }
 
 // sibling returns the set *p holds, first making it: r with or without
-// the error raisers, in the prepared form or not, its decisions cached as
-// set cacheSet.
-func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prepared, staleAt bool) *Rules {
+// the error raisers, in the prepared form or not, with or without the
+// token form's stale_at and hold, its decisions cached as set cacheSet.
+func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prepared, staleAt, hold bool) *Rules {
 	if s := p.Load(); s != nil {
 		return s
 	}
@@ -200,7 +218,7 @@ func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prep
 		cache: r.cache, cacheSet: cacheSet,
 		listed: r.listed, audited: r.audited, scopes: r.scopes,
 		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
-		raisers: raisers, prepared: prepared, staleAt: staleAt,
+		raisers: raisers, prepared: prepared, staleAt: staleAt, hold: hold,
 	}
 	if !p.CompareAndSwap(nil, s) {
 		return p.Load()

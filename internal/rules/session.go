@@ -17,6 +17,9 @@ type Session struct {
 	// StaleAt: it has those of the token form too, fenceproxy.stale_at
 	// and stale_at_b (StaleAt): with Raisers, the token form calls them.
 	StaleAt bool
+	// Hold: it has the cheaper lock registration of objects version 6:
+	// registrations call it (Hold).
+	Hold bool
 	// Quick: answer only what costs no parse of the rule set's decision
 	// (it is forwarded unlooked at, cached, or refused before it); report
 	// false instead of deciding.
@@ -66,7 +69,8 @@ type Lexing struct {
 //  3. It refuses a text the server may tokenize differently from pg_query
 //     (see lexingRefusal).
 //  4. It decides with the set's ServerFunctions sibling when s.Raisers,
-//     its Prepared sibling when s.Lexing.Prepared, and from the decision cache
+//     its Prepared sibling when s.Lexing.Prepared, its Hold sibling when
+//     s.Hold, and from the decision cache
 //     only when s.Quick.
 //
 // final is set on the refusals of steps 2 and 3, made before the rule set
@@ -94,6 +98,9 @@ func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
 	}
 	if s.Lexing.Prepared && !s.Lexing.TokenParam {
 		rs = rs.Prepared()
+	}
+	if s.Hold {
+		rs = rs.Hold()
 	}
 	if s.Quick {
 		d, ok = rs.decideCached(sql)
