@@ -204,8 +204,10 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, tex
 -- search_path (register's SECURITY DEFINER and SET search_path cost the
 -- call more than its reads: the session's GUC state is saved and
 -- restored around it). Every other case is register's: it is called.
--- With no search_path of its own, every name is qualified, operators
--- too, so that the caller's search_path cannot change what it runs; it
+-- With no search_path of its own, every name is qualified, operators and
+-- types too (PL/pgSQL resolves a type name of the body on the caller's
+-- search_path, where pg_temp comes before pg_catalog), so that the
+-- caller's search_path cannot change what it runs; it
 -- only reads (fenceproxy.locks is readable by PUBLIC), and the watermark
 -- moves in register only.
 CREATE OR REPLACE PROCEDURE fenceproxy.hold(
@@ -214,11 +216,11 @@ CREATE OR REPLACE PROCEDURE fenceproxy.hold(
 LANGUAGE plpgsql
 AS $hold$
 DECLARE
-	lk text := pg_catalog.current_setting(lock_setting, true);
-	tk text := pg_catalog.current_setting(token_setting, true);
-	tok bigint;
-	w bigint;
-	v text;
+	lk pg_catalog.text := pg_catalog.current_setting(lock_setting, true);
+	tk pg_catalog.text := pg_catalog.current_setting(token_setting, true);
+	tok pg_catalog.int8;
+	w pg_catalog.int8;
+	v pg_catalog.text;
 BEGIN
 	IF pg_catalog.octet_length(lk) OPERATOR(pg_catalog.>) 0
 			AND pg_catalog.octet_length(lk) OPERATOR(pg_catalog.<=) 1024
@@ -226,16 +228,16 @@ BEGIN
 			AND pg_catalog.octet_length(tk) OPERATOR(pg_catalog.<=) 18
 			AND pg_catalog.ltrim(tk, '0123456789') OPERATOR(pg_catalog.=) ''
 			AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
-		tok := tk::bigint;
+		tok := tk::pg_catalog.int8;
 		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
 		IF w OPERATOR(pg_catalog.=) tok THEN
 			-- Held shared, then read again: a newer holder may have
 			-- registered while we waited (each read of a procedure that
 			-- is not STABLE takes a new snapshot under READ COMMITTED).
-			v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::text;
+			v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::pg_catalog.text;
 			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
 			IF w OPERATOR(pg_catalog.=) tok THEN
-				v := pg_catalog.set_config('fenceproxy.guard_registered', lk OPERATOR(pg_catalog.||) E'\n' OPERATOR(pg_catalog.||) tok::text, true);
+				v := pg_catalog.set_config('fenceproxy.guard_registered', lk OPERATOR(pg_catalog.||) E'\n' OPERATOR(pg_catalog.||) tok::pg_catalog.text, true);
 				RETURN;
 			END IF;
 		END IF;

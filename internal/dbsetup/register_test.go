@@ -424,4 +424,26 @@ func TestHoldSearchPath(t *testing.T) {
 	if w := watermark(t, db, "locks/config"); w != 5 {
 		t.Errorf("watermark %d, want 5", w)
 	}
+
+	// Type names too: PL/pgSQL resolves those of the body on the caller's
+	// search_path, where pg_temp comes first. A text that compares
+	// without trailing blanks would read lock 'L1 ' (at 10) as 'L1' (at
+	// 9); a temporary table named text would break every call.
+	for lock, token := range map[string]string{"L1": "9", "L1 ": "10"} {
+		if err := hold(ctx, session(t, db, role, lock, token), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, shadow := range []string{"CREATE DOMAIN pg_temp.text AS pg_catalog.bpchar", "CREATE TEMP TABLE text (x int)"} {
+		conn := session(t, db, role, "L1 ", "9")
+		execSQL(t, conn, shadow)
+		if err := hold(ctx, conn, false); sqlState(err) != "FP001" {
+			t.Errorf("%s: a stale token: %v, want FP001", shadow, err)
+		}
+		conn = session(t, db, role, "L1 ", "10")
+		execSQL(t, conn, shadow)
+		if err := hold(ctx, conn, false); err != nil {
+			t.Errorf("%s: the current token: %v", shadow, err)
+		}
+	}
 }
