@@ -71,6 +71,7 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		{"row fencing's statement reading the token, calling no-op functions (the calls alone)", nil, f.noop, 0},
 		{"row fencing, with the error raisers, reading the token (a text that sets the token itself)", nil, f.raisersSetting, 0},
 		{"lock fencing, reading the token (registration + rewritten UPDATE)", nil, f.lockSetting, 1},
+		{"hand-written registration + conditional UPDATE, the registration calling fenceproxy.register (what proxies sent before objects version 6)", nil, handRegisterCall + "; " + handUpdate, 1},
 	})
 	if err != nil {
 		return err
