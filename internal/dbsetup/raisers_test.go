@@ -233,6 +233,21 @@ func TestRaisersPattern(t *testing.T) {
 	}
 }
 
+// setupConfig returns a new database with a fenced config table, lock
+// fencing as lock says ("" for the default), after setup: its name, a
+// superuser's connection and the specs.
+func setupConfig(t *testing.T, lock string) (string, *pgx.Conn, []rules.TableSpec) {
+	t.Helper()
+	db := newDatabase(t)
+	conn := connect(t, db)
+	execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
+	sp := specs(t, rules.Table{Table: "public.config", Lock: lock})
+	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return db, conn, sp
+}
+
 // TestLockWithOlderObjects: objects of versions 1 (before the raisers),
 // 3 (before the cheaper register procedure), 4 (before stale_at) and 5
 // (before hold), each with the procedure those versions installed, still
@@ -255,13 +270,7 @@ func TestLockWithOlderObjects(t *testing.T) {
 		{"5", true, true, "whose lock registration costs the server less"},
 	} {
 		t.Run("version "+tc.version, func(t *testing.T) {
-			db := newDatabase(t)
-			conn := connect(t, db)
-			execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
-			sp := specs(t, rules.Table{Table: "public.config", Lock: rules.LockRequired})
-			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			db, conn, sp := setupConfig(t, rules.LockRequired)
 			if tc.version == "1" || tc.version == "3" {
 				execSQL(t, conn, string(oldRegister))
 			}
@@ -345,13 +354,7 @@ func TestCheckStaleAt(t *testing.T) {
 		{"not callable by all", "REVOKE EXECUTE ON FUNCTION fenceproxy.stale_at(bigint) FROM PUBLIC"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDatabase(t)
-			conn := connect(t, db)
-			execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
-			sp := specs(t, rules.Table{Table: "public.config"})
-			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			_, conn, sp := setupConfig(t, "")
 			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.Raisers || !rep.StaleAt {
 				t.Fatalf("check after setup: %+v, %v", rep, err)
 			}
@@ -383,13 +386,7 @@ func TestCheckHold(t *testing.T) {
 		{"another owner", `CREATE ROLE hold_owner_x; ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) OWNER TO hold_owner_x`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDatabase(t)
-			conn := connect(t, db)
-			execSQL(t, conn, "CREATE TABLE config (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
-			sp := specs(t, rules.Table{Table: "public.config", Lock: rules.LockRequired})
-			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			_, conn, sp := setupConfig(t, rules.LockRequired)
 			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Hold {
 				t.Fatalf("check after setup: %+v, %v", rep, err)
 			}

@@ -204,9 +204,9 @@ func (r *Rules) callNode(list string, required, audit bool) *pg.Node {
 // registrations call.
 func (r *Rules) procName() string {
 	if r.hold {
-		return "hold"
+		return strings.TrimPrefix(HoldProc, "fenceproxy.")
 	}
-	return "register"
+	return strings.TrimPrefix(RegisterProc, "fenceproxy.")
 }
 
 // provenCall is a registration statement printed and proven.

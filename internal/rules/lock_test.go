@@ -175,3 +175,37 @@ func TestLockValuesFastPath(t *testing.T) {
 		t.Fatalf("query does not carry the whole statement")
 	}
 }
+
+// TestHoldSet: a Hold set's registrations call HoldProc where the set
+// without it calls RegisterProc, and nothing else of the decision
+// differs, in every combination with the other siblings (derived in
+// either order) and through DecideFor.
+func TestHoldSet(t *testing.T) {
+	r := lockRulesT(t, "")
+	const sql = "UPDATE jobs SET state = 'done' WHERE id = 1"
+	for _, tc := range []struct {
+		name       string
+		base, hold *rules.Rules
+		s          rules.Session
+	}{
+		{"plain", r, r.Hold(), rules.Session{Lexing: utf8, Hold: true}},
+		{"raisers", r.ServerFunctions(), r.Hold().ServerFunctions(), rules.Session{Lexing: utf8, Raisers: true, Hold: true}},
+		{"raisers, stale_at", r.ServerFunctions().StaleAt(), r.Hold().StaleAt(), rules.Session{Lexing: utf8, Raisers: true, StaleAt: true, Hold: true}},
+		{"prepared", r.Prepared(), r.Hold().Prepared(), rules.Session{Lexing: utf8Prepared, Hold: true}},
+		{"raisers, prepared", r.ServerFunctions().Prepared(), r.Prepared().Hold().ServerFunctions(), rules.Session{Lexing: utf8Prepared, Raisers: true, Hold: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, h := tc.base.Decide(sql), tc.hold.Decide(sql)
+			if b.Lock == nil || !strings.HasPrefix(b.Lock.Call, "CALL "+rules.RegisterProc+"(") {
+				t.Fatalf("without Hold: %+v", b.Lock)
+			}
+			if h.Lock == nil || h.Lock.Call != strings.Replace(b.Lock.Call, rules.RegisterProc, rules.HoldProc, 1) ||
+				h.Lock.Query != strings.Replace(b.Lock.Query, rules.RegisterProc, rules.HoldProc, 1) || h.SQL != b.SQL {
+				t.Fatalf("with Hold:\n%+v %s\nwithout:\n%+v %s", h.Lock, h.SQL, b.Lock, b.SQL)
+			}
+			if d, _, _ := r.DecideFor(tc.s, sql); d.SQL != h.SQL || d.Lock == nil || d.Lock.Query != h.Lock.Query {
+				t.Errorf("DecideFor: %+v, want the Hold set's decision", d.Lock)
+			}
+		})
+	}
+}

@@ -154,7 +154,7 @@ func (r *Rules) ServerFunctions() *Rules {
 	if r.raisers {
 		return r
 	}
-	return r.sibling(&r.withRaisers, r.cacheSet|raisersCacheSet, true, r.prepared, r.staleAt, r.hold)
+	return r.sibling(&r.withRaisers, raisersCacheSet)
 }
 
 // StaleAt returns the ServerFunctions set that decides like r, but whose
@@ -170,7 +170,7 @@ func (r *Rules) StaleAt() *Rules {
 	if r.staleAt {
 		return r
 	}
-	return r.sibling(&r.withStaleAt, r.cacheSet|raisersCacheSet|staleAtCacheSet, true, r.prepared, true, r.hold)
+	return r.sibling(&r.withStaleAt, raisersCacheSet|staleAtCacheSet)
 }
 
 // Prepared returns the set that decides like r but writes the form for
@@ -189,7 +189,7 @@ func (r *Rules) Prepared() *Rules {
 	if r.prepared {
 		return r
 	}
-	return r.sibling(&r.withPrepared, r.cacheSet|preparedCacheSet, r.raisers, true, r.staleAt, r.hold)
+	return r.sibling(&r.withPrepared, preparedCacheSet)
 }
 
 // Hold returns the set that decides like r, but whose lock registrations
@@ -201,16 +201,18 @@ func (r *Rules) Hold() *Rules {
 	if r.hold {
 		return r
 	}
-	return r.sibling(&r.withHold, r.cacheSet|holdCacheSet, r.raisers, r.prepared, r.staleAt, true)
+	return r.sibling(&r.withHold, holdCacheSet)
 }
 
-// sibling returns the set *p holds, first making it: r with or without
-// the error raisers, in the prepared form or not, with or without the
-// token form's stale_at and hold, its decisions cached as set cacheSet.
-func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prepared, staleAt, hold bool) *Rules {
+// sibling returns the set *p holds, first making it: r with the forms
+// that the bits of add (raisersCacheSet, preparedCacheSet,
+// staleAtCacheSet, holdCacheSet) name, besides its own. Its decisions are
+// cached as set r.cacheSet|add, whose bits are also what it writes.
+func (r *Rules) sibling(p *atomic.Pointer[Rules], add uint32) *Rules {
 	if s := p.Load(); s != nil {
 		return s
 	}
+	cacheSet := r.cacheSet | add
 	s := &Rules{
 		tokenSetting: r.tokenSetting, lockSetting: r.lockSetting, auditTag: r.auditTag,
 		tables: r.tables, locks: r.locks, byRel: r.byRel,
@@ -218,7 +220,8 @@ func (r *Rules) sibling(p *atomic.Pointer[Rules], cacheSet uint32, raisers, prep
 		cache: r.cache, cacheSet: cacheSet,
 		listed: r.listed, audited: r.audited, scopes: r.scopes,
 		nonASCII: r.nonASCII, anyLocks: r.anyLocks, maxCheck: r.maxCheck,
-		raisers: raisers, prepared: prepared, staleAt: staleAt, hold: hold,
+		raisers: cacheSet&raisersCacheSet != 0, prepared: cacheSet&preparedCacheSet != 0,
+		staleAt: cacheSet&staleAtCacheSet != 0, hold: cacheSet&holdCacheSet != 0,
 	}
 	if !p.CompareAndSwap(nil, s) {
 		return p.Load()
