@@ -168,8 +168,12 @@ func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	rep.Raisers = obj.raisers && obj.hasVersion && obj.version >= raisersVersion && obj.version <= Version
 	rep.StaleAt = rep.Raisers && obj.staleAt && obj.version >= staleAtVersion
 	rep.Hold = obj.hold && obj.registerCurrent && obj.version >= holdVersion && obj.version <= Version
+	rep.Enter = rep.Hold && obj.enter && obj.version >= enterVersion
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		gain := "whose lock registration costs the server less"
+		gain := "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol on a protected table"
+		if obj.version < holdVersion {
+			gain = "whose lock registration costs the server less"
+		}
 		if obj.version < staleAtVersion {
 			gain = "whose lock registration and error raiser for a stale row cost the server less"
 		}

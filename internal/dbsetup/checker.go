@@ -192,6 +192,8 @@ type Result struct {
 	StaleAt bool
 	// Hold: lock registrations may call fenceproxy.hold (Report.Hold).
 	Hold bool
+	// Enter: the relay may call fenceproxy.enter (Report.Enter).
+	Enter bool
 	// Watched: the catalog watch is in place and some table in mode
 	// enforce is not guarded, so a change of the catalog made after the
 	// check may open a path Indirect does not list. Stamp is the catalog
@@ -297,7 +299,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
+		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
 		d.ran = asked
 		close(d.ended)
 		d.ended = make(chan struct{})

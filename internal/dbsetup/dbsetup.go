@@ -21,14 +21,16 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy works with older ones as far as they go
 // (lockVersion, raisersVersion).
-const Version = 6
+const Version = 7
 
 // lockVersion is the oldest version whose objects lock fencing works
 // with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
 // the register procedure as it was (registerBodyV1); version 4 made the
 // procedure cheaper and left the raisers as they were; version 5 added
 // the raisers of the token form (staleAtVersion); version 6 the cheaper
-// registration, fenceproxy.hold (holdVersion).
+// registration, fenceproxy.hold (holdVersion); version 7 the call that
+// stands for three statements of the proxy's own, fenceproxy.enter
+// (enterVersion).
 const lockVersion = 1
 
 // raisersVersion is the oldest version whose error raisers are those of
@@ -48,6 +50,11 @@ const staleAtVersion = 5
 // (Report.Hold).
 const holdVersion = 6
 
+// enterVersion is the version that added fenceproxy.enter, which sets the
+// session's fence settings, runs the catalog check and registers in one
+// call (Report.Enter).
+const enterVersion = 7
+
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
@@ -57,6 +64,10 @@ var registerBody = dollarBody(objectsSQL, "body")
 // holdBody is the hold procedure's source in objects.sql, compared as
 // registerBody is.
 var holdBody = dollarBody(objectsSQL, "hold")
+
+// enterBody is the enter procedure's source in objects.sql, compared as
+// registerBody is.
+var enterBody = dollarBody(objectsSQL, "enter")
 
 // registerV1SQL is the register procedure of versions 1 to 3, which Check
 // accepts in a database whose objects are of one of those versions.
@@ -203,6 +214,11 @@ type Report struct {
 	// reads with the caller's rights): the proxy's lock registrations may
 	// call it (rules.HoldProc) in place of register.
 	Hold bool
+	// Enter reports that Check found, besides Hold, the enter procedure of
+	// version 7 current and callable by every role: the proxy may send
+	// the session's fence settings, the catalog check and the lock
+	// registration before a statement as one call of it (rules.EnterProc).
+	Enter bool
 	// Watched reports that Check found the catalog watch in place (see
 	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
 	// and notified on CatalogChannel. Setup leaves it false.

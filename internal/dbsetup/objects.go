@@ -34,12 +34,43 @@ type objects struct {
 	// SECURITY DEFINER, no settings), and PUBLIC may call it and read
 	// fenceproxy.locks (it reads them with the caller's rights).
 	hold bool
+	// enter: so is the enter procedure (it calls hold and the catalog
+	// check with the caller's rights).
+	enter bool
+}
+
+// The argument types of hold (text, text, bool, bool, text, text) and
+// of enter (text, text, text, text, int8, bool, bool, bool, text, text),
+// as pg_proc.proargtypes lists them.
+const (
+	holdArgs  = "25 25 16 16 25 25"
+	enterArgs = "25 25 25 25 20 16 16 16 25 25"
+)
+
+// callerRights is the SQL that reports whether the procedure
+// fenceproxy.name(args) is declared as objects.sql declares those that
+// run with the caller's rights: no SECURITY DEFINER, no settings, owned
+// by the schema's owner (no one else replaced it), callable by every role
+// in a schema every role may use, with fenceproxy.locks readable by every
+// role (hold reads the watermarks with the caller's rights). false when
+// it is missing.
+func callerRights(name, args string) string {
+	return `coalesce((SELECT NOT p.prosecdef AND p.proconfig IS NULL AND p.proowner = n.nspowner
+					AND (p.proacl IS NULL OR EXISTS (SELECT FROM pg_catalog.aclexplode(p.proacl) a
+						WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+					AND EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
+						WHERE a.grantee = 0 AND a.privilege_type = 'USAGE')
+					AND EXISTS (SELECT FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+						WHERE c.relnamespace = n.oid AND c.relname = 'locks' AND a.grantee = 0 AND a.privilege_type = 'SELECT')
+				FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+				WHERE n.nspname = 'fenceproxy' AND p.proname = '` + name + `' AND p.prokind = 'p'
+				AND p.proargtypes = '` + args + `'::pg_catalog.oidvector), false)`
 }
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	var o objects
-	var src, holdSrc *string
-	var declared, holdDeclared bool
+	var src, holdSrc, enterSrc *string
+	var declared, holdDeclared, enterDeclared bool
 	err := tx.QueryRow(ctx, `
 		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
 		SELECT EXISTS (SELECT FROM ns),
@@ -57,21 +88,16 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector), false),
 			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
 				WHERE p.proname = 'hold' AND p.prokind = 'p'
-				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector),
+				AND p.proargtypes = '`+holdArgs+`'::pg_catalog.oidvector),
 			-- hold runs with the caller's rights and sets nothing; no one
 			-- but the schema's owner may have replaced it, and every role
 			-- may call it and read the watermarks it reads.
-			coalesce((SELECT NOT p.prosecdef AND p.proconfig IS NULL AND p.proowner = n.nspowner
-					AND (p.proacl IS NULL OR EXISTS (SELECT FROM pg_catalog.aclexplode(p.proacl) a
-						WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
-					AND EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
-						WHERE a.grantee = 0 AND a.privilege_type = 'USAGE')
-					AND EXISTS (SELECT FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-						WHERE c.relnamespace = n.oid AND c.relname = 'locks' AND a.grantee = 0 AND a.privilege_type = 'SELECT')
-				FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-				WHERE n.nspname = 'fenceproxy' AND p.proname = 'hold' AND p.prokind = 'p'
-				AND p.proargtypes = '25 25 16 16 25 25'::pg_catalog.oidvector), false)`).
-		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared)
+			`+callerRights("hold", holdArgs)+`,
+			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+				WHERE p.proname = 'enter' AND p.prokind = 'p'
+				AND p.proargtypes = '`+enterArgs+`'::pg_catalog.oidvector),
+			`+callerRights("enter", enterArgs)).
+		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared, &enterSrc, &enterDeclared)
 	if err != nil {
 		return o, fmt.Errorf("read the fenceproxy objects: %w", err)
 	}
@@ -79,6 +105,7 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	o.registerCurrent = src != nil && *src == registerBody && declared
 	o.registerV1 = src != nil && *src == registerBodyV1 && declared
 	o.hold = holdSrc != nil && *holdSrc == holdBody && holdDeclared
+	o.enter = enterSrc != nil && *enterSrc == enterBody && enterDeclared
 	if o.schema {
 		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 6. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 7. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -251,6 +251,41 @@ $hold$;
 REVOKE ALL ON PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) TO PUBLIC;
 
+-- enter(token_setting, token, lock_setting, lock, stamp, register,
+-- required, audit, tag, tables) is what proxies of objects version 7 and
+-- later send before a statement of the extended protocol on a protected
+-- table, in place of three statements of their own: it sets the session's
+-- fence settings for the transaction (set_config(..., true), the token
+-- setting first), runs the catalog check (catalog_at(stamp), unless stamp
+-- is NULL) and registers (hold, with the last six arguments, if register
+-- is true), in that order, as the three statements did. Each statement
+-- the proxy adds costs the server its parse, plan and messages whatever it
+-- does (about a sixth of a one-row UPDATE's throughput here, measured in
+-- docs/benchmarks.md): one call in place of three saves two. It runs with
+-- the caller's rights and sets no search_path; it calls only qualified
+-- names, so that the caller's search_path cannot change what it runs, and
+-- its errors are those of the procedures it calls.
+CREATE OR REPLACE PROCEDURE fenceproxy.enter(
+	token_setting text, token text, lock_setting text, lock text, stamp bigint,
+	register boolean, required boolean, audit boolean, tag text, tables text)
+LANGUAGE plpgsql
+AS $enter$
+DECLARE
+	v pg_catalog.text;
+BEGIN
+	v := pg_catalog.set_config(token_setting, token, true);
+	v := pg_catalog.set_config(lock_setting, lock, true);
+	IF stamp IS NOT NULL THEN
+		CALL fenceproxy.catalog_at(stamp);
+	END IF;
+	IF register THEN
+		CALL fenceproxy.hold(lock_setting, token_setting, required, audit, tag, tables);
+	END IF;
+END
+$enter$;
+REVOKE ALL ON PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text) TO PUBLIC;
+
 -- The error raisers of the rewritten statements (version 2). A rewritten
 -- write calls them only in the CASE branch of a stale row or an invalid
 -- token; on the common path they cost the server one function lookup while
@@ -421,5 +456,5 @@ GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale
 	fenceproxy.advance(text, bigint, boolean, text, text),
 	fenceproxy.stale_at(bigint), fenceproxy.stale_at_b(bigint) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '6')
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '7')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

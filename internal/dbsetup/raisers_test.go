@@ -249,11 +249,12 @@ func setupConfig(t *testing.T, lock string) (string, *pgx.Conn, []rules.TableSpe
 }
 
 // TestLockWithOlderObjects: objects of versions 1 (before the raisers),
-// 3 (before the cheaper register procedure), 4 (before stale_at) and 5
-// (before hold), each with the procedure those versions installed, still
-// serve lock fencing, with a note that setup upgrades them; the check
-// accepts the old procedure only with versions before 4, reports stale_at
-// (StaleAt) only from version 5 and hold (Hold) only from version 6.
+// 3 (before the cheaper register procedure), 4 (before stale_at), 5
+// (before hold) and 6 (before enter), each with the procedure those
+// versions installed, still serve lock fencing, with a note that setup
+// upgrades them; the check accepts the old procedure only with versions
+// before 4, reports stale_at (StaleAt) only from version 5, hold (Hold)
+// only from version 6 and enter (Enter) only from version 7.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
@@ -262,12 +263,14 @@ func TestLockWithOlderObjects(t *testing.T) {
 	for _, tc := range []struct {
 		version          string
 		raisers, staleAt bool
+		hold             bool
 		note             string
 	}{
-		{"1", false, false, "whose error raisers and lock registration make fenced writes cheaper"},
-		{"3", true, false, "whose lock registration and error raisers cost the server less"},
-		{"4", true, false, "whose lock registration and error raiser for a stale row cost the server less"},
-		{"5", true, true, "whose lock registration costs the server less"},
+		{"1", false, false, false, "whose error raisers and lock registration make fenced writes cheaper"},
+		{"3", true, false, false, "whose lock registration and error raisers cost the server less"},
+		{"4", true, false, false, "whose lock registration and error raiser for a stale row cost the server less"},
+		{"5", true, true, false, "whose lock registration costs the server less"},
+		{"6", true, true, true, "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol"},
 	} {
 		t.Run("version "+tc.version, func(t *testing.T) {
 			db, conn, sp := setupConfig(t, rules.LockRequired)
@@ -275,7 +278,10 @@ func TestLockWithOlderObjects(t *testing.T) {
 				execSQL(t, conn, string(oldRegister))
 			}
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
-			execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)")
+			execSQL(t, conn, "DROP PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text)")
+			if !tc.hold {
+				execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)")
+			}
 			if !tc.staleAt {
 				execSQL(t, conn, "DROP FUNCTION fenceproxy.stale_at_b(bigint), fenceproxy.stale_at(bigint)")
 			}
@@ -287,8 +293,8 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold || len(rep.Notes) != 1 ||
-				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 6, "+tc.note) {
+			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold != tc.hold || rep.Enter || len(rep.Notes) != 1 ||
+				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 7, "+tc.note) {
 				t.Fatalf("check: %+v", rep)
 			}
 			// The old procedure registers and refuses a stale token.
@@ -304,21 +310,21 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 6"; len(up.Actions) != 1 || up.Actions[0] != want {
+			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 7"; len(up.Actions) != 1 || up.Actions[0] != want {
 				t.Errorf("setup: %+v, want %q", up.Actions, want)
 			}
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || !rep.Hold || len(rep.Notes) != 0 {
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || !rep.Hold || !rep.Enter || len(rep.Notes) != 0 {
 				t.Errorf("check after the upgrade: %+v, %v", rep, err)
 			}
 			if w := watermark(t, db, "locks/config"); w != 5 {
 				t.Errorf("watermark %d after the upgrade, want 5", w)
 			}
 
-			// Version 6 objects with the old procedure: not this fenceproxy's.
+			// Version 7 objects with the old procedure: not this fenceproxy's.
 			execSQL(t, conn, string(oldRegister))
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() || rep.Hold ||
-				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 6)") {
-				t.Errorf("check of version 6 objects with the old procedure: %+v, %v", rep, err)
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() || rep.Hold || rep.Enter ||
+				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 7)") {
+				t.Errorf("check of version 7 objects with the old procedure: %+v, %v", rep, err)
 			}
 		})
 	}
@@ -366,40 +372,54 @@ func TestCheckStaleAt(t *testing.T) {
 	}
 }
 
-// TestCheckHold: the check reports hold (Hold) only when it is
-// objects.sql's, declared as there, callable by every role, and the
-// watermarks it reads with the caller's rights are readable by every
-// role; otherwise the proxy registers with register, and the database
-// has no problem.
+// TestCheckHold: the check reports hold (Hold) and enter (Enter) only
+// when each is objects.sql's, declared as there, callable by every role,
+// and the watermarks they read with the caller's rights are readable by
+// every role (enter only with hold, which it calls); otherwise the proxy
+// does without them, and the database has no problem.
 func TestCheckHold(t *testing.T) {
-	for _, tc := range []struct {
-		name, breakSQL string
-		kept           bool // setup does not undo it (an owner)
+	for _, proc := range []struct {
+		name, args, params string
+		flag               func(*dbsetup.Report) bool
 	}{
-		{"replaced", `CREATE OR REPLACE PROCEDURE fenceproxy.hold(lock_setting text, token_setting text, required boolean, audit boolean, tag text, tables text)
-			LANGUAGE plpgsql AS $$BEGIN RETURN; END$$`, false},
-		{"dropped", "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)", false},
-		{"security definer", "ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) SECURITY DEFINER", false},
-		{"a setting", "ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) SET search_path = public", false},
-		{"not callable by all", "REVOKE EXECUTE ON PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) FROM PUBLIC", false},
-		{"watermarks not readable by all", "REVOKE SELECT ON fenceproxy.locks FROM PUBLIC", false},
-		{"another owner", `CREATE ROLE hold_owner_x; ALTER PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text) OWNER TO hold_owner_x`, true},
+		{"hold", "text, text, boolean, boolean, text, text",
+			"lock_setting text, token_setting text, required boolean, audit boolean, tag text, tables text",
+			func(r *dbsetup.Report) bool { return r.Hold }},
+		{"enter", "text, text, text, text, bigint, boolean, boolean, boolean, text, text",
+			"token_setting text, token text, lock_setting text, lock text, stamp bigint, register boolean, required boolean, audit boolean, tag text, tables text",
+			func(r *dbsetup.Report) bool { return r.Enter }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, conn, sp := setupConfig(t, rules.LockRequired)
-			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Hold {
-				t.Fatalf("check after setup: %+v, %v", rep, err)
-			}
-			execSQL(t, conn, tc.breakSQL)
-			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || rep.Hold || !rep.Raisers {
-				t.Errorf("check: Hold %v Raisers %v (%v), want false and true", rep.Hold, rep.Raisers, err)
-			}
-			if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || rep.Hold == tc.kept {
-				t.Errorf("check after setup again: Hold %v (%v), want %v", rep.Hold, err, !tc.kept)
-			}
-		})
+		sig := "fenceproxy." + proc.name + "(" + proc.args + ")"
+		for _, tc := range []struct {
+			name, breakSQL string
+			kept           bool // setup does not undo it (an owner)
+		}{
+			{"replaced", "CREATE OR REPLACE PROCEDURE fenceproxy." + proc.name + "(" + proc.params + ") LANGUAGE plpgsql AS $$BEGIN RETURN; END$$", false},
+			{"dropped", "DROP PROCEDURE " + sig, false},
+			{"security definer", "ALTER PROCEDURE " + sig + " SECURITY DEFINER", false},
+			{"a setting", "ALTER PROCEDURE " + sig + " SET search_path = public", false},
+			{"not callable by all", "REVOKE EXECUTE ON PROCEDURE " + sig + " FROM PUBLIC", false},
+			{"watermarks not readable by all", "REVOKE SELECT ON fenceproxy.locks FROM PUBLIC", false},
+			{"another owner", "CREATE ROLE " + proc.name + "_owner_x; ALTER PROCEDURE " + sig + " OWNER TO " + proc.name + "_owner_x", true},
+		} {
+			t.Run(proc.name+"/"+tc.name, func(t *testing.T) {
+				_, conn, sp := setupConfig(t, rules.LockRequired)
+				if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Hold || !rep.Enter {
+					t.Fatalf("check after setup: %+v, %v", rep, err)
+				}
+				execSQL(t, conn, tc.breakSQL)
+				rep, err := dbsetup.Check(t.Context(), conn, sp)
+				// Enter needs hold; hold does not need enter.
+				if err != nil || proc.flag(&rep) || rep.Enter || !rep.Raisers || rep.Hold != (proc.name == "enter" && tc.name != "watermarks not readable by all") {
+					t.Errorf("check: Hold %v Enter %v Raisers %v (%v)", rep.Hold, rep.Enter, rep.Raisers, err)
+				}
+				if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if rep, err := dbsetup.Check(t.Context(), conn, sp); err != nil || proc.flag(&rep) == tc.kept {
+					t.Errorf("check after setup again: %s %v (%v), want %v", proc.name, proc.flag(&rep), err, !tc.kept)
+				}
+			})
+		}
 	}
 }

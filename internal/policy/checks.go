@@ -48,6 +48,8 @@ type dbChecks struct {
 	// hold: lock registrations may call fenceproxy.hold
 	// (rules.Rules.Hold).
 	hold bool
+	// enter: the relay may call fenceproxy.enter (rules.LockCall.Enter).
+	enter bool
 	// watched: the catalog watch counts changes here and a table in mode
 	// enforce is not guarded, so writes compare stamp, the catalog stamp
 	// the results describe, with the stamp now (stamp.go).
@@ -134,7 +136,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
 		// last hold while the stamp reads as it did then, and writes are
@@ -256,7 +258,8 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		}
 		// After a stamp read too: a change may commit before the
 		// statement runs.
-		check = stampCheck{on: inBand, stamp: st.stamp, proc: st.checkProc}
+		check = stampCheck{on: inBand, stamp: st.stamp, proc: st.checkProc,
+			enter: st.enter && (st.checkProc == "" || st.checkProc == dbsetup.CatalogCheckProc)}
 	}
 	var e *rules.Error
 	if quick {

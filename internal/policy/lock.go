@@ -134,6 +134,15 @@ func (p *Policy) missingObjectsError(info *proxy.SessionInfo, e *pgproto3.ErrorR
 		}
 		msg = "fenceproxy: the lock registration procedure " + rules.HoldProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
 		hint = "Retry it: fenceproxy checks the database again and registers with " + rules.RegisterProc + " meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
+	case e.Code == "42883" && strings.Contains(e.Message, rules.EnterProc+"(") && !schemaGone:
+		// fenceproxy.enter was removed after the check that found it: a
+		// new check finds it missing, and the relay sends the statements
+		// it stood for again.
+		if p.checks != nil {
+			p.checks.Recheck(info.Database)
+		}
+		msg = "fenceproxy: the procedure " + rules.EnterProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
+		hint = "Retry it: fenceproxy checks the database again and does without it meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
 	case schemaGone || (e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):
 		msg = "fenceproxy: lock fencing is not set up in database " + info.Database + ": the procedure " + rules.RegisterProc + " is missing"
 		hint = "Run `fenceproxy setup -c <config file>` for this database, or set lock: off for the table."

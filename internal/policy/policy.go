@@ -239,11 +239,19 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: catalogCheck(check, d.SQL), Preparable: d.Preparable, Tok: d.Tok}, true
 	case check.on:
 		return rules.Decision{Tables: d.Tables, Lock: catalogCheck(check, sql)}, true
-	case d.Action == rules.Rewrite:
-		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: d.Lock, Preparable: d.Preparable, Tok: d.Tok}, true
-	default:
-		return rules.Decision{Tables: d.Tables, Lock: d.Lock}, true
 	}
+	lock := d.Lock
+	if lock != nil && lock.Args != nil && st != nil && st.enter {
+		// The relay may send the fence settings and the registration as
+		// one call (the rules' LockCall is cached: a copy says so).
+		l := *lock
+		l.Enter = true
+		lock = &l
+	}
+	if d.Action == rules.Rewrite {
+		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lock, Preparable: d.Preparable, Tok: d.Tok}, true
+	}
+	return rules.Decision{Tables: d.Tables, Lock: lock}, true
 }
 
 // auditorReady reports whether ensureAuditor would return at once.

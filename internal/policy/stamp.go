@@ -95,6 +95,10 @@ type stampCheck struct {
 	on    bool
 	stamp int64
 	proc  string // the check procedure; "" for dbsetup.CatalogCheckProc
+	// enter: the relay may fold the check into a call of rules.EnterProc
+	// (the database has it, and the check is dbsetup.CatalogCheckProc,
+	// which it calls).
+	enter bool
 }
 
 // call returns the statement that runs the check.
@@ -121,7 +125,8 @@ func catalogCheck(c stampCheck, text string) *rules.LockCall {
 	call := c.call()
 	// The call is ASCII and ends at its semicolon: the server reads the
 	// text after it as it would read it alone.
-	return &rules.LockCall{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true}
+	return &rules.LockCall{Call: call, Query: call + ";" + text, Calls: firstCall, Required: true, Audit: true, Catalog: true,
+		Stamp: c.stamp, Enter: c.enter}
 }
 
 // checkedRegistration is the lock registration l with the catalog check
@@ -133,6 +138,7 @@ func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
 	call := c.call()
 	out := *r
 	out.Pre = call
+	out.Stamp, out.Enter = c.stamp, c.enter
 	if len(r.Calls) > 0 {
 		out.Query = call + ";" + r.Query
 		out.Calls = make([]int, 0, len(r.Calls)+1)

@@ -255,7 +255,7 @@ func decisionHash(d *rules.Decision, sql string) [32]byte {
 	}
 	if d.Lock != nil {
 		// A change of the registration alone is a change too.
-		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + d.Lock.Call + "\x00" + d.Lock.Pre + "\x00" + sql
+		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + strconv.FormatBool(d.Lock.Enter) + "\x00" + d.Lock.Call + "\x00" + d.Lock.Pre + "\x00" + sql
 	}
 	return hashText(sql)
 }
@@ -434,7 +434,7 @@ func sameLock(a, b *rules.LockCall) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return a.Call == b.Call && a.Query == b.Query && a.Required == b.Required && a.Pre == b.Pre && slices.Equal(a.Calls, b.Calls)
+	return a.Call == b.Call && a.Query == b.Query && a.Required == b.Required && a.Pre == b.Pre && a.Enter == b.Enter && slices.Equal(a.Calls, b.Calls)
 }
 
 // newDef builds a definition, keeping sql if the budget allows.

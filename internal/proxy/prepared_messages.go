@@ -77,6 +77,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 		}
 	}
 	var fence []fenceApplied
+	prelude := false // the session's values go first (sendPrelude)
 	if v.def != nil && v.def.param > 0 && !r.fence.on {
 		return refuse(errFenceBroken) // not reached: the form needs the record
 	}
@@ -120,11 +121,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 					r.liveDef, r.liveGen = v.def, gen
 				}
 			}
-			if everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named) {
-				if err := r.sendPrelude(); err != nil {
-					return false, "", err
-				}
-			}
+			prelude = everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named)
 		}
 	}
 	if v.def != nil && v.def.param > 0 && tok == "" {
@@ -134,16 +131,17 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 	if lock.refuse != nil {
 		return refuse(lock.refuse)
 	}
+	// The catalog check runs whether or not the registration does.
+	var check *rules.LockCall
 	if v.def != nil && v.def.lock != nil && v.def.lock.Pre != "" {
-		// The catalog check, whether or not the registration runs.
-		if err := r.register(v.def.lock.Pre, nil); err != nil {
-			return false, "", err
-		}
+		check = v.def.lock
 	}
 	if lock.call != "" && !(r.fence.on && r.spare(lock.reg)) {
-		if err := r.register(lock.call, lock.reg); err != nil {
+		if err := r.beforeBind(prelude, check, lock); err != nil {
 			return false, "", err
 		}
+	} else if err := r.beforeBind(prelude, check, bindVerdict{}); err != nil {
+		return false, "", err
 	}
 	r.mu.Lock()
 	pkey := serverKey(portal)

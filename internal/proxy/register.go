@@ -3,6 +3,8 @@ package proxy
 // The lock registration before a Bind (docs/design.md, "Lock fencing").
 
 import (
+	"strconv"
+
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -38,14 +40,104 @@ func (r *requests) bindLock(def *stmtDef, gen uint64) bindVerdict {
 	return bindVerdict{}
 }
 
-// register sends, before the client's Bind, the lock registration call
-// as the proxy's own prepared statement and portal, whose responses are
-// not relayed: Bind and Execute when the server is believed to have the
-// statement for this call already, else Close and Parse first. It runs in
-// the same transaction as the client's statement: nothing in between ends
-// it. If it fails, its error is the first the client sees, and the server
-// skips the client's messages up to the Sync.
+// beforeBind sends what goes before a client's Bind, in this order: the
+// session's fence settings (prelude), the catalog check (check.Pre) and
+// the lock registration (reg.call, "" for none). Where the database has
+// rules.EnterProc and it can stand for all of them, one call of it goes
+// in their place.
+func (r *requests) beforeBind(prelude bool, check *rules.LockCall, reg bindVerdict) error {
+	if prelude {
+		if args, l, ok := r.enterCall(check, reg); ok {
+			return r.sendOwn(rules.EnterProc, enterSQL, enterOIDs, args, l)
+		}
+		if err := r.sendPrelude(); err != nil {
+			return err
+		}
+	}
+	if check != nil {
+		if err := r.register(check.Pre, nil); err != nil {
+			return err
+		}
+	}
+	if reg.call != "" {
+		return r.register(reg.call, reg.reg)
+	}
+	return nil
+}
+
+// enterSQL calls rules.EnterProc with the values of the prelude, the
+// catalog check and the registration as parameters (enterCall); enterOIDs
+// are their types.
+const enterSQL = "CALL " + rules.EnterProc + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+
+var enterOIDs = []uint32{25, 25, 25, 25, 20, 16, 16, 16, 25, 25}
+
+// enterCall returns the parameters of the call of rules.EnterProc that
+// stands for the prelude, check (nil: none) and reg (call "": none), and
+// the registration whose outcome its response gives (nil: none). ok is
+// false where it cannot stand for them: a database without it, a
+// registration that is not a single call of the rule set's (the catalog
+// check alone is one: Catalog), or fence settings of other names than the
+// registration reads.
+func (r *requests) enterCall(check *rules.LockCall, reg bindVerdict) (params [][]byte, l *rules.LockCall, ok bool) {
+	var stamp *rules.LockCall
+	switch {
+	case check != nil:
+		stamp = check
+	case reg.reg != nil && reg.reg.Catalog:
+		stamp, reg = reg.reg, bindVerdict{}
+	}
+	if stamp == nil && reg.call == "" {
+		return nil, nil, false // the prelude alone: as it is
+	}
+	if stamp != nil && !stamp.Enter {
+		return nil, nil, false
+	}
+	r.mu.Lock()
+	vals := r.fence.cur
+	tok, lk := r.fence.tokenName, r.fence.lockName
+	r.mu.Unlock()
+	params = make([][]byte, 10)
+	params[0], params[1], params[2], params[3] = []byte(tok), []byte(vals.token), []byte(lk), []byte(vals.lock)
+	if stamp != nil {
+		params[4] = strconv.AppendInt(nil, stamp.Stamp, 10)
+	}
+	params[5] = []byte("f")
+	params[6], params[7], params[8], params[9] = []byte("f"), []byte("f"), []byte{}, []byte{}
+	if reg.call != "" {
+		a := reg.reg.Args
+		if !reg.reg.Enter || a == nil || a.LockSetting != lk || a.TokenSetting != tok {
+			return nil, nil, false
+		}
+		params[5] = []byte("t")
+		params[6], params[7] = boolParam(a.Required), boolParam(a.Audit)
+		params[8], params[9] = []byte(a.Tag), []byte(a.Tables)
+		l = reg.reg
+	}
+	return params, l, true
+}
+
+func boolParam(b bool) []byte {
+	if b {
+		return []byte("t")
+	}
+	return []byte("f")
+}
+
+// register sends call, the catalog check or the lock registration l
+// (sendOwn).
 func (r *requests) register(call string, l *rules.LockCall) error {
+	return r.sendOwn(call, call, nil, nil, l)
+}
+
+// sendOwn sends, before the client's Bind, a statement of the proxy's own
+// (key names it in the bookkeeping) as its prepared statement and portal,
+// whose responses are not relayed: Close, Parse, Bind with params and
+// Execute. It runs in the same transaction as the client's statement:
+// nothing in between ends it. If it fails, its error is the first the
+// client sees, and the server skips the client's messages up to the Sync.
+// l is the lock registration its success proves (registeredDone).
+func (r *requests) sendOwn(key, sql string, oids []uint32, params [][]byte, l *rules.LockCall) error {
 	ps := r.ps
 	r.mu.Lock()
 	if r.state.finishing {
@@ -55,54 +147,46 @@ func (r *requests) register(call string, l *rules.LockCall) error {
 	// Parsed again every time, in the same pipeline as its Bind: nothing
 	// the session runs in between (a DEALLOCATE and PREPARE of the name in
 	// a function, which the proxy cannot see) can stand in for it.
-	name, prepared := ps.registerName, false
-	type out struct {
-		typ byte
-		msg encoder
-	}
-	var msgs []out
-	// What an earlier registration left (a failed one is not closed: the
-	// server skipped the rest); closing what does not exist is not an
-	// error.
+	name := ps.registerName
+	// What an earlier one left (a failed one is not closed: the server
+	// skipped the rest); closing what does not exist is not an error.
 	ps.expect('3', nil)
 	ps.countSent('C')
-	msgs = append(msgs, out{'C', &pgproto3.Close{ObjectType: 'P', Name: name}})
-	if !prepared {
-		ps.regPrepared = ""
-		// Recorded as a removal: a client's own definition under the name
-		// (it can read it from pg_prepared_statements) is gone, and a
-		// client Bind or EXECUTE of the name is refused from now on.
-		ps.addStmtOp(name, nil, false, '3', false, 0)
-		ps.countSent('C')
-		msgs = append(msgs, out{'C', &pgproto3.Close{ObjectType: 'S', Name: name}})
-		ps.expect('1', func(o outcome) {
-			if o == outcomeOK {
-				ps.regPrepared = call
-			}
-		})
-		ps.countSent('P')
-		msgs = append(msgs, out{'P', &pgproto3.Parse{Name: name, Query: call}})
-	}
+	ps.regPrepared = ""
+	// Recorded as a removal: a client's own definition under the name (it
+	// can read it from pg_prepared_statements) is gone, and a client Bind
+	// or EXECUTE of the name is refused from now on.
+	ps.addStmtOp(name, nil, false, '3', false, 0)
+	ps.countSent('C')
+	ps.expect('1', func(o outcome) {
+		if o == outcomeOK {
+			ps.regPrepared = key
+		}
+	})
+	ps.countSent('P')
 	ps.expect('2', func(o outcome) {
-		if o != outcomeOK && ps.regPrepared == call {
+		if o != outcomeOK && ps.regPrepared == key {
 			// Skipped or failed (the statement may be gone: DEALLOCATE
-			// ALL in a function, say): prepare it again next time.
+			// ALL in a function, say).
 			ps.regPrepared = ""
 		}
 	})
 	ps.countSent('B')
-	msgs = append(msgs, out{'B', &pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}})
 	ps.expect('C', r.registeredDone(l, nil))
 	ps.countSent('E')
-	msgs = append(msgs, out{'E', &pgproto3.Execute{Portal: name}})
-	if !prepared {
-		// Until its ParseComplete says so, do not count on it.
-		ps.regPrepared = ""
-	}
+	// Until its ParseComplete says so, do not count on it.
+	ps.regPrepared = ""
 	r.state.rewrote = true
 	r.mu.Unlock()
+	msgs := [...]encoder{
+		&pgproto3.Close{ObjectType: 'P', Name: name},
+		&pgproto3.Close{ObjectType: 'S', Name: name},
+		&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids},
+		&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name, Parameters: params},
+		&pgproto3.Execute{Portal: name},
+	}
 	for _, m := range msgs {
-		if err := writeMsg(r.uw, m.msg); err != nil {
+		if err := writeMsg(r.uw, m); err != nil {
 			return upstreamErr(err)
 		}
 	}

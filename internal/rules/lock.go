@@ -23,6 +23,12 @@ const RegisterProc = "fenceproxy.register"
 // set's registrations call it.
 const HoldProc = "fenceproxy.hold"
 
+// EnterProc is the procedure objects version 7 added: it sets the
+// session's fence settings for the transaction, runs the catalog check
+// and calls HoldProc, in one call where the extended protocol sent three
+// statements (LockCall.Enter).
+const EnterProc = "fenceproxy.enter"
+
 // maxLockTablesArg bounds the table list passed to the procedure (it only
 // names tables in messages).
 const maxLockTablesArg = 200
@@ -62,9 +68,26 @@ type LockCall struct {
 	// registration is spared or not needed.
 	Catalog bool
 	Pre     string
+	// Stamp is the catalog check's stamp, where Catalog or Pre.
+	Stamp int64
+	// Args are the registration's arguments, where Call is a single
+	// registration of this rule set's procedure (nil otherwise).
+	Args *RegArgs
+	// Enter, the policy's: the database has EnterProc, so the relay may
+	// send the session's fence settings, the catalog check (Stamp) and the
+	// registration (Args) before a Bind as one call of it.
+	Enter bool
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int
+}
+
+// RegArgs are the arguments of a registration call, in its procedure's
+// order after the lock and token settings' names.
+type RegArgs struct {
+	LockSetting, TokenSetting string
+	Required, Audit           bool
+	Tag, Tables               string
 }
 
 // growAt returns lc for a decided text into which n bytes were inserted at
@@ -260,6 +283,11 @@ func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCal
 		text, _, err := r.callText(uses[0], version)
 		if err != nil {
 			return nil, err
+		}
+		if r.hold {
+			list, required, audit := callArgs(uses[0])
+			lc.Args = &RegArgs{LockSetting: r.lockSetting, TokenSetting: r.tokenSetting,
+				Required: required, Audit: audit, Tag: r.auditTag, Tables: list}
 		}
 		if uses[0].prepare {
 			lc.Call, lc.Query = text, final
