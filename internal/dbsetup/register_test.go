@@ -60,13 +60,22 @@ func hold(ctx context.Context, conn *pgx.Conn, required bool) error {
 	return err
 }
 
+// enter calls fenceproxy.enter as the relay does before a Bind where the
+// database has it (objects version 7), with the session's values as the
+// relay's record has them ("" for unset) and no catalog check.
+func enter(ctx context.Context, conn *pgx.Conn, required bool) error {
+	_, err := conn.Exec(ctx, `CALL fenceproxy.enter('fence.token', coalesce(pg_catalog.current_setting('fence.token', true), ''),
+		'fence.lock', coalesce(pg_catalog.current_setting('fence.lock', true), ''), NULL, true, $1, false, 'test', 'public.config')`, required)
+	return err
+}
+
 // registrations are the procedures a proxy registers with: the tests of
-// register run with each, since hold must have register's outcome in
-// every case.
+// register run with each, since hold and enter must have register's
+// outcome in every case.
 var registrations = []struct {
 	name string
 	call func(context.Context, *pgx.Conn, bool) error
-}{{"register", register}, {"hold", hold}}
+}{{"register", register}, {"hold", hold}, {"enter", enter}}
 
 // sqlState returns err's SQLSTATE, "" for nil or a non-server error.
 func sqlState(err error) string {
@@ -397,10 +406,17 @@ func TestHoldCommonCase(t *testing.T) {
 	}
 }
 
-// TestHoldSearchPath: hold sets no search_path, so a session's own
-// operators and functions, found first on its search_path, must change
-// nothing: a stale token is still refused, with the watermark unmoved.
+// TestHoldSearchPath: hold and enter set no search_path, so a session's
+// own operators and functions, found first on its search_path, must
+// change nothing: a stale token is still refused, with the watermark
+// unmoved.
 func TestHoldSearchPath(t *testing.T) {
+	for _, reg := range registrations[1:] {
+		t.Run(reg.name, func(t *testing.T) { testHoldSearchPath(t, reg.call) })
+	}
+}
+
+func testHoldSearchPath(t *testing.T, hold func(context.Context, *pgx.Conn, bool) error) {
 	db, role := registerDB(t)
 	ctx := t.Context()
 	if err := hold(ctx, session(t, db, role, "locks/config", "5"), false); err != nil {
@@ -414,6 +430,7 @@ func TestHoldSearchPath(t *testing.T) {
 		CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.yes);
 		CREATE FUNCTION evil.current_setting(text, boolean) RETURNS text LANGUAGE sql AS 'SELECT ''5''';
 		CREATE FUNCTION evil.ltrim(text, text) RETURNS text LANGUAGE sql AS 'SELECT ''''';
+		CREATE FUNCTION evil.set_config(text, text, boolean) RETURNS text LANGUAGE sql AS 'SELECT ''''';
 		CREATE TABLE evil.locks (name text, token bigint); INSERT INTO evil.locks VALUES ('locks/config', 4);
 		GRANT SELECT ON evil.locks TO PUBLIC`)
 	stale := session(t, db, role, "locks/config", "4")
@@ -445,5 +462,62 @@ func TestHoldSearchPath(t *testing.T) {
 		if err := hold(ctx, conn, false); err != nil {
 			t.Errorf("%s: the current token: %v", shadow, err)
 		}
+	}
+}
+
+// TestEnterSettings: enter applies the values it is given, for the
+// transaction only, before it registers: a server connection that
+// carries another session's newer token (behind a pooler) cannot stand
+// in for a stale one, and a session's own set_config, first on its
+// search_path, changes nothing.
+func TestEnterSettings(t *testing.T) {
+	db, role := registerDB(t)
+	ctx := t.Context()
+	if err := hold(ctx, session(t, db, role, "locks/config", "5"), false); err != nil {
+		t.Fatal(err)
+	}
+	admin := connect(t, db)
+	execSQL(t, admin, `CREATE SCHEMA evil; GRANT USAGE ON SCHEMA evil TO PUBLIC;
+		CREATE FUNCTION evil.set_config(text, text, boolean) RETURNS text LANGUAGE sql AS 'SELECT ''''';`)
+	conn := session(t, db, role, "locks/other", "9")
+	execSQL(t, conn, "SET search_path = evil, pg_catalog, public")
+	call := func(token string, register bool) error {
+		_, err := conn.Exec(ctx, `CALL fenceproxy.enter('fence.token', $1, 'fence.lock', 'locks/config', NULL, $2, false, false, 'test', 'public.config')`, token, register)
+		return err
+	}
+	settings := func() string {
+		var s string
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('fence.lock') || '=' || pg_catalog.current_setting('fence.token')").Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	execSQL(t, conn, "BEGIN")
+	if err := call("4", true); sqlState(err) != "FP001" {
+		t.Errorf("a stale token given, a newer one on the connection: %v, want FP001", err)
+	}
+	execSQL(t, conn, "ROLLBACK")
+	execSQL(t, conn, "BEGIN")
+	if err := call("5", true); err != nil {
+		t.Fatalf("the current token: %v", err)
+	}
+	if s := settings(); s != "locks/config=5" {
+		t.Errorf("in the transaction: %s, want locks/config=5", s)
+	}
+	execSQL(t, conn, "COMMIT")
+	if s := settings(); s != "locks/other=9" {
+		t.Errorf("after the transaction: %s, want the session's locks/other=9", s)
+	}
+	// Without a registration it only sets them.
+	execSQL(t, conn, "BEGIN")
+	if err := call("4", false); err != nil {
+		t.Fatalf("no registration: %v", err)
+	}
+	if s := settings(); s != "locks/config=4" {
+		t.Errorf("in the transaction, no registration: %s, want locks/config=4", s)
+	}
+	execSQL(t, conn, "ROLLBACK")
+	if w := watermark(t, db, "locks/config"); w != 5 {
+		t.Errorf("watermark %d, want 5", w)
 	}
 }
