@@ -43,7 +43,7 @@ func TestHoldDropped(t *testing.T) {
 			}
 			mustExec(t, d, "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)")
 
-			written, refused := 2, 0
+			written, refused := 1, 0
 			deadline := time.Now().Add(20 * time.Second)
 			for {
 				_, err := c.Exec(ctxT(t), write)

@@ -187,11 +187,10 @@ type preparedState struct {
 	// Describe or Execute; it fails during parse analysis, so it is never
 	// created.
 	refusedName string
-	// registerName names the statement and portal of an injected lock
-	// registration (session.register); regPrepared is the call the server
-	// is known to have prepared under that name ("" if none).
+	// registerName names the statement and portal of the proxy's own
+	// statements before a Bind (sendOwn: the catalog check, the lock
+	// registration, the call of rules.EnterProc).
 	registerName string
-	regPrepared  string
 	// preludeName names the statement and portal of the fence settings'
 	// prelude (sendPrelude).
 	preludeName string
@@ -225,10 +224,10 @@ func (ps *preparedState) clientNamed(name string) {
 }
 
 // forgetOwn records that the server may no longer have any of the proxy's
-// own statements (the lock registration's, autoprepare.go's): each is
-// prepared again before its next use. Callers hold session.mu.
+// own statements that are kept (autoprepare.go's; those before a Bind
+// are prepared at every use anyway): each is prepared again before its
+// next use. Callers hold session.mu.
 func (ps *preparedState) forgetOwn() {
-	ps.regPrepared = ""
 	ps.auto.forget()
 }
 

@@ -48,7 +48,7 @@ func (r *requests) bindLock(def *stmtDef, gen uint64) bindVerdict {
 func (r *requests) beforeBind(prelude bool, check *rules.LockCall, reg bindVerdict) error {
 	if prelude {
 		if args, l, ok := r.enterCall(check, reg); ok {
-			return r.sendOwn(rules.EnterProc, enterSQL, enterOIDs, args, l)
+			return r.sendOwn(r.ps.registerName, enterSQL, enterOIDs, args, l, false)
 		}
 		if err := r.sendPrelude(); err != nil {
 			return err
@@ -127,17 +127,19 @@ func boolParam(b bool) []byte {
 // register sends call, the catalog check or the lock registration l
 // (sendOwn).
 func (r *requests) register(call string, l *rules.LockCall) error {
-	return r.sendOwn(call, call, nil, nil, l)
+	return r.sendOwn(r.ps.registerName, call, nil, nil, l, false)
 }
 
 // sendOwn sends, before the client's Bind, a statement of the proxy's own
-// (key names it in the bookkeeping) as its prepared statement and portal,
-// whose responses are not relayed: Close, Parse, Bind with params and
-// Execute. It runs in the same transaction as the client's statement:
-// nothing in between ends it. If it fails, its error is the first the
-// client sees, and the server skips the client's messages up to the Sync.
-// l is the lock registration its success proves (registeredDone).
-func (r *requests) sendOwn(key, sql string, oids []uint32, params [][]byte, l *rules.LockCall) error {
+// under name, its prepared statement and portal, whose responses are not
+// relayed: Close of both, Parse, Bind with params, Execute, and Close of
+// the statement again when closeAfter (no statement of the proxy's stays
+// among the session's). It runs in the same transaction as the client's
+// statement: nothing in between ends it. If it fails, its error is the
+// first the client sees, and the server skips the client's messages up
+// to the Sync. l is the lock registration its success proves
+// (registeredDone).
+func (r *requests) sendOwn(name, sql string, oids []uint32, params [][]byte, l *rules.LockCall, closeAfter bool) error {
 	ps := r.ps
 	r.mu.Lock()
 	if r.state.finishing {
@@ -147,35 +149,25 @@ func (r *requests) sendOwn(key, sql string, oids []uint32, params [][]byte, l *r
 	// Parsed again every time, in the same pipeline as its Bind: nothing
 	// the session runs in between (a DEALLOCATE and PREPARE of the name in
 	// a function, which the proxy cannot see) can stand in for it.
-	name := ps.registerName
 	// What an earlier one left (a failed one is not closed: the server
 	// skipped the rest); closing what does not exist is not an error.
 	ps.expect('3', nil)
 	ps.countSent('C')
-	ps.regPrepared = ""
 	// Recorded as a removal: a client's own definition under the name (it
 	// can read it from pg_prepared_statements) is gone, and a client Bind
 	// or EXECUTE of the name is refused from now on.
 	ps.addStmtOp(name, nil, false, '3', false, 0)
 	ps.countSent('C')
-	ps.expect('1', func(o outcome) {
-		if o == outcomeOK {
-			ps.regPrepared = key
-		}
-	})
+	ps.expect('1', nil)
 	ps.countSent('P')
-	ps.expect('2', func(o outcome) {
-		if o != outcomeOK && ps.regPrepared == key {
-			// Skipped or failed (the statement may be gone: DEALLOCATE
-			// ALL in a function, say).
-			ps.regPrepared = ""
-		}
-	})
+	ps.expect('2', nil)
 	ps.countSent('B')
 	ps.expect('C', r.registeredDone(l, nil))
 	ps.countSent('E')
-	// Until its ParseComplete says so, do not count on it.
-	ps.regPrepared = ""
+	if closeAfter {
+		ps.addStmtOp(name, nil, false, '3', false, 0)
+		ps.countSent('C')
+	}
 	r.state.rewrote = true
 	r.mu.Unlock()
 	msgs := [...]encoder{
@@ -184,8 +176,13 @@ func (r *requests) sendOwn(key, sql string, oids []uint32, params [][]byte, l *r
 		&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids},
 		&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name, Parameters: params},
 		&pgproto3.Execute{Portal: name},
+		&pgproto3.Close{ObjectType: 'S', Name: name},
 	}
-	for _, m := range msgs {
+	n := len(msgs)
+	if !closeAfter {
+		n--
+	}
+	for _, m := range msgs[:n] {
 		if err := writeMsg(r.uw, m); err != nil {
 			return upstreamErr(err)
 		}

@@ -317,51 +317,16 @@ func (r *requests) fenceReady() (lockNamed bool, ok bool, err error) {
 var errFenceBroken = refusePrepared("the proxy lost track of this session's fence settings; reconnect", "")
 
 // sendPrelude sends, before a client's Bind of a statement on a protected
-// table, the session's own values as transaction-local settings: Close of
-// what an earlier prelude left, then Parse, Bind and Execute of preludeSQL
-// under the proxy's own name, parsed again every time so that nothing the
-// session did in between (a DEALLOCATE and PREPARE of the name in a
-// function) can stand in for it. Its responses are not relayed.
+// table, the session's own values as transaction-local settings:
+// preludeSQL under the proxy's own name, parsed again every time and
+// closed after (sendOwn). Its responses are not relayed.
 func (r *requests) sendPrelude() error {
-	ps := r.ps
 	r.mu.Lock()
-	if r.state.finishing {
-		r.mu.Unlock()
-		return errSessionDone
-	}
-	name := ps.preludeName
 	vals := r.fence.cur
 	tok, lk := r.fence.tokenName, r.fence.lockName
-	ps.expect('3', nil)
-	ps.countSent('C')
-	ps.addStmtOp(name, nil, false, '3', false, 0)
-	ps.countSent('C')
-	ps.expect('1', nil)
-	ps.countSent('P')
-	ps.expect('2', nil)
-	ps.countSent('B')
-	ps.expect('C', nil)
-	ps.countSent('E')
-	// Closed again at once: the session's statements stay the client's.
-	ps.addStmtOp(name, nil, false, '3', false, 0)
-	ps.countSent('C')
-	r.state.rewrote = true
 	r.mu.Unlock()
-	msgs := []encoder{
-		&pgproto3.Close{ObjectType: 'P', Name: name},
-		&pgproto3.Close{ObjectType: 'S', Name: name},
-		&pgproto3.Parse{Name: name, Query: preludeSQL, ParameterOIDs: textOIDs},
-		&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name,
-			Parameters: [][]byte{[]byte(tok), []byte(vals.token), []byte(lk), []byte(vals.lock)}},
-		&pgproto3.Execute{Portal: name},
-		&pgproto3.Close{ObjectType: 'S', Name: name},
-	}
-	for _, m := range msgs {
-		if err := writeMsg(r.uw, m); err != nil {
-			return upstreamErr(err)
-		}
-	}
-	return nil
+	params := [][]byte{[]byte(tok), []byte(vals.token), []byte(lk), []byte(vals.lock)}
+	return r.sendOwn(r.ps.preludeName, preludeSQL, textOIDs, params, nil, true)
 }
 
 // resolveBindOps gives the operations of a statement their values from a
