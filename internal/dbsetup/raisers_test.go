@@ -386,7 +386,7 @@ func TestCheckHold(t *testing.T) {
 			"lock_setting text, token_setting text, required boolean, audit boolean, tag text, tables text",
 			func(r *dbsetup.Report) bool { return r.Hold }},
 		{"enter", "text, text, text, text, bigint, boolean, boolean, boolean, text, text",
-			"token_setting text, token text, lock_setting text, lock text, stamp bigint, register boolean, required boolean, audit boolean, tag text, tables text",
+			"token_setting text, token text, lock_setting text, lock text, want bigint, register boolean, required boolean, audit boolean, tag text, tables text",
 			func(r *dbsetup.Report) bool { return r.Enter }},
 	} {
 		sig := "fenceproxy." + proc.name + "(" + proc.args + ")"

@@ -3,6 +3,7 @@ package dbsetup_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -519,5 +520,67 @@ func TestEnterSettings(t *testing.T) {
 	execSQL(t, conn, "ROLLBACK")
 	if w := watermark(t, db, "locks/config"); w != 5 {
 		t.Errorf("watermark %d, want 5", w)
+	}
+}
+
+// TestEnterCheckCommonCase: enter's common case of the catalog check is
+// catalog_at's first statement, word for word, so that it never passes a
+// statement catalog_at would stop (every other case calls catalog_at).
+func TestEnterCheckCommonCase(t *testing.T) {
+	first := func(file, tag string) string {
+		t.Helper()
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, body, ok := strings.Cut(string(b), "AS $"+tag+"$")
+		if !ok {
+			t.Fatalf("%s: no $%s$ body", file, tag)
+		}
+		i := strings.Index(body, "PERFORM FROM fenceproxy.catalog c")
+		if i < 0 {
+			t.Fatalf("%s: $%s$ does not read fenceproxy.catalog", file, tag)
+		}
+		stmt, _, _ := strings.Cut(body[i:], ";")
+		return strings.Join(strings.Fields(stmt), " ")
+	}
+	if at, enter := first("watch.sql", "at"), first("objects.sql", "enter"); at != enter {
+		t.Errorf("enter's common case differs from catalog_at's:\n catalog_at: %s\n enter:      %s", at, enter)
+	}
+}
+
+// TestEnterCatalogCheck: enter passes the stamp the catalog has without
+// calling catalog_at, and hands any other to it, which refuses it (FP003).
+func TestEnterCatalogCheck(t *testing.T) {
+	db, role := registerDB(t)
+	ctx := t.Context()
+	admin := connect(t, db)
+	var stamp int64
+	if err := admin.QueryRow(ctx, "SELECT stamp FROM fenceproxy.catalog").Scan(&stamp); err != nil {
+		t.Fatalf("the catalog watch (setup as a superuser installs it): %v", err)
+	}
+	execSQL(t, admin, "ALTER ROLE "+role+" SET track_functions = 'pl'")
+	check := func(want int64) (string, error) {
+		t.Helper()
+		conn := session(t, db, role, "", "")
+		execSQL(t, conn, "BEGIN")
+		defer execSQL(t, conn, "ROLLBACK")
+		_, err := conn.Exec(ctx, "CALL fenceproxy.enter('fence.token', '', 'fence.lock', '', $1, false, false, false, '', '')", want)
+		if err != nil {
+			return "", err
+		}
+		var calls string
+		if err := conn.QueryRow(ctx, `SELECT coalesce(string_agg(funcname || '=' || calls, ' ' ORDER BY funcname), '')
+			FROM pg_stat_xact_user_functions WHERE schemaname = 'fenceproxy'`).Scan(&calls); err != nil {
+			t.Fatal(err)
+		}
+		return calls, nil
+	}
+	if calls, err := check(stamp); err != nil || calls != "enter=1" {
+		t.Errorf("the catalog's stamp: %q, %v; want enter=1 alone", calls, err)
+	}
+	_, err := check(stamp - 1)
+	if sqlState(err) != "FP003" || !strings.Contains(err.Error(), "changed since the proxy checked it") {
+		t.Errorf("an older stamp: %v, want catalog_at's FP003", err)
 	}
 }
