@@ -50,6 +50,9 @@ type dbChecks struct {
 	hold bool
 	// enter: the relay may call fenceproxy.enter (rules.LockCall.Enter).
 	enter bool
+	// goneAt: when a statement last found one of these objects gone
+	// (objectsGone), in Unix nanoseconds.
+	goneAt atomic.Int64
 	// watched: the catalog watch counts changes here and a table in mode
 	// enforce is not guarded, so writes compare stamp, the catalog stamp
 	// the results describe, with the stamp now (stamp.go).
@@ -144,8 +147,18 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		next.watched, next.stamp, paths = true, st.stamp, st.paths
 		next.paths = paths
 	}
+	if st != nil {
+		next.goneAt.Store(st.goneAt.Load())
+	}
 	if st != nil && st.moved.Load() && next.stamp == st.stamp {
 		next.moved.Store(true)
+	}
+	if st != nil && (st.raisers && !next.raisers || st.staleAt && !next.staleAt || st.hold && !next.hold || st.enter && !next.enter) {
+		// An object decisions call is no longer found (dropped, say):
+		// statements prepared before are decided again, or they would
+		// keep calling what is gone. (One found where it was not leaves
+		// them as they are: what they call is still there.)
+		p.bumpGeneration()
 	}
 	if st != nil && next.watched && next.stamp != st.stamp {
 		// Statements prepared before check the old stamp when they run

@@ -3,6 +3,7 @@ package policy
 import (
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
@@ -107,6 +108,32 @@ func raiserMissing(msg string) bool {
 	return false
 }
 
+// objectsGone is called when a statement found gone an object of
+// `fenceproxy setup` that database's check had found. The database is
+// checked again, and its results are read again at the next decision;
+// and, at most once a second (the errors come from statements, which a
+// client can repeat or forge), statements prepared before are decided
+// again before they next run, so that one that only runs (a kept
+// prepared statement) reads the new results too: once they say the
+// object is gone, it no longer calls it (refreshDBState).
+func (p *Policy) objectsGone(database string) {
+	if p.checks != nil {
+		p.checks.Recheck(database)
+	}
+	v, ok := p.checkCache.byDB.Load(database)
+	if !ok {
+		return
+	}
+	st := v.(*dbChecks)
+	st.expired.Store(true)
+	now := time.Now().UnixNano()
+	last := st.goneAt.Load()
+	if now-last < int64(time.Second) || !st.goneAt.CompareAndSwap(last, now) {
+		return
+	}
+	p.bumpGeneration()
+}
+
 // missingObjectsError handles the errors of statements that call objects
 // of `fenceproxy setup` the database no longer has: the statement did not
 // run (fail closed), and the client learns why and the fix. It reports
@@ -120,27 +147,21 @@ func (p *Policy) missingObjectsError(info *proxy.SessionInfo, e *pgproto3.ErrorR
 		// The error raisers were removed after the check that found them.
 		// A new check finds them missing, and the rewrites go back to the
 		// inline form.
-		if p.checks != nil {
-			p.checks.Recheck(info.Database)
-		}
+		p.objectsGone(info.Database)
 		msg = "fenceproxy: the error raisers of fenceproxy setup were removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
 		hint = "Retry it: fenceproxy checks the database again and fences without them meanwhile. Run `fenceproxy setup -c <config file>` to restore them."
 	case e.Code == "42883" && strings.Contains(e.Message, rules.HoldProc+"(") && !schemaGone:
 		// fenceproxy.hold was removed after the check that found it: a
 		// new check finds it missing, and registrations go back to
 		// fenceproxy.register.
-		if p.checks != nil {
-			p.checks.Recheck(info.Database)
-		}
+		p.objectsGone(info.Database)
 		msg = "fenceproxy: the lock registration procedure " + rules.HoldProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
 		hint = "Retry it: fenceproxy checks the database again and registers with " + rules.RegisterProc + " meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
 	case e.Code == "42883" && strings.Contains(e.Message, rules.EnterProc+"(") && !schemaGone:
 		// fenceproxy.enter was removed after the check that found it: a
 		// new check finds it missing, and the relay sends the statements
 		// it stood for again.
-		if p.checks != nil {
-			p.checks.Recheck(info.Database)
-		}
+		p.objectsGone(info.Database)
 		msg = "fenceproxy: the procedure " + rules.EnterProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
 		hint = "Retry it: fenceproxy checks the database again and does without it meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
 	case schemaGone || (e.Code == "42883" && strings.Contains(e.Message, rules.RegisterProc+"(")):

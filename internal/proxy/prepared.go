@@ -254,7 +254,8 @@ func decisionHash(d *rules.Decision, sql string) [32]byte {
 	}
 	if d.Lock != nil {
 		// A change of the registration alone is a change too.
-		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + strconv.FormatBool(d.Lock.Enter) + "\x00" + d.Lock.Call + "\x00" + d.Lock.Pre + "\x00" + sql
+		// (Not Enter: how the relay sends the statements before a Bind.)
+		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + d.Lock.Call + "\x00" + d.Lock.Pre + "\x00" + sql
 	}
 	return hashText(sql)
 }

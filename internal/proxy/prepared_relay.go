@@ -185,8 +185,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 		return stmtVerdict{}, err
 	}
 	if same {
-		r.refreshDef(e, def, gen)
-		return stmtVerdict{def: def}, nil
+		return stmtVerdict{def: r.refreshDef(e, def, gen, d.Lock)}, nil
 	}
 	if d.Action == Refuse && !def.sqlLevel {
 		return stmtVerdict{refuse: d.Err}, nil
@@ -206,15 +205,19 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 }
 
 // refreshDef records that def, the definition the server has under e, is
-// still right under generation gen.
-func (t *tracker) refreshDef(e *stmtEntry, def *stmtDef, gen uint64) {
+// still right under generation gen, where its decision's lock
+// registration is lock (the same statements: how the relay may send them,
+// rules.LockCall.Enter, may differ). It returns the definition to use.
+func (t *tracker) refreshDef(e *stmtEntry, def *stmtDef, gen uint64, lock *rules.LockCall) *stmtDef {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	nd := *def
+	nd.gen = gen
+	nd.lock = lock
 	if len(e.pending) == 0 && e.confirmed == def {
-		nd := *def
-		nd.gen = gen
 		e.confirmed = &nd
 	}
+	return &nd
 }
 
 // decodeParse decodes a Parse message's body as pgproto3.Parse.Decode
