@@ -254,8 +254,13 @@ func decisionHash(d *rules.Decision, sql string) [32]byte {
 	}
 	if d.Lock != nil {
 		// A change of the registration alone is a change too.
-		// (Not Enter: how the relay sends the statements before a Bind.)
-		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + d.Lock.Call + "\x00" + d.Lock.Pre + "\x00" + sql
+		// Not Enter, how the relay sends the statements before a Bind, nor
+		// which of the two registration procedures the call names: they
+		// have the same arguments and outcome, so a statement decided with
+		// one is decided alike with the other (refreshDef takes the new
+		// call).
+		call := strings.Replace(d.Lock.Call, rules.HoldProc+"(", rules.RegisterProc+"(", 1)
+		sql = "\x00lock\x00" + strconv.FormatBool(d.Lock.Required) + "\x00" + call + "\x00" + d.Lock.Pre + "\x00" + sql
 	}
 	return hashText(sql)
 }
