@@ -11,8 +11,11 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
-// paths searches the graph from every statement that can name an
-// unprotected relation.
+// paths searches the graph from every statement that can name a
+// relation. From a protected table only its rules count: the rewrite
+// fences the write of the table itself, its descendants' rows and its
+// foreign keys' actions are the table's own business, but what a rule
+// action writes is another statement, which no fence reaches.
 func (g *pathGraph) paths() []IndirectPath {
 	if len(g.protected) == 0 {
 		return nil
@@ -27,16 +30,13 @@ func (g *pathGraph) paths() []IndirectPath {
 	ops := map[key][pathOpCount]bool{}
 	var order []key
 	for oid, r := range g.rels {
-		if g.protected[oid] {
-			continue
-		}
 		for _, op := range g.startOps(r) {
 			start := pathState{rel: oid, op: op, mode: modeNamed}
 			if !useful[start] {
 				continue
 			}
 			for _, first := range g.edges(start) {
-				if !useful[first.to] {
+				if !useful[first.to] || (g.protected[oid] && first.kind != PathRule) {
 					continue
 				}
 				for target, chain := range g.shortestChains(first, useful) {
@@ -84,9 +84,6 @@ func (g *pathGraph) usefulStates() map[pathState]bool {
 	seen := map[pathState]bool{}
 	var queue []pathState
 	for oid, r := range g.rels {
-		if g.protected[oid] {
-			continue
-		}
 		for _, op := range g.startOps(r) {
 			s := pathState{rel: oid, op: op, mode: modeNamed}
 			if !seen[s] {

@@ -128,6 +128,32 @@ func TestIndirectPaths(t *testing.T) {
 			},
 		},
 		{
+			name: "rules on protected tables",
+			setup: `
+				CREATE TABLE acct (id int PRIMARY KEY, n int);
+				CREATE TABLE ledger (id int PRIMARY KEY, n int);
+				CREATE TABLE audit (id int, n int);
+				INSERT INTO acct VALUES (1, 1); INSERT INTO ledger VALUES (1, 1);
+				-- Another protected table, and the table itself (ON INSERT
+				-- writing it is no recursion).
+				CREATE RULE mirror AS ON UPDATE TO acct DO ALSO UPDATE ledger SET n = NEW.n WHERE id = NEW.id;
+				CREATE RULE bump AS ON INSERT TO acct DO ALSO UPDATE acct SET n = n + 1 WHERE id = 1;
+				-- Writes an unprotected table only: not reported.
+				CREATE RULE note AS ON DELETE TO ledger DO ALSO INSERT INTO audit VALUES (OLD.id, OLD.n);`,
+			tables: []catalog.Rel{{Schema: "public", Name: "acct"}, {Schema: "public", Name: "ledger"}},
+			want: []indirectWant{
+				{"public", "acct", catalog.PathRule, "public.acct", "INSERT", "rule bump on public.acct (ON INSERT DO ALSO) runs UPDATE on public.acct"},
+				// The rule's UPDATE fires the other rule.
+				{"public", "acct", catalog.PathRule, "public.ledger", "INSERT", "rule bump on public.acct (ON INSERT DO ALSO) runs UPDATE on public.acct; rule mirror on public.acct"},
+				{"public", "acct", catalog.PathRule, "public.ledger", "UPDATE", "rule mirror on public.acct (ON UPDATE DO ALSO) runs UPDATE on public.ledger"},
+			},
+			proofs: []indirectProof{
+				{"UPDATE acct SET n = 7 WHERE id = 1", "SELECT n FROM ledger"},
+				{"INSERT INTO acct VALUES (2, 2)", "SELECT n FROM acct WHERE id = 1"},
+				{"INSERT INTO acct VALUES (3, 3)", "SELECT n FROM ledger"},
+			},
+		},
+		{
 			name: "partitions",
 			setup: `
 				CREATE TABLE root (region text, year int, x int) PARTITION BY LIST (region);

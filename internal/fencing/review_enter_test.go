@@ -593,18 +593,9 @@ func rvCatalogScenarios(t *testing.T, p interface{ DSN(u, pw, db string) string 
 func TestReviewEnterCatalog(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	checker, specs := startChecker(t, hijackRules)
-	rs, err := rules.Compile(hijackRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
+	p, checker, specs := rvCatalogProxy(t)
 	mk := func(drop bool) string {
-		db := schemaDB(t, "rvcat", catalogMatrixSchema)
-		d := direct(t, db)
-		if _, err := dbsetup.Setup(ctxT(t), d, specs, dbsetup.SetupOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		db, d := rvSetupDB(t, specs, "rvcat")
 		if drop {
 			mustExec(t, d, "DROP PROCEDURE "+rvEnterSig)
 		}
@@ -640,25 +631,15 @@ func TestReviewEnterCatalog(t *testing.T) {
 // action writes another protected table (racct, row-fenced by last_fence,
 // lock required), created on a direct connection. The write of acct is
 // refused once (FP003, the stamp moved), and its retry, decided with the
-// new paths, runs: the rule's UPDATE of racct lands with no fence, since
-// the catalog check never lists a protected table as a path
-// (internal/catalog/indirect.go: "The protected tables themselves are
-// never listed"). Fails (racct is written): skipped until it is mended.
+// new paths, is refused too, naming the rule: the rewrite fences the
+// statement that names acct, not what the rule's action writes. This
+// failed (racct was written) while the catalog check never listed a
+// protected table as a path.
 func TestReviewRuleOnProtectedTable(t *testing.T) {
-	t.Skip("known hole, left open (the closing note of 2026-12-06): a rule on a protected table writing another protected table is not a path the check finds; the database guard fences such writes")
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	checker, specs := startChecker(t, hijackRules)
-	rs, err := rules.Compile(hijackRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
-	db := schemaDB(t, "rvrule", catalogMatrixSchema)
-	d := direct(t, db)
-	if _, err := dbsetup.Setup(ctxT(t), d, specs, dbsetup.SetupOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	p, _, specs := rvCatalogProxy(t)
+	db, d := rvSetupDB(t, specs, "rvrule")
 	ctx := ctxT(t)
 	c := rvSession(t, p, db, "L", "5")
 	mustExec(t, c, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
@@ -673,13 +654,18 @@ func TestReviewRuleOnProtectedTable(t *testing.T) {
 	}
 	before := racct()
 	execDirect(t, d, "CREATE RULE rv_also AS ON UPDATE TO acct DO ALSO UPDATE racct SET payload = 'via-rule'")
+	var err error
 	for i := range 5 {
-		_, err := c.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
+		_, err = c.Exec(ctx, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)
 		t.Logf("try %d: %v", i, err)
 		if err == nil {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != rules.CodeRefused || !strings.Contains(pe.Detail+pe.Message, "rule rv_also on public.acct") {
+		t.Errorf("the write of acct through its rule: got %v (%#v), want the refusal naming rule rv_also", err, pe)
 	}
 	if after := racct(); after != before {
 		t.Errorf("racct written through a rule on acct by a holder of token 5 (its rows carry 9):\n before %s\n after  %s", before, after)
@@ -826,17 +812,8 @@ func TestReviewEnterDroppedForms(t *testing.T) {
 func TestReviewEnterHostileSearchPath(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	checker, specs := startChecker(t, hijackRules)
-	rs, err := rules.Compile(hijackRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
-	db := schemaDB(t, "rvevil", catalogMatrixSchema)
-	d := direct(t, db)
-	if _, err := dbsetup.Setup(ctxT(t), d, specs, dbsetup.SetupOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	p, _, specs := rvCatalogProxy(t)
+	db, d := rvSetupDB(t, specs, "rvevil")
 	execDirect(t, d, `INSERT INTO fenceproxy.locks (name, token) VALUES ('L', 8);
 		CREATE SCHEMA evil;
 		CREATE FUNCTION evil.set_config(text, text, boolean) RETURNS text LANGUAGE sql AS 'SELECT ''''::text';
@@ -907,17 +884,8 @@ func TestReviewEnterHostileSearchPath(t *testing.T) {
 func TestReviewEnterReplacedWhileRunning(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	checker, specs := startChecker(t, hijackRules)
-	rs, err := rules.Compile(hijackRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}))
-	db := schemaDB(t, "rvrepl", catalogMatrixSchema)
-	d := direct(t, db)
-	if _, err := dbsetup.Setup(ctxT(t), d, specs, dbsetup.SetupOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	p, checker, specs := rvCatalogProxy(t)
+	db, d := rvSetupDB(t, specs, "rvrepl")
 	c := rvSession(t, p, db, "L", "7")
 	const upd = "UPDATE acct SET payload = $1 WHERE id = $2"
 	if _, err := c.Prepare(ctxT(t), "w", upd); err != nil {
@@ -971,4 +939,29 @@ func TestReviewEnterReplacedWhileRunning(t *testing.T) {
 	if after := rvAcct(t, d); after != before {
 		t.Errorf("acct written by the stale holder:\n before %s\n after  %s", before, after)
 	}
+}
+
+// rvCatalogProxy starts a proxy fencing hijackRules with a catalog
+// checker of its own, and returns it with the checker and the rules'
+// table specs.
+func rvCatalogProxy(t *testing.T) (*proxytest.Proxy, *dbsetup.Checker, []rules.TableSpec) {
+	t.Helper()
+	checker, specs := startChecker(t, hijackRules)
+	rs, err := rules.Compile(hijackRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startProxy(t, policy.New(rs, false, policy.Options{Checks: checker})), checker, specs
+}
+
+// rvSetupDB creates a database with catalogMatrixSchema, runs setup for
+// specs there, and returns its name and a direct connection.
+func rvSetupDB(t *testing.T, specs []rules.TableSpec, prefix string) (string, *pgx.Conn) {
+	t.Helper()
+	db := schemaDB(t, prefix, catalogMatrixSchema)
+	d := direct(t, db)
+	if _, err := dbsetup.Setup(ctxT(t), d, specs, dbsetup.SetupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return db, d
 }
