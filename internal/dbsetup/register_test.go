@@ -493,31 +493,33 @@ func TestEnterSettings(t *testing.T) {
 		}
 		return s
 	}
-	execSQL(t, conn, "BEGIN")
-	if err := call("4", true); sqlState(err) != "FP001" {
-		t.Errorf("a stale token given, a newer one on the connection: %v, want FP001", err)
+	// Each step in a transaction of its own: the call, the settings in
+	// the transaction ("" when the call fails), its end, and the settings
+	// after it (the session's again).
+	for _, st := range []struct {
+		name, token string
+		register    bool
+		state, in   string
+		end         string
+	}{
+		{"a stale token given, a newer one on the connection", "4", true, "FP001", "", "ROLLBACK"},
+		{"the current token", "5", true, "", "locks/config=5", "COMMIT"},
+		{"no registration: it only sets them", "4", false, "", "locks/config=4", "ROLLBACK"},
+	} {
+		execSQL(t, conn, "BEGIN")
+		if err := call(st.token, st.register); sqlState(err) != st.state || (st.state == "" && err != nil) {
+			t.Errorf("%s: %v, want SQLSTATE %q", st.name, err, st.state)
+		}
+		if st.in != "" {
+			if got := settings(); got != st.in {
+				t.Errorf("%s, in the transaction: %s, want %s", st.name, got, st.in)
+			}
+		}
+		execSQL(t, conn, st.end)
+		if got := settings(); got != "locks/other=9" {
+			t.Errorf("%s, after the transaction: %s, want the session's locks/other=9", st.name, got)
+		}
 	}
-	execSQL(t, conn, "ROLLBACK")
-	execSQL(t, conn, "BEGIN")
-	if err := call("5", true); err != nil {
-		t.Fatalf("the current token: %v", err)
-	}
-	if s := settings(); s != "locks/config=5" {
-		t.Errorf("in the transaction: %s, want locks/config=5", s)
-	}
-	execSQL(t, conn, "COMMIT")
-	if s := settings(); s != "locks/other=9" {
-		t.Errorf("after the transaction: %s, want the session's locks/other=9", s)
-	}
-	// Without a registration it only sets them.
-	execSQL(t, conn, "BEGIN")
-	if err := call("4", false); err != nil {
-		t.Fatalf("no registration: %v", err)
-	}
-	if s := settings(); s != "locks/config=4" {
-		t.Errorf("in the transaction, no registration: %s, want locks/config=4", s)
-	}
-	execSQL(t, conn, "ROLLBACK")
 	if w := watermark(t, db, "locks/config"); w != 5 {
 		t.Errorf("watermark %d, want 5", w)
 	}

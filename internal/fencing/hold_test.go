@@ -43,30 +43,10 @@ func TestHoldDropped(t *testing.T) {
 			}
 			mustExec(t, d, "DROP PROCEDURE fenceproxy.hold(text, text, boolean, boolean, text, text)")
 
-			written, refused := 1, 0
-			deadline := time.Now().Add(20 * time.Second)
-			for {
-				_, err := c.Exec(ctxT(t), write)
-				if err == nil {
-					written++
-					break
-				}
-				var pe *pgconn.PgError
-				if !errors.As(err, &pe) || pe.Code != "42883" || !strings.Contains(pe.Message, "fenceproxy.hold was removed") {
-					t.Fatalf("after the drop: %v, want 42883 saying fenceproxy.hold was removed", err)
-				}
-				refused++
-				if time.Now().After(deadline) {
-					t.Fatalf("writes still fail after the recheck: %v", err)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
 			// The proxy learns of the drop from the failed call (this
-			// database has no catalog watch to tell it sooner): the first
-			// write after it is refused.
-			if refused == 0 {
-				t.Errorf("no write was refused after the drop")
-			}
+			// database has no catalog watch to tell it sooner).
+			writeUntilRecheck(t, c, "fenceproxy.hold", write)
+			written := 2
 			if q := pid2query(t, d, pid); mode == pgx.QueryExecModeSimpleProtocol && !strings.Contains(q, "CALL fenceproxy.register(") {
 				t.Errorf("after the recheck, sent %s; want the registration calling fenceproxy.register", q)
 			}
@@ -83,6 +63,35 @@ func TestHoldDropped(t *testing.T) {
 				t.Errorf("jobs row: %q, %v; want %d writes", state, err, written)
 			}
 		})
+	}
+}
+
+// writeUntilRecheck runs write on c, with args, after proc was dropped,
+// until the proxy's new check lets it through: each try before that must
+// fail with the 42883 saying proc was removed, writing nothing, and at
+// least one must (the first write after the drop calls it). One write
+// lands.
+func writeUntilRecheck(t *testing.T, c *pgx.Conn, proc, write string, args ...any) {
+	t.Helper()
+	refused := 0
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := c.Exec(ctxT(t), write, args...)
+		if err == nil {
+			break
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "42883" || !strings.Contains(pe.Message, proc+" was removed") {
+			t.Fatalf("after the drop: %v, want 42883 saying %s was removed", err, proc)
+		}
+		refused++
+		if time.Now().After(deadline) {
+			t.Fatalf("writes still fail after the recheck: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if refused == 0 {
+		t.Errorf("no write was refused after the drop of %s", proc)
 	}
 }
 
@@ -202,27 +211,8 @@ func TestEnterDropped(t *testing.T) {
 	mustExec(t, c, write, 1)
 	mustExec(t, d, "DROP PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text)")
 
-	written, refused := 2, 0
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_, err := c.Exec(ctxT(t), write, 1)
-		if err == nil {
-			written++
-			break
-		}
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) || pe.Code != "42883" || !strings.Contains(pe.Message, "fenceproxy.enter was removed") {
-			t.Fatalf("after the drop: %v, want 42883 saying fenceproxy.enter was removed", err)
-		}
-		refused++
-		if time.Now().After(deadline) {
-			t.Fatalf("writes still fail after the recheck: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if refused == 0 {
-		t.Errorf("no write was refused after the drop")
-	}
+	writeUntilRecheck(t, c, "fenceproxy.enter", write, 1)
+	written := 3
 	if got := e.countedWrites(t, db, "L", 7, write, 1); got[0] != "hold=1" {
 		t.Errorf("after the recheck: %s, want hold=1", got[0])
 	}
