@@ -88,10 +88,11 @@ type Rel struct{ Schema, Name string }
 // objects. Foreign-key steps are per table, not per column: an ON UPDATE
 // action is taken to be reachable by any UPDATE of the referenced table.
 //
-// A protected table is listed only for its rules that write a protected
-// table, itself included: the rewrite fences the statement that names it,
-// not what its rule actions write. Names of tables that do not exist are
-// ignored. The result is sorted by Schema, Name, Target, Kind
+// A protected table is listed only for the paths whose first step is a
+// rule, a foreign key action or TRUNCATE ... CASCADE, to a protected
+// table (itself included): the rewrite fences the statement that names
+// it, not the statements its rules and foreign keys run. Names of tables
+// that do not exist are ignored. The result is sorted by Schema, Name, Target, Kind
 // and Via, one entry per first step and target, with the shortest chain of
 // steps after the first. When conn is idle the catalog is read in one
 // read-only repeatable-read transaction; inside a transaction, in that one.

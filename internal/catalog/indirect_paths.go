@@ -12,10 +12,12 @@ import (
 )
 
 // paths searches the graph from every statement that can name a
-// relation. From a protected table only its rules count: the rewrite
-// fences the write of the table itself, its descendants' rows and its
-// foreign keys' actions are the table's own business, but what a rule
-// action writes is another statement, which no fence reaches.
+// relation. From a protected table only the steps that run a statement
+// of their own count: its rules, its foreign keys' actions and
+// TRUNCATE ... CASCADE. The rewrite fences the write of the table itself,
+// which reaches its descendants' rows with the same fence; a rule
+// action's or a foreign key action's query is another statement, which
+// no fence reaches.
 func (g *pathGraph) paths() []IndirectPath {
 	if len(g.protected) == 0 {
 		return nil
@@ -36,7 +38,7 @@ func (g *pathGraph) paths() []IndirectPath {
 				continue
 			}
 			for _, first := range g.edges(start) {
-				if !useful[first.to] || (g.protected[oid] && first.kind != PathRule) {
+				if !useful[first.to] || (g.protected[oid] && !ownStatement[first.kind]) {
 					continue
 				}
 				for target, chain := range g.shortestChains(first, useful) {
@@ -75,6 +77,11 @@ func (g *pathGraph) paths() []IndirectPath {
 	})
 	return out
 }
+
+// ownStatement are the kinds of step that run a statement of their own,
+// which the fence of the statement that names a protected table does not
+// reach.
+var ownStatement = map[string]bool{PathRule: true, PathForeignKey: true, PathTruncate: true}
 
 // usefulStates returns the states from which a protected table is reached:
 // it explores every state reachable from a statement naming a relation,

@@ -154,6 +154,24 @@ func TestIndirectPaths(t *testing.T) {
 			},
 		},
 		{
+			name: "foreign keys between protected tables",
+			setup: `
+				CREATE TABLE orders (id int PRIMARY KEY);
+				CREATE TABLE items (id int PRIMARY KEY, order_id int REFERENCES orders ON DELETE CASCADE);
+				-- No action: nothing written, only TRUNCATE ... CASCADE.
+				CREATE TABLE notes (id int PRIMARY KEY, order_id int REFERENCES orders);
+				INSERT INTO orders VALUES (1); INSERT INTO items VALUES (1, 1);`,
+			tables: []catalog.Rel{{Schema: "public", Name: "orders"}, {Schema: "public", Name: "items"}, {Schema: "public", Name: "notes"}},
+			want: []indirectWant{
+				{"public", "orders", catalog.PathForeignKey, "public.items", "DELETE MERGE", "ON DELETE CASCADE of foreign key items_order_id_fkey of public.items, which references public.orders"},
+				{"public", "orders", catalog.PathTruncate, "public.items", "TRUNCATE", "TRUNCATE ... CASCADE truncates public.items"},
+				{"public", "orders", catalog.PathTruncate, "public.notes", "TRUNCATE", "TRUNCATE ... CASCADE truncates public.notes"},
+			},
+			proofs: []indirectProof{
+				{"DELETE FROM orders", "SELECT count(*) FROM items"},
+			},
+		},
+		{
 			name: "partitions",
 			setup: `
 				CREATE TABLE root (region text, year int, x int) PARTITION BY LIST (region);

@@ -367,6 +367,40 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 	return rep, paths, watched, stamp, err
 }
 
+// lockCovered reports whether p, a foreign key action or TRUNCATE ...
+// CASCADE from a protected table, writes only what lock fencing fences
+// alone, after lock fencing fenced the statement: every entry for its
+// start applying in database requires a lock, so the statement
+// registered the session's, and no entry for its target has a fence
+// column, so that registration is all a direct write of it would need.
+// A row-fenced target is not covered (the action's query skips its
+// rows' fence), nor one reached from a table a session may write with no
+// lock named.
+func lockCovered(p catalog.IndirectPath, specs []rules.TableSpec, database string) bool {
+	if p.Kind != catalog.PathForeignKey && p.Kind != catalog.PathTruncate {
+		return false
+	}
+	start, target := false, false
+	for _, s := range specs {
+		if !appliesIn(s, database) {
+			continue
+		}
+		if s.Schema == p.Schema && s.Table == p.Name {
+			if s.Mode != rules.ModeEnforce || s.Lock != rules.LockRequired {
+				return false
+			}
+			start = true
+		}
+		if s.Display == p.Target {
+			if s.Column != "" {
+				return false
+			}
+			target = true
+		}
+	}
+	return start && target
+}
+
 // paths finds the indirect paths to the tables in mode enforce of
 // database whose target the guard does not protect, and those through
 // inheritance or partitioning to the tables it does, with no Ops.
@@ -395,6 +429,7 @@ func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, sp
 	kept := paths[:0]
 	for _, p := range paths {
 		switch {
+		case lockCovered(p, specs, database):
 		case !guarded[p.Target]:
 			kept = append(kept, p)
 		case p.Kind == catalog.PathPartition || p.Kind == catalog.PathInheritance:
