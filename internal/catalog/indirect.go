@@ -35,13 +35,20 @@ type IndirectPath struct {
 	// needed as rules.TableSpec.Display quotes it.
 	Target string
 	// Ops lists the statement kinds that reach Target this way, in the order
-	// INSERT, UPDATE, DELETE, MERGE, TRUNCATE. INSERT reaches through an
-	// ON UPDATE action too, since INSERT ... ON CONFLICT DO UPDATE updates;
-	// TRUNCATE through a foreign key means TRUNCATE ... CASCADE.
+	// INSERT, UPDATE, DELETE, MERGE, TRUNCATE. INSERT ... ON CONFLICT DO
+	// UPDATE updates the relation it names: it takes the paths of INSERT
+	// and of UPDATE (a rule action's is followed as both); a plain INSERT
+	// runs no foreign key action. TRUNCATE through a foreign key means
+	// TRUNCATE ... CASCADE.
 	Ops []string
 	// Via explains the steps, separated by "; "; of a chain of more than
 	// eight, the first and last four.
 	Via string
+	// Columns, where the first step is a foreign key's ON UPDATE action,
+	// are the referenced key's columns: an UPDATE (or the DO UPDATE of an
+	// INSERT ... ON CONFLICT) reaches Target this way only when it sets
+	// one of them. MERGE is taken to reach it whatever it sets.
+	Columns []string
 }
 
 // Relation returns Schema.Name for display, quoted as Target is.
@@ -85,8 +92,10 @@ type Rel struct{ Schema, Name string }
 // one, but what it writes is in its function's code, not in the catalog.
 // Also not found: writes by functions a view or a rule calls, foreign
 // tables whose server is this database, and other sessions' temporary
-// objects. Foreign-key steps are per table, not per column: an ON UPDATE
-// action is taken to be reachable by any UPDATE of the referenced table.
+// objects. An ON UPDATE action as the first step is reached by an UPDATE
+// that sets a column of the referenced key (IndirectPath.Columns), or by
+// any UPDATE where the referenced table has a BEFORE UPDATE row trigger
+// (which may change the key); later in a chain, by any UPDATE.
 //
 // A protected table is listed only for the paths whose first step is a
 // rule, a foreign key action or TRUNCATE ... CASCADE, to a protected
@@ -171,6 +180,9 @@ type pathEdge struct {
 	to   pathState
 	kind string // Path*
 	via  string
+	// cols: an ON UPDATE action's, the columns an UPDATE must set to run
+	// it (the referenced key).
+	cols []string
 }
 
 // pathRel is a relation of the catalog.
@@ -190,6 +202,10 @@ type pathRel struct {
 	base        uint32         // auto-updatable views: the FROM relation
 	baseInh     bool           // ... without ONLY
 	referenced  []*pathFK      // foreign keys referencing this relation
+	// beforeUpdate: a BEFORE UPDATE row trigger may change the key of a
+	// row whatever the UPDATE sets, so its ON UPDATE actions are reached
+	// by any UPDATE (pathEdge.cols is left empty).
+	beforeUpdate bool
 }
 
 // pathRule is a rewrite rule other than a view's SELECT rule.
@@ -219,12 +235,13 @@ type pathTrigger struct {
 // pathFK is a foreign key constraint.
 type pathFK struct {
 	name       string
-	child      uint32 // conrelid, the referencing table
-	parent     uint32 // confrelid, the referenced table
-	onDelete   byte   // confdeltype: a, r, c, n or d
-	onUpdate   byte   // confupdtype
-	refClone   bool   // cloned for a partition of the referenced table
-	childClone bool   // cloned for a partition of the referencing table
+	child      uint32   // conrelid, the referencing table
+	parent     uint32   // confrelid, the referenced table
+	onDelete   byte     // confdeltype: a, r, c, n or d
+	onUpdate   byte     // confupdtype
+	refClone   bool     // cloned for a partition of the referenced table
+	childClone bool     // cloned for a partition of the referencing table
+	refCols    []string // the referenced table's key columns
 }
 
 // pathGraph is the catalog read by loadPathGraph and the protected tables.
@@ -261,13 +278,15 @@ const (
 			AND n.nspname !~ '^pg_toast'
 		ORDER BY r.ev_class, r.rulename`
 
-	// tgtype bits (pg_trigger.h): 64 INSTEAD, 4 INSERT, 8 DELETE, 16 UPDATE.
-	// Views cannot disable triggers, so tgenabled is not read.
+	// tgtype bits (pg_trigger.h): 64 INSTEAD, 4 INSERT, 8 DELETE, 16 UPDATE,
+	// 1 ROW, 2 BEFORE. Views cannot disable triggers, so tgenabled is not
+	// read. Also the BEFORE UPDATE row triggers of every table, disabled
+	// or not (see pathRel.beforeUpdate).
 	pathTriggersSQL = `
 		SELECT t.tgrelid, t.tgname, t.tgtype::int, n.nspname, p.proname
 		FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
 		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		WHERE t.tgtype::int & 64 <> 0
+		WHERE t.tgtype::int & 64 <> 0 OR t.tgtype::int & 19 = 19
 		ORDER BY t.tgrelid, t.tgname`
 
 	pathInheritsSQL = `
@@ -279,7 +298,9 @@ const (
 	pathFKSQL = `
 		SELECT c.conname, c.conrelid, c.confrelid, c.confdeltype::text, c.confupdtype::text,
 			c.conparentid <> 0 AND p.conrelid = c.conrelid,
-			c.conparentid <> 0 AND p.conrelid <> c.conrelid
+			c.conparentid <> 0 AND p.conrelid <> c.conrelid,
+			ARRAY(SELECT a.attname::text FROM pg_catalog.unnest(c.confkey) k
+				JOIN pg_catalog.pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k)
 		FROM pg_catalog.pg_constraint c LEFT JOIN pg_catalog.pg_constraint p ON p.oid = c.conparentid
 		WHERE c.contype = 'f'
 		ORDER BY c.confrelid, c.conname, c.conrelid`
@@ -397,7 +418,9 @@ func (g *pathGraph) computeEdges(s pathState) []pathEdge {
 			continue
 		}
 		deletes := s.op == opDelete || s.op == opMerge
-		updates := s.op == opUpdate || s.op == opMerge || s.op == opInsert
+		// Not INSERT: its ON CONFLICT DO UPDATE is an UPDATE of the
+		// relation it names, which rules.IndirectSet checks as one.
+		updates := s.op == opUpdate || s.op == opMerge
 		if deletes {
 			out = g.actionEdge(out, fk, "DELETE", fk.onDelete)
 		}
@@ -495,12 +518,16 @@ func (g *pathGraph) actionEdge(out []pathEdge, fk *pathFK, event string, action 
 	if child.kind == 'p' {
 		mode = modeNamed
 	}
-	return append(out, pathEdge{
+	e := pathEdge{
 		to:   pathState{rel: fk.child, op: op, mode: mode},
 		kind: PathForeignKey,
 		via: fmt.Sprintf("ON %s %s of foreign key %s of %s, which references %s",
 			event, name, sqllex.DisplayIdent(fk.name), child.display, g.rels[fk.parent].display),
-	})
+	}
+	if event == "UPDATE" && !g.rels[fk.parent].beforeUpdate {
+		e.cols = fk.refCols
+	}
+	return append(out, e)
 }
 
 // upEdges appends the steps to r's parents: rows written in r are rows of

@@ -80,7 +80,7 @@ func loadPathGraph(ctx context.Context, q Querier) (*pathGraph, error) {
 	for rows.Next() {
 		fk := &pathFK{}
 		var del, upd string
-		if err := rows.Scan(&fk.name, &fk.child, &fk.parent, &del, &upd, &fk.refClone, &fk.childClone); err != nil {
+		if err := rows.Scan(&fk.name, &fk.child, &fk.parent, &del, &upd, &fk.refClone, &fk.childClone, &fk.refCols); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -141,6 +141,12 @@ func (g *pathGraph) loadRewrites(ctx context.Context, q Querier) error {
 		tree.walk("QUERY", func(qn *pgNode) {
 			if w, ok := g.queryWrite(qn); ok {
 				rule.writes = append(rule.writes, w)
+				// INSERT ... ON CONFLICT DO UPDATE (OnConflictAction 2)
+				// updates the relation too.
+				if w.op == opInsert && qn.field("onConflict").field("action").int() == 2 {
+					w.op = opUpdate
+					rule.writes = append(rule.writes, w)
+				}
 			}
 		})
 		r.rules = append(r.rules, rule)
@@ -208,7 +214,8 @@ func rtEntry(qn *pgNode, i int) *pgNode {
 	return rt.list[i-1]
 }
 
-// loadTriggers reads the INSTEAD OF triggers.
+// loadTriggers reads the INSTEAD OF triggers, and which tables have
+// BEFORE UPDATE row triggers.
 func (g *pathGraph) loadTriggers(ctx context.Context, q Querier) error {
 	rows, err := q.Query(ctx, pathTriggersSQL)
 	if err != nil {
@@ -226,6 +233,10 @@ func (g *pathGraph) loadTriggers(ctx context.Context, q Querier) error {
 		}
 		r := g.rels[relid]
 		if r == nil {
+			continue
+		}
+		if tgtype&64 == 0 {
+			r.beforeUpdate = true
 			continue
 		}
 		t := &pathTrigger{name: name, function: pathRelName(schema, fnName)}

@@ -44,7 +44,7 @@ func (g *pathGraph) paths() []IndirectPath {
 				for target, chain := range g.shortestChains(first, useful) {
 					k := key{rel: oid, target: target, via: joinSteps(chain)}
 					if found[k] == nil {
-						found[k] = &IndirectPath{Schema: r.schema, Name: r.name, Kind: first.kind, Target: g.rels[target].display, Via: k.via}
+						found[k] = &IndirectPath{Schema: r.schema, Name: r.name, Kind: first.kind, Target: g.rels[target].display, Via: k.via, Columns: first.cols}
 						order = append(order, k)
 					}
 					o := ops[k]

@@ -172,6 +172,31 @@ func TestIndirectPaths(t *testing.T) {
 			},
 		},
 		{
+			name: "ON CONFLICT DO UPDATE in a rule action",
+			setup: `
+				CREATE TABLE owner (id int PRIMARY KEY, n int NOT NULL DEFAULT 0);
+				CREATE TABLE config (id int PRIMARY KEY, owner_id int REFERENCES owner ON UPDATE CASCADE);
+				CREATE TABLE requests (id int);
+				CREATE TABLE other (id int);
+				CREATE RULE upsert AS ON INSERT TO requests
+					DO ALSO INSERT INTO owner VALUES (NEW.id) ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id + 100;
+				CREATE RULE quiet AS ON INSERT TO other
+					DO ALSO INSERT INTO owner VALUES (NEW.id) ON CONFLICT (id) DO NOTHING;
+				INSERT INTO owner VALUES (1); INSERT INTO config VALUES (1, 1);`,
+			tables: []catalog.Rel{{Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				// A plain INSERT into owner runs no action: UPDATE only.
+				{"public", "owner", catalog.PathForeignKey, "public.config", "UPDATE MERGE",
+					"ON UPDATE CASCADE of foreign key config_owner_id_fkey of public.config, which references public.owner"},
+				{"public", "owner", catalog.PathTruncate, "public.config", "TRUNCATE", "TRUNCATE ... CASCADE truncates public.config"},
+				{"public", "requests", catalog.PathRule, "public.config", "INSERT",
+					"rule upsert on public.requests (ON INSERT DO ALSO) runs UPDATE on public.owner; ON UPDATE CASCADE of foreign key config_owner_id_fkey"},
+			},
+			proofs: []indirectProof{
+				{"INSERT INTO requests VALUES (1)", "SELECT owner_id FROM config"},
+			},
+		},
+		{
 			name: "partitions",
 			setup: `
 				CREATE TABLE root (region text, year int, x int) PARTITION BY LIST (region);
@@ -248,7 +273,7 @@ func TestIndirectPaths(t *testing.T) {
 				// NO ACTION: no foreign key path, but TRUNCATE ... CASCADE.
 				{"public", "audit", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_audit_id_fkey references public.audit"},
-				{"public", "owner", catalog.PathForeignKey, "public.config", "INSERT UPDATE MERGE",
+				{"public", "owner", catalog.PathForeignKey, "public.config", "UPDATE MERGE",
 					"ON UPDATE SET NULL of foreign key config_owner_id_fkey of public.config, which references public.owner"},
 				{"public", "owner", catalog.PathTruncate, "public.config", "TRUNCATE",
 					"TRUNCATE ... CASCADE truncates public.config, whose foreign key config_owner_id_fkey references public.owner"},
@@ -373,6 +398,43 @@ func TestIndirectPaths(t *testing.T) {
 			}
 		})
 	}
+
+	// An ON UPDATE action as the first step names the referenced key's
+	// columns, unless a BEFORE UPDATE row trigger (enabled or not) may
+	// change the key whatever the UPDATE sets; an ON DELETE action none.
+	t.Run("columns of an ON UPDATE action", func(t *testing.T) {
+		conn := connect(t, newDatabase(t))
+		execSQL(t, conn, `
+			CREATE TABLE owner (id int, "Code" text, name text, PRIMARY KEY (id, "Code"));
+			CREATE TABLE config (id int PRIMARY KEY, owner_id int, owner_code text,
+				FOREIGN KEY (owner_id, owner_code) REFERENCES owner ON UPDATE CASCADE ON DELETE CASCADE);
+			CREATE TABLE other (id int PRIMARY KEY);
+			CREATE TABLE config2 (id int PRIMARY KEY REFERENCES other ON UPDATE SET NULL);`)
+		cols := func() map[string]string {
+			got, err := catalog.IndirectPaths(t.Context(), conn, []catalog.Rel{{Schema: "public", Name: "config"}, {Schema: "public", Name: "config2"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]string{}
+			for _, p := range got {
+				if p.Kind == catalog.PathForeignKey {
+					out[p.Name+" "+strings.Join(p.Ops, " ")] = strings.Join(p.Columns, ",")
+				}
+			}
+			return out
+		}
+		want := map[string]string{"owner DELETE MERGE": "", "owner UPDATE MERGE": "id,Code", "other UPDATE MERGE": "id"}
+		if got := cols(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("columns: %v, want %v", got, want)
+		}
+		execSQL(t, conn, `CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN NEW.id := NEW.id + 1; RETURN NEW; END';
+			CREATE TRIGGER bump BEFORE UPDATE ON other FOR EACH ROW EXECUTE FUNCTION bump();
+			ALTER TABLE other DISABLE TRIGGER bump;`)
+		want["other UPDATE MERGE"] = ""
+		if got := cols(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("with a BEFORE UPDATE trigger: %v, want %v", got, want)
+		}
+	})
 
 	// A long chain of foreign keys keeps its first and last steps in Via.
 	t.Run("long chain", func(t *testing.T) {

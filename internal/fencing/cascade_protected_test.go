@@ -14,10 +14,10 @@ import (
 )
 
 // cascadeSchema: orders and its items, whose foreign key deletes them
-// with their order, each with a fence column.
+// with their order and follows its id, each with a fence column.
 const cascadeSchema = `
 CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL DEFAULT '', last_fence bigint NOT NULL DEFAULT 0);
-CREATE TABLE items (id bigint PRIMARY KEY, order_id bigint NOT NULL REFERENCES orders ON DELETE CASCADE,
+CREATE TABLE items (id bigint PRIMARY KEY, order_id bigint NOT NULL REFERENCES orders ON DELETE CASCADE ON UPDATE CASCADE,
 	qty int NOT NULL DEFAULT 1, last_fence bigint NOT NULL DEFAULT 0);
 INSERT INTO orders (id) VALUES (1), (2);
 INSERT INTO items (id, order_id) VALUES (10, 1), (20, 2);
@@ -29,7 +29,9 @@ INSERT INTO items (id, order_id) VALUES (10, 1), (20, 2);
 // the items are row-fenced, a holder of token 5 deleting an order (its
 // fence 0) would delete items a holder of 9 wrote: the DELETE is refused
 // (FP003, naming the foreign key), in the simple and the extended
-// protocol, and the items are still there. Where both tables are fenced
+// protocol, and the items are still there; so is an upsert that may
+// update an order's id, which the items follow, while a plain INSERT and
+// an UPDATE of no key run. Where both tables are fenced
 // by the lock alone (lock: required, no column), the statement's
 // registration covers the items as a direct write would, and the DELETE
 // runs for the current holder and is refused (FP001) for a stale one.
@@ -88,8 +90,31 @@ func TestCascadeBetweenProtectedTables(t *testing.T) {
 				if got := items(); got != "10,20" {
 					t.Errorf("items after the refused deletes: %q, want 10,20", got)
 				}
-				// Writes of orders that run no action still run.
+				// An upsert may update an id: refused too.
+				_, err := c.Exec(ctxT(t), "INSERT INTO orders (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET id = 7", 2)
+				var pe *pgconn.PgError
+				if !errors.As(err, &pe) || pe.Code != rules.CodeRefused {
+					t.Errorf("upsert: %v, want FP003", err)
+				}
+				if got := items(); got != "10,20" {
+					t.Errorf("items after the refused upsert: %q, want 10,20", got)
+				}
+				// So is an UPDATE of the key.
+				_, err = c.Exec(ctxT(t), "UPDATE orders SET id = 7 WHERE id = $1", 2)
+				if !errors.As(err, &pe) || pe.Code != rules.CodeRefused {
+					t.Errorf("update of the key: %v, want FP003", err)
+				}
+				// A plain INSERT and an UPDATE of other columns run no
+				// action: they run.
+				mustExec(t, c, "INSERT INTO orders (id) VALUES ($1)", 3)
 				mustExec(t, c, "UPDATE orders SET note = 'x' WHERE id = $1", 2)
+				var note string
+				if err := d.QueryRow(ctxT(t), "SELECT note || last_fence FROM orders WHERE id = 2").Scan(&note); err != nil || note != "x5" {
+					t.Errorf("order 2: %q, %v; want x5 (fenced with token 5)", note, err)
+				}
+				if got := items(); got != "10,20" {
+					t.Errorf("items at the end: %q, want 10,20", got)
+				}
 				return
 			}
 			c := rvSession(t, p, db, "L", "5")

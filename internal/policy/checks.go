@@ -205,7 +205,7 @@ func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 		}
 		out = append(out, rules.Indirect{
 			Schema: p.Schema, Name: p.Name, Ops: p.Ops, Target: p.Target, Via: p.Via,
-			CascadeOnly: p.Kind == catalog.PathTruncate,
+			CascadeOnly: p.Kind == catalog.PathTruncate, Columns: p.Columns,
 		})
 	}
 	return out

@@ -27,6 +27,23 @@ type Indirect struct {
 	Via    string // how, for the error's detail
 	// CascadeOnly: TRUNCATE reaches Target only with CASCADE.
 	CascadeOnly bool
+	// Columns: an UPDATE reaches Target only when it sets one of them (a
+	// foreign key's ON UPDATE action fires when the referenced key
+	// changes); empty, any UPDATE does.
+	Columns []string
+}
+
+// setsAny reports whether SET list set assigns one of cols (exact names,
+// as the parser delivers them folded), a field or element of one
+// included.
+func setsAny(set []*pg.Node, cols []string) bool {
+	for _, n := range set {
+		rt := n.GetResTarget()
+		if rt == nil || slices.Contains(cols, rt.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 // IndirectSet finds writes through Indirect relations. It is safe for
@@ -115,19 +132,19 @@ func (s *IndirectSet) check(sql string) *Error {
 			}
 			switch n := m.Interface().(type) {
 			case *pg.InsertStmt:
-				out = s.hit(n.Relation, "INSERT", false)
+				out = s.hit(n.Relation, "INSERT", false, nil)
 				if out == nil && n.OnConflictClause != nil && n.OnConflictClause.Action == pg.OnConflictAction_ONCONFLICT_UPDATE {
-					out = s.hit(n.Relation, "UPDATE", false)
+					out = s.hit(n.Relation, "UPDATE", false, n.OnConflictClause.TargetList)
 				}
 			case *pg.UpdateStmt:
-				out = s.hit(n.Relation, "UPDATE", false)
+				out = s.hit(n.Relation, "UPDATE", false, n.TargetList)
 			case *pg.DeleteStmt:
-				out = s.hit(n.Relation, "DELETE", false)
+				out = s.hit(n.Relation, "DELETE", false, nil)
 			case *pg.MergeStmt:
-				out = s.hit(n.Relation, "MERGE", false)
+				out = s.hit(n.Relation, "MERGE", false, nil)
 			case *pg.CopyStmt:
 				if n.IsFrom {
-					out = s.hit(n.Relation, "INSERT", false)
+					out = s.hit(n.Relation, "INSERT", false, nil)
 				}
 			case *pg.CreateFunctionStmt, *pg.DoStmt:
 				// Stored code runs its statements where the proxy sees
@@ -168,7 +185,7 @@ func (s *IndirectSet) check(sql string) *Error {
 				}
 			case *pg.TruncateStmt:
 				for _, r := range n.Relations {
-					if out = s.hit(r.GetRangeVar(), "TRUNCATE", n.Behavior == pg.DropBehavior_DROP_CASCADE); out != nil {
+					if out = s.hit(r.GetRangeVar(), "TRUNCATE", n.Behavior == pg.DropBehavior_DROP_CASCADE, nil); out != nil {
 						break
 					}
 				}
@@ -257,8 +274,10 @@ func (s *IndirectSet) ddlHit(rv *pg.RangeVar, what string) *Error {
 }
 
 // hit returns the refusal for a write of kind op to rv, if rv may be one
-// of the set's relations (an unqualified name matches any schema).
-func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool) *Error {
+// of the set's relations (an unqualified name matches any schema). set is
+// an UPDATE's SET list (nil otherwise): a path that an UPDATE reaches only
+// by setting some Columns is not reached when it sets none of them.
+func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool, set []*pg.Node) *Error {
 	if rv == nil {
 		return nil
 	}
@@ -267,6 +286,9 @@ func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool) *Error {
 			continue
 		}
 		if !slices.Contains(p.Ops, op) || (op == "TRUNCATE" && p.CascadeOnly && !cascade) {
+			continue
+		}
+		if op == "UPDATE" && len(p.Columns) > 0 && set != nil && !setsAny(set, p.Columns) {
 			continue
 		}
 		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)

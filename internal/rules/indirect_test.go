@@ -14,6 +14,7 @@ func TestIndirectSet(t *testing.T) {
 		{Schema: "public", Name: "tenants", Ops: []string{"DELETE", "MERGE"}, Target: "public.config", Via: "ON DELETE CASCADE"},
 		{Schema: "public", Name: "tenants", Ops: []string{"TRUNCATE"}, Target: "public.config", Via: "foreign key", CascadeOnly: true},
 		{Schema: "app", Name: "Mixed", Ops: []string{"UPDATE"}, Target: "public.config", Via: "rule"},
+		{Schema: "public", Name: "owner", Ops: []string{"UPDATE", "MERGE"}, Target: "public.config", Via: "ON UPDATE CASCADE", Columns: []string{"id", "Code"}},
 	})
 	for _, c := range []struct {
 		sql    string
@@ -35,6 +36,19 @@ func TestIndirectSet(t *testing.T) {
 		{`UPDATE app."Mixed" SET a = 1`, true},
 		{`UPDATE app.mixed SET a = 1`, false},
 		{"INSERT INTO v VALUES (1) ON CONFLICT DO NOTHING", true},
+		// An ON UPDATE action: a plain INSERT runs none, an upsert may.
+		{"INSERT INTO owner VALUES (1)", false},
+		{"INSERT INTO owner VALUES (1) ON CONFLICT DO NOTHING", false},
+		{"INSERT INTO owner VALUES (1) ON CONFLICT (id) DO UPDATE SET id = 2", true},
+		{"INSERT INTO owner VALUES (1) ON CONFLICT (id) DO UPDATE SET name = 'x'", false},
+		// ... which fires when the UPDATE sets a key column.
+		{"UPDATE owner SET name = 'x'", false},
+		{"UPDATE owner SET ID = 2", true},
+		{`UPDATE owner SET "Code" = 'c'`, true},
+		{"UPDATE owner SET code = 'c'", false}, // folds to code, not Code
+		{"UPDATE owner SET (name, id) = ('x', 2)", true},
+		{"UPDATE owner SET id[1] = 2", true},
+		{"MERGE INTO owner o USING s ON o.id = s.id WHEN MATCHED THEN UPDATE SET name = 'x'", true},
 		{"SELECT 'tenants'", false},
 		{"DELETE FROM U&\"\\0076\"", true},    // v in disguise
 		{"DELETE FROM tenants WHERE (", true}, // does not parse
