@@ -3,6 +3,7 @@ package dbsetup
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -369,29 +370,33 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 
 // lockCovered reports whether p, a foreign key action or TRUNCATE ...
 // CASCADE from a protected table, writes only what lock fencing fences
-// alone, after lock fencing fenced the statement: every entry for its
-// start applying in database requires a lock, so the statement
-// registered the session's, and no entry for its target has a fence
-// column, so that registration is all a direct write of it would need.
-// A row-fenced target is not covered (the action's query skips its
-// rows' fence), nor one reached from a table a session may write with no
-// lock named.
+// alone, after lock fencing fenced the statement: every session's
+// statement on its start registered the session's lock, and no entry for
+// its target has a fence column, so that registration is all a direct
+// write of it would need. For every session to register, the entries
+// of the start that can apply in database, read in order as a session's
+// are, must all be enforce with lock: required, down to one that every
+// session matches (no scope of users or application names): a session
+// that an entry in mode off or audit, with a lock not required, or no
+// entry at all matches writes the start with no registration. A
+// row-fenced target is not covered (the action's query skips its rows'
+// fence).
 func lockCovered(p catalog.IndirectPath, specs []rules.TableSpec, database string) bool {
 	if p.Kind != catalog.PathForeignKey && p.Kind != catalog.PathTruncate {
 		return false
 	}
 	start, target := false, false
 	for _, s := range specs {
-		if !appliesIn(s, database) {
+		if len(s.Scope.Databases) > 0 && !slices.Contains(s.Scope.Databases, database) {
 			continue
 		}
-		if s.Schema == p.Schema && s.Table == p.Name {
+		if s.Schema == p.Schema && s.Table == p.Name && !start {
 			if s.Mode != rules.ModeEnforce || s.Lock != rules.LockRequired {
 				return false
 			}
-			start = true
+			start = len(s.Scope.Users) == 0 && len(s.Scope.ApplicationNames) == 0
 		}
-		if s.Display == p.Target {
+		if s.Display == p.Target && s.Mode != rules.ModeOff {
 			if s.Column != "" {
 				return false
 			}
