@@ -19,6 +19,13 @@ const (
 	PathPartition   = "partition"        // a partitioned ancestor or a partition
 	PathForeignKey  = "foreign key"      // an ON DELETE / ON UPDATE action of a foreign key
 	PathTruncate    = "truncate cascade" // TRUNCATE ... CASCADE through a foreign key
+	// PathLatent: no write through the relation reaches the table as the
+	// catalog is, but one would once its rules or INSTEAD OF triggers
+	// changed (a disabled rule enabled, an INSTEAD rule dropped, a trigger
+	// created on a view). The entry has no Ops: it is for refusing such
+	// DDL in a transaction that could then write through the new path
+	// before the proxy sees the change.
+	PathLatent = "latent"
 )
 
 // IndirectPath is a relation through which a statement writes a protected
@@ -28,8 +35,9 @@ type IndirectPath struct {
 	// would name.
 	Schema, Name string
 	// Kind is the kind of the first step from the relation towards the
-	// protected table, one of the Path* constants; later steps may be of
-	// other kinds (Via lists them all).
+	// protected table, one of the Path* constants (from a protected table,
+	// of the first step that runs a statement of its own); later steps may
+	// be of other kinds (Via lists them all).
 	Kind string
 	// Target is the protected table reached, schema.table, quoted where
 	// needed as rules.TableSpec.Display quotes it.
@@ -49,6 +57,12 @@ type IndirectPath struct {
 	// INSERT ... ON CONFLICT) reaches Target this way only when it sets
 	// one of them. MERGE is taken to reach it whatever it sets.
 	Columns []string
+	// NewPartitions: a partition created or attached under the relation
+	// would reach Target too (it gets the relation's foreign keys'
+	// actions, and its rows are the relation's); NewChildren: so would an
+	// inheritance child (its rows are the relation's, which are a
+	// protected table's).
+	NewPartitions, NewChildren bool
 }
 
 // Relation returns Schema.Name for display, quoted as Target is.
@@ -97,11 +111,20 @@ type Rel struct{ Schema, Name string }
 // any UPDATE where the referenced table has a BEFORE UPDATE row trigger
 // (which may change the key); later in a chain, by any UPDATE.
 //
-// A protected table is listed only for the paths whose first step is a
-// rule, a foreign key action or TRUNCATE ... CASCADE, to a protected
-// table (itself included): the rewrite fences the statement that names
-// it, not the statements its rules and foreign keys run. Names of tables
-// that do not exist are ignored. The result is sorted by Schema, Name, Target, Kind
+// A protected table is listed only for the paths whose first step that
+// runs a statement of its own is a rule, a foreign key action or
+// TRUNCATE ... CASCADE, of the table or of a descendant its write
+// reaches, to a protected table (itself included): the rewrite fences
+// the statement that names it, not the statements its rules and foreign
+// keys run. Such a path's Kind is that step's kind, and Via starts with
+// the inheritance and partitioning steps that lead to it.
+//
+// Besides the paths, one PathLatent entry (with no Ops) is listed for
+// each relation, other than a protected table, that has rules or is a
+// view, and from which a path would open if its rules and triggers
+// changed: every rule enabled and none replacing the write, every view
+// with INSTEAD OF triggers. Names of tables that do not exist are
+// ignored. The result is sorted by Schema, Name, Target, Kind
 // and Via, one entry per first step and target, with the shortest chain of
 // steps after the first. When conn is idle the catalog is read in one
 // read-only repeatable-read transaction; inside a transaction, in that one.
@@ -128,7 +151,9 @@ func indirectPaths(ctx context.Context, q Querier, tables []Rel) ([]IndirectPath
 			g.protected[oid] = true
 		}
 	}
-	return g.paths(), nil
+	paths := append(g.paths(), g.latentPaths()...)
+	sortPaths(paths)
+	return paths, nil
 }
 
 // pathOp is a statement kind, an index into pathOpNames.
@@ -206,6 +231,9 @@ type pathRel struct {
 	// row whatever the UPDATE sets, so its ON UPDATE actions are reached
 	// by any UPDATE (pathEdge.cols is left empty).
 	beforeUpdate bool
+	// generatedFrom maps each stored generated column to the columns its
+	// expression reads.
+	generatedFrom map[string][]string
 }
 
 // pathRule is a rewrite rule other than a view's SELECT rule.
@@ -251,6 +279,10 @@ type pathGraph struct {
 	protected map[uint32]bool
 	version   int // server_version_num
 	edgeMemo  map[pathState][]pathEdge
+	// pessimistic: edges as if every rule were enabled and none replaced
+	// the write, and every view had INSTEAD OF triggers and were
+	// auto-updatable over its FROM relation (latentPaths).
+	pessimistic bool
 }
 
 // The catalog queries. User relations only: the system schemas' own
@@ -288,6 +320,21 @@ const (
 		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		WHERE t.tgtype::int & 64 <> 0 OR t.tgtype::int & 19 = 19
 		ORDER BY t.tgrelid, t.tgname`
+
+	// The columns each stored generated column is computed from
+	// (PostgreSQL 12 on): its expression, a pg_attrdef entry, depends on
+	// them; older releases record the dependency on the column itself.
+	pathGeneratedSQL = `
+		SELECT a.attrelid, a.attname::text, b.attname::text
+		FROM pg_catalog.pg_attribute a
+		JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+			AND d.refobjid = a.attrelid AND d.refobjsubid > 0 AND d.refobjsubid <> a.attnum
+			AND (d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid IN (
+					SELECT ad.oid FROM pg_catalog.pg_attrdef ad WHERE ad.adrelid = a.attrelid AND ad.adnum = a.attnum)
+				OR d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = a.attrelid AND d.objsubid = a.attnum)
+		JOIN pg_catalog.pg_attribute b ON b.attrelid = a.attrelid AND b.attnum = d.refobjsubid
+		WHERE a.attgenerated <> '' AND NOT a.attisdropped AND NOT b.attisdropped
+		ORDER BY 1, 2, 3`
 
 	pathInheritsSQL = `
 		SELECT inhrelid, inhparent FROM pg_catalog.pg_inherits ORDER BY inhparent, inhseqno, inhrelid`
@@ -351,10 +398,10 @@ func (g *pathGraph) computeEdges(s pathState) []pathEdge {
 		}
 		replaced := false
 		for _, rule := range r.rules {
-			if !rule.enabled || rule.event != s.op {
+			if (!rule.enabled && !g.pessimistic) || rule.event != s.op {
 				continue
 			}
-			if rule.instead && !rule.conditional {
+			if rule.instead && !rule.conditional && !g.pessimistic {
 				replaced = true
 			}
 			for _, w := range rule.writes {
@@ -447,6 +494,21 @@ func (g *pathGraph) viewEdges(r *pathRel, s pathState, out []pathEdge) []pathEdg
 			auto = true
 		}
 	}
+	if g.pessimistic && len(r.triggers) == 0 {
+		for _, read := range r.reads {
+			out = append(out, pathEdge{
+				to:   pathState{rel: read, op: s.op, mode: modeNamed},
+				kind: PathView,
+				via:  fmt.Sprintf("view %s reads %s: an INSTEAD OF trigger created on it would run instead of the write and could write anything", r.display, g.rels[read].display),
+			})
+		}
+	}
+	if g.pessimistic {
+		// Updatable for some statement kind: auto-updatable, or by
+		// unconditional INSTEAD rules (which pg_relation_is_updatable
+		// counts), which may hide that it is auto-updatable too.
+		triggered, auto = triggered || len(r.triggers) > 0, r.updatable != 0
+	}
 	if triggered {
 		var names []string
 		for _, t := range r.triggers {
@@ -524,10 +586,50 @@ func (g *pathGraph) actionEdge(out []pathEdge, fk *pathFK, event string, action 
 		via: fmt.Sprintf("ON %s %s of foreign key %s of %s, which references %s",
 			event, name, sqllex.DisplayIdent(fk.name), child.display, g.rels[fk.parent].display),
 	}
-	if event == "UPDATE" && !g.rels[fk.parent].beforeUpdate {
-		e.cols = fk.refCols
+	if event == "UPDATE" {
+		e.cols = g.keyColumns(fk)
 	}
 	return append(out, e)
+}
+
+// keyColumns returns the columns an UPDATE of fk's referenced table
+// must set to change its key: the key's columns and, for a stored
+// generated key column, the columns it is computed from, in the table
+// and in each of its descendants (whose rows the UPDATE reaches). None
+// (any UPDATE) when the table or a descendant has a BEFORE UPDATE row
+// trigger, which may change the key whatever the UPDATE sets: a
+// partition's own trigger runs for rows updated through the parent.
+func (g *pathGraph) keyColumns(fk *pathFK) []string {
+	cols := slices.Clone(fk.refCols)
+	seen := map[uint32]bool{}
+	var walk func(oid uint32) bool
+	walk = func(oid uint32) bool {
+		r := g.rels[oid]
+		if r == nil || seen[oid] {
+			return true
+		}
+		seen[oid] = true
+		if r.beforeUpdate {
+			return false
+		}
+		for _, k := range fk.refCols {
+			for _, c := range r.generatedFrom[k] {
+				if !slices.Contains(cols, c) {
+					cols = append(cols, c)
+				}
+			}
+		}
+		for _, c := range r.children {
+			if !walk(c) {
+				return false
+			}
+		}
+		return true
+	}
+	if !walk(fk.parent) {
+		return nil
+	}
+	return cols
 }
 
 // upEdges appends the steps to r's parents: rows written in r are rows of

@@ -52,6 +52,12 @@ func loadPathGraph(ctx context.Context, q Querier) (*pathGraph, error) {
 		return nil, err
 	}
 
+	if g.version >= 120000 {
+		if err := g.loadGenerated(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+
 	rows, err = q.Query(ctx, pathInheritsSQL)
 	if err != nil {
 		return nil, err
@@ -116,8 +122,8 @@ func (g *pathGraph) loadRewrites(ctx context.Context, q Querier) error {
 			return err
 		}
 		r := g.rels[relid]
-		if r == nil || evType == "1" && r.updatable == 0 && len(r.triggers) == 0 {
-			continue // a view that cannot be written but by rules
+		if r == nil {
+			continue
 		}
 		tree, err := parseNodeTree(action)
 		if err != nil {
@@ -250,6 +256,34 @@ func (g *pathGraph) loadTriggers(ctx context.Context, q Querier) error {
 			t.ops = append(t.ops, opDelete)
 		}
 		r.triggers = append(r.triggers, t)
+	}
+	return rows.Err()
+}
+
+// loadGenerated reads the columns stored generated columns are computed
+// from (pathRel.generatedFrom).
+func (g *pathGraph) loadGenerated(ctx context.Context, q Querier) error {
+	rows, err := q.Query(ctx, pathGeneratedSQL)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			relid     uint32
+			col, from string
+		)
+		if err := rows.Scan(&relid, &col, &from); err != nil {
+			return err
+		}
+		r := g.rels[relid]
+		if r == nil {
+			continue
+		}
+		if r.generatedFrom == nil {
+			r.generatedFrom = map[string][]string{}
+		}
+		r.generatedFrom[col] = append(r.generatedFrom[col], from)
 	}
 	return rows.Err()
 }

@@ -13,11 +13,11 @@ import (
 
 // paths searches the graph from every statement that can name a
 // relation. From a protected table only the steps that run a statement
-// of their own count: its rules, its foreign keys' actions and
-// TRUNCATE ... CASCADE. The rewrite fences the write of the table itself,
-// which reaches its descendants' rows with the same fence; a rule
-// action's or a foreign key action's query is another statement, which
-// no fence reaches.
+// of their own count (firstSteps): its rules, its and its descendants'
+// foreign keys' actions and TRUNCATE ... CASCADE. The rewrite fences the
+// write of the table itself, which reaches its descendants' rows with
+// the same fence; a rule action's or a foreign key action's query is
+// another statement, which no fence reaches.
 func (g *pathGraph) paths() []IndirectPath {
 	if len(g.protected) == 0 {
 		return nil
@@ -37,14 +37,16 @@ func (g *pathGraph) paths() []IndirectPath {
 			if !useful[start] {
 				continue
 			}
-			for _, first := range g.edges(start) {
-				if !useful[first.to] || (g.protected[oid] && !ownStatement[first.kind]) {
+			for _, first := range g.firstSteps(start) {
+				if !useful[first.to] {
 					continue
 				}
-				for target, chain := range g.shortestChains(first, useful) {
-					k := key{rel: oid, target: target, via: joinSteps(chain)}
+				for target, chain := range g.shortestChains(first.pathEdge, useful) {
+					k := key{rel: oid, target: target, via: joinSteps(slices.Concat(first.prefix, chain))}
 					if found[k] == nil {
-						found[k] = &IndirectPath{Schema: r.schema, Name: r.name, Kind: first.kind, Target: g.rels[target].display, Via: k.via, Columns: first.cols}
+						up := first.to.mode == modeRows
+						found[k] = &IndirectPath{Schema: r.schema, Name: r.name, Kind: first.kind, Target: g.rels[target].display, Via: k.via, Columns: first.cols,
+							NewChildren: up, NewPartitions: up || first.kind == PathForeignKey || first.kind == PathTruncate}
 						order = append(order, k)
 					}
 					o := ops[k]
@@ -64,7 +66,13 @@ func (g *pathGraph) paths() []IndirectPath {
 		}
 		out = append(out, *p)
 	}
-	slices.SortFunc(out, func(a, b IndirectPath) int {
+	sortPaths(out)
+	return out
+}
+
+// sortPaths sorts paths by Schema, Name, Target, Kind and Via.
+func sortPaths(paths []IndirectPath) {
+	slices.SortFunc(paths, func(a, b IndirectPath) int {
 		for _, c := range [...]int{
 			strings.Compare(a.Schema, b.Schema), strings.Compare(a.Name, b.Name),
 			strings.Compare(a.Target, b.Target), strings.Compare(a.Kind, b.Kind), strings.Compare(a.Via, b.Via),
@@ -75,6 +83,74 @@ func (g *pathGraph) paths() []IndirectPath {
 		}
 		return 0
 	})
+}
+
+// latentPaths returns one PathLatent entry for each relation, other than
+// a protected table, that has rules or is a view, and from which a
+// statement would reach a protected table were the edges pessimistic
+// (every rule enabled and none replacing the write, every view with
+// INSTEAD OF triggers): DDL on its rules or triggers may open a path.
+// Relations already starts of paths get one too (such DDL may open a
+// path for another kind of statement). Its Target and Via are those of
+// the first such path in sort order.
+func (g *pathGraph) latentPaths() []IndirectPath {
+	g.pessimistic, g.edgeMemo = true, map[pathState][]pathEdge{}
+	defer func() { g.pessimistic, g.edgeMemo = false, map[pathState][]pathEdge{} }()
+	var out []IndirectPath
+	seen := map[uint32]bool{}
+	for _, p := range g.paths() {
+		oid := g.byName[Rel{p.Schema, p.Name}]
+		r := g.rels[oid]
+		if seen[oid] || g.protected[oid] || (r.kind != 'v' && len(r.rules) == 0) {
+			continue
+		}
+		seen[oid] = true
+		p.Kind, p.Ops, p.Columns, p.NewPartitions, p.NewChildren = PathLatent, nil, nil, false, false
+		out = append(out, p)
+	}
+	return out
+}
+
+// firstStep is the step a path is named by (its kind, and its columns),
+// after prefix, the steps that lead to it.
+type firstStep struct {
+	pathEdge
+	prefix []string
+}
+
+// firstSteps returns the steps from start a path may begin with. From an
+// unprotected relation, every step. From a protected table, the steps
+// that run a statement of their own, from the table itself or from any
+// descendant its write reaches (a partition's foreign key action runs
+// for the rows the parent's write changed there), with the inheritance
+// and partitioning steps that lead to them as prefix.
+func (g *pathGraph) firstSteps(start pathState) []firstStep {
+	if !g.protected[start.rel] {
+		edges := g.edges(start)
+		out := make([]firstStep, len(edges))
+		for i, e := range edges {
+			out[i] = firstStep{pathEdge: e}
+		}
+		return out
+	}
+	var out []firstStep
+	prefixes := map[pathState][]string{start: nil}
+	queue := []pathState{start}
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		for _, e := range g.edges(s) {
+			switch {
+			case ownStatement[e.kind]:
+				out = append(out, firstStep{pathEdge: e, prefix: prefixes[s]})
+			case e.to.mode == modeChild && (e.kind == PathPartition || e.kind == PathInheritance):
+				if _, seen := prefixes[e.to]; !seen {
+					prefixes[e.to] = append(slices.Clip(prefixes[s]), e.via)
+					queue = append(queue, e.to)
+				}
+			}
+		}
+	}
 	return out
 }
 
