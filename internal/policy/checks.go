@@ -200,12 +200,14 @@ func samePaths(a, b []catalog.IndirectPath) bool {
 func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 	out := make([]rules.Indirect, 0, len(paths))
 	for _, p := range paths {
-		if len(p.Ops) == 0 {
+		latent := p.Kind == catalog.PathLatent
+		if len(p.Ops) == 0 && !latent {
 			continue // to a guarded table: DDL only (hierarchyDDL)
 		}
 		out = append(out, rules.Indirect{
 			Schema: p.Schema, Name: p.Name, Ops: p.Ops, Target: p.Target, Via: p.Via,
-			CascadeOnly: p.Kind == catalog.PathTruncate, Columns: p.Columns,
+			CascadeOnly: p.Kind == catalog.PathTruncate, Columns: p.Columns, Latent: latent,
+			NewPartitions: p.NewPartitions, NewChildren: p.NewChildren,
 		})
 	}
 	return out

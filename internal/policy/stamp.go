@@ -253,7 +253,8 @@ func catalogUnknown(db, why string) *rules.Error {
 func equalPaths(a, b []catalog.IndirectPath) bool {
 	return slices.EqualFunc(a, b, func(x, y catalog.IndirectPath) bool {
 		return x.Schema == y.Schema && x.Name == y.Name && x.Target == y.Target && x.Kind == y.Kind &&
-			x.Via == y.Via && slices.Equal(x.Ops, y.Ops) && slices.Equal(x.Columns, y.Columns)
+			x.Via == y.Via && slices.Equal(x.Ops, y.Ops) && slices.Equal(x.Columns, y.Columns) &&
+			x.NewPartitions == y.NewPartitions && x.NewChildren == y.NewChildren
 	})
 }
 

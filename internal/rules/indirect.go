@@ -31,6 +31,13 @@ type Indirect struct {
 	// foreign key's ON UPDATE action fires when the referenced key
 	// changes); empty, any UPDATE does.
 	Columns []string
+	// Latent: no write through the relation reaches Target, but one would
+	// once its rules or triggers changed. Ops is empty; only DDL on its
+	// rules and triggers is refused (latentHit).
+	Latent bool
+	// NewPartitions: a partition created or attached under the relation
+	// would reach Target too; NewChildren: an inheritance child too.
+	NewPartitions, NewChildren bool
 }
 
 // setsAny reports whether SET list set assigns one of cols (exact names,
@@ -50,7 +57,11 @@ func setsAny(set []*pg.Node, cols []string) bool {
 // concurrent use.
 type IndirectSet struct {
 	byRel   map[string][]Indirect
-	needles []string // relation names, ASCII-lowered
+	latent  map[string][]Indirect // Indirect.Latent, by relation name
+	needles []string              // relation names, ASCII-lowered
+	// latentNeedles: the latent relations' names, looked for only in
+	// statements that hold one of latentWords.
+	latentNeedles []string
 	// verdicts caches Check's result by text: reads that name such a
 	// relation (a partitioned parent, say) would otherwise be parsed every
 	// time.
@@ -65,14 +76,22 @@ func NewIndirectSet(paths []Indirect) *IndirectSet {
 	if len(paths) == 0 {
 		return nil
 	}
-	s := &IndirectSet{byRel: make(map[string][]Indirect), verdicts: newDecisionCache(indirectCacheSize)}
+	s := &IndirectSet{byRel: make(map[string][]Indirect), latent: make(map[string][]Indirect), verdicts: newDecisionCache(indirectCacheSize)}
 	for _, p := range paths {
-		if len(s.byRel[p.Name]) == 0 {
+		needles, seen := &s.needles, len(s.byRel[p.Name]) > 0
+		if p.Latent {
+			needles, seen = &s.latentNeedles, len(s.latent[p.Name]) > 0
+		}
+		if !seen {
 			n := asciiLower(p.Name)
-			s.needles = append(s.needles, n)
+			*needles = append(*needles, n)
 			if strings.Contains(n, `"`) {
-				s.needles = append(s.needles, strings.ReplaceAll(n, `"`, `""`))
+				*needles = append(*needles, strings.ReplaceAll(n, `"`, `""`))
 			}
+		}
+		if p.Latent {
+			s.latent[p.Name] = append(s.latent[p.Name], p)
+			continue
 		}
 		s.byRel[p.Name] = append(s.byRel[p.Name], p)
 	}
@@ -102,7 +121,9 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 	if s == nil {
 		return nil, true
 	}
-	found := slices.ContainsFunc(s.needles, func(n string) bool { return containsFoldASCII(sql, n) })
+	has := func(n string) bool { return containsFoldASCII(sql, n) }
+	found := slices.ContainsFunc(s.needles, has) ||
+		(len(s.latentNeedles) > 0 && sqllex.ContainsAnyWordFold(sql, latentWords) && slices.ContainsFunc(s.latentNeedles, has))
 	if !found && !(&Rules{}).unicodeEscape(sql) {
 		return nil, true
 	}
@@ -172,15 +193,57 @@ func (s *IndirectSet) check(sql string) *Error {
 				out = s.ddlHit(n.Relation, "SET SCHEMA of")
 			case *pg.AlterTableStmt:
 				// Under a new parent, or attached as a partition, the
-				// relation's writes are reached through the parent.
+				// relation's writes are reached through the parent, and a
+				// new partition's through it; a new foreign key of the relation makes the table it
+				// references reach it; a rule enabled or disabled may open
+				// a path through it.
 				for _, c := range n.Cmds {
 					cmd := c.GetAlterTableCmd()
 					switch {
 					case out != nil || cmd == nil:
 					case cmd.Subtype == pg.AlterTableType_AT_AddInherit:
-						out = s.ddlHit(n.Relation, "INHERIT of")
+						if out = s.ddlHit(n.Relation, "INHERIT of"); out == nil {
+							out = s.parentHit(cmd.Def.GetRangeVar(), false, "INHERIT from")
+						}
 					case cmd.Subtype == pg.AlterTableType_AT_AttachPartition:
-						out = s.ddlHit(cmd.Def.GetPartitionCmd().GetName(), "ATTACH PARTITION of")
+						if out = s.ddlHit(cmd.Def.GetPartitionCmd().GetName(), "ATTACH PARTITION of"); out == nil {
+							out = s.parentHit(n.Relation, true, "ATTACH PARTITION to")
+						}
+					case cmd.Subtype == pg.AlterTableType_AT_AddConstraint && cmd.Def.GetConstraint().GetContype() == pg.ConstrType_CONSTR_FOREIGN:
+						out = s.ddlHit(n.Relation, "ADD FOREIGN KEY to")
+					case cmd.Subtype == pg.AlterTableType_AT_EnableRule || cmd.Subtype == pg.AlterTableType_AT_EnableAlwaysRule ||
+						cmd.Subtype == pg.AlterTableType_AT_EnableReplicaRule:
+						out = s.latentHit(n.Relation, "ENABLE RULE on")
+					case cmd.Subtype == pg.AlterTableType_AT_DisableRule:
+						out = s.latentHit(n.Relation, "DISABLE RULE on")
+					}
+				}
+			case *pg.RuleStmt:
+				// CREATE OR REPLACE RULE can turn an INSTEAD rule into
+				// an ALSO one; the actions are walked as statements.
+				out = s.latentHit(n.Relation, "CREATE RULE on")
+			case *pg.CreateTrigStmt:
+				// An INSTEAD OF trigger makes a view write what it reads;
+				// a BEFORE UPDATE trigger may change a referenced key.
+				out = s.latentHit(n.Relation, "CREATE TRIGGER on")
+			case *pg.DropStmt:
+				// Dropping an INSTEAD rule or trigger of a view may leave
+				// it auto-updatable.
+				if n.RemoveType == pg.ObjectType_OBJECT_RULE || n.RemoveType == pg.ObjectType_OBJECT_TRIGGER {
+					for _, o := range n.Objects {
+						if rv := ownerRangeVar(o.GetList().GetItems()); rv != nil && out == nil {
+							out = s.latentHit(rv, "DROP "+strings.TrimPrefix(n.RemoveType.String(), "OBJECT_")+" on")
+						}
+					}
+				}
+			case *pg.CreateStmt:
+				what := "CREATE TABLE ... INHERITS"
+				if n.Partbound != nil {
+					what = "CREATE TABLE ... PARTITION OF"
+				}
+				for _, inh := range n.InhRelations {
+					if out == nil {
+						out = s.parentHit(inh.GetRangeVar(), n.Partbound != nil, what)
 					}
 				}
 			case *pg.TruncateStmt:
@@ -204,8 +267,22 @@ func (s *IndirectSet) check(sql string) *Error {
 // whatever it does with it: its body may write through it, also as
 // dynamic SQL.
 func (s *IndirectSet) storedCodeHit(sql string) *Error {
-	names := make([]string, 0, len(s.byRel))
-	for name := range s.byRel {
+	if e := storedCodeRefusal(s.byRel, sql, "writes protected table %s without naming it"); e != nil {
+		return e
+	}
+	// Code that changes a latent relation's rules or triggers may open a
+	// path and write through it in the same call.
+	if sqllex.ContainsAnyWordFold(sql, latentWords) {
+		return storedCodeRefusal(s.latent, sql, "may be given a path to protected table %s by rule or trigger DDL")
+	}
+	return nil
+}
+
+// storedCodeRefusal is storedCodeHit on the relations of byRel; how says
+// what the relation does to its target.
+func storedCodeRefusal(byRel map[string][]Indirect, sql, how string) *Error {
+	names := make([]string, 0, len(byRel))
+	for name := range byRel {
 		names = append(names, name)
 	}
 	slices.Sort(names)
@@ -213,11 +290,11 @@ func (s *IndirectSet) storedCodeHit(sql string) *Error {
 		if !mentionsWord(sql, name) {
 			continue
 		}
-		p := s.byRel[name][0]
+		p := byRel[name][0]
 		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
 		return &Error{
 			Code:    CodeRefused,
-			Message: fmt.Sprintf("fenceproxy: stored code mentions %s, which writes protected table %s without naming it; statements inside it cannot be fenced", rel, p.Target),
+			Message: fmt.Sprintf("fenceproxy: stored code mentions %s, which "+how+"; statements inside it cannot be fenced", rel, p.Target),
 			Detail:  p.Via,
 			Hint:    "Write the protected table directly, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
 			Table:   p.Target,
@@ -252,19 +329,71 @@ func sameSchema(named, path string) bool {
 }
 
 // ddlHit returns the refusal of DDL (what) on rv that would give one of
-// the set's relations a new name, place or parent, or a view over it.
+// the set's relations a new name, place, parent, child or foreign key, or
+// a view over it.
 func (s *IndirectSet) ddlHit(rv *pg.RangeVar, what string) *Error {
+	return ddlRefusal(s.byRel, rv, what)
+}
+
+// parentHit returns the refusal of DDL (what) that gives rv a new
+// partition (partition) or inheritance child, when the new relation would
+// reach a protected table through one of rv's paths.
+func (s *IndirectSet) parentHit(rv *pg.RangeVar, partition bool, what string) *Error {
 	if rv == nil {
 		return nil
 	}
+	var reach []Indirect
 	for _, p := range s.byRel[rv.Relname] {
+		if p.NewChildren || (partition && p.NewPartitions) {
+			reach = append(reach, p)
+		}
+	}
+	return ddlRefusal(map[string][]Indirect{rv.Relname: reach}, rv, what)
+}
+
+// latentHit returns the refusal of DDL (what) on the rules or triggers of
+// rv, one of the set's relations or a latent one: it may open a path.
+func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
+	if e := ddlRefusal(s.byRel, rv, what); e != nil {
+		return e
+	}
+	return ddlRefusal(s.latent, rv, what)
+}
+
+// latentWords are the words without which a statement cannot be the DDL
+// latentHit refuses.
+var latentWords = []string{"rule", "trigger"}
+
+// ownerRangeVar returns the relation of a rule or trigger named
+// [schema.]table.name, nil when the name has no relation.
+func ownerRangeVar(items []*pg.Node) *pg.RangeVar {
+	if len(items) < 2 {
+		return nil
+	}
+	rv := &pg.RangeVar{Relname: items[len(items)-2].GetString_().GetSval()}
+	if len(items) > 2 {
+		rv.Schemaname = items[len(items)-3].GetString_().GetSval()
+	}
+	return rv
+}
+
+// ddlRefusal is ddlHit on the relations of byRel.
+func ddlRefusal(byRel map[string][]Indirect, rv *pg.RangeVar, what string) *Error {
+	if rv == nil {
+		return nil
+	}
+	for _, p := range byRel[rv.Relname] {
 		if !sameSchema(rv.Schemaname, p.Schema) {
 			continue
 		}
 		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
+		how := fmt.Sprintf("%s writes protected table %s without naming it", rel, p.Target)
+		if p.Latent {
+			how = fmt.Sprintf("it may open a path from %s to protected table %s", rel, p.Target)
+		}
 		return &Error{
 			Code:    CodeRefused,
-			Message: fmt.Sprintf("fenceproxy: %s %s is not allowed through the proxy: %s writes protected table %s without naming it", what, rel, rel, p.Target),
+			Message: fmt.Sprintf("fenceproxy: %s %s is not allowed through the proxy: %s", what, rel, how),
 			Detail:  p.Via + ". The statement would open a path to it that the proxy learns of only after the transaction commits.",
 			Hint:    "Run the DDL on a direct connection to PostgreSQL, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
 			Table:   p.Target,

@@ -11,8 +11,10 @@ func TestIndirectSet(t *testing.T) {
 	s := rules.NewIndirectSet([]rules.Indirect{
 		{Schema: "public", Name: "v", Ops: []string{"INSERT", "UPDATE", "DELETE"}, Target: "public.config", Via: "view public.v selects from public.config"},
 		{Schema: "public", Name: "events", Ops: []string{"INSERT", "UPDATE", "DELETE", "MERGE", "TRUNCATE"}, Target: "public.events_2024", Via: "partition"},
-		{Schema: "public", Name: "tenants", Ops: []string{"DELETE", "MERGE"}, Target: "public.config", Via: "ON DELETE CASCADE"},
-		{Schema: "public", Name: "tenants", Ops: []string{"TRUNCATE"}, Target: "public.config", Via: "foreign key", CascadeOnly: true},
+		{Schema: "public", Name: "tenants", Ops: []string{"DELETE", "MERGE"}, Target: "public.config", Via: "ON DELETE CASCADE", NewPartitions: true},
+		{Schema: "public", Name: "tenants", Ops: []string{"TRUNCATE"}, Target: "public.config", Via: "foreign key", CascadeOnly: true, NewPartitions: true},
+		{Schema: "public", Name: "region_1", Ops: []string{"INSERT", "UPDATE"}, Target: "public.regions", Via: "partition", NewPartitions: true, NewChildren: true},
+		{Schema: "public", Name: "plain", Target: "public.config", Via: "rule", Latent: true},
 		{Schema: "app", Name: "Mixed", Ops: []string{"UPDATE"}, Target: "public.config", Via: "rule"},
 		{Schema: "public", Name: "owner", Ops: []string{"UPDATE", "MERGE"}, Target: "public.config", Via: "ON UPDATE CASCADE", Columns: []string{"id", "Code"}},
 	})
@@ -67,6 +69,34 @@ func TestIndirectSet(t *testing.T) {
 		{"ALTER TABLE grand ATTACH PARTITION events FOR VALUES IN (1)", true},
 		{"ALTER TABLE events ATTACH PARTITION e2 FOR VALUES IN (1)", false},
 		{"UPDATE pg_temp.v SET a = 1", false}, // v is public's
+		// A new partition gets the foreign keys' actions; a new child of
+		// a protected table's descendant writes its rows.
+		{"CREATE TABLE t2 PARTITION OF tenants FOR VALUES IN (2)", true},
+		{"CREATE TABLE t2 () INHERITS (tenants)", false},
+		{"ALTER TABLE tenants ATTACH PARTITION t2 FOR VALUES IN (2)", true},
+		{"ALTER TABLE t2 INHERIT tenants", false},
+		{"CREATE TABLE r2 () INHERITS (public.region_1)", true},
+		{"ALTER TABLE t2 INHERIT region_1", true},
+		{"CREATE TABLE e2 PARTITION OF events FOR VALUES IN (2)", false},
+		// A foreign key that a path relation's deletes would follow.
+		{"ALTER TABLE tenants ADD FOREIGN KEY (a) REFERENCES grand ON DELETE CASCADE", true},
+		{"ALTER TABLE tenants ADD CONSTRAINT c CHECK (a > 0)", false},
+		{"ALTER TABLE grand ADD FOREIGN KEY (a) REFERENCES tenants ON DELETE CASCADE", false},
+		// Rule and trigger DDL on a path relation or a latent one.
+		{"ALTER TABLE plain ENABLE RULE r", true},
+		{"ALTER TABLE plain ENABLE ALWAYS RULE r", true},
+		{"ALTER TABLE plain DISABLE RULE r", true},
+		{"DROP RULE r ON public.plain", true},
+		{"DROP RULE IF EXISTS r ON other.plain", false},
+		{"CREATE OR REPLACE RULE r AS ON UPDATE TO plain DO ALSO NOTHING", true},
+		{"CREATE TRIGGER t INSTEAD OF UPDATE ON v FOR EACH ROW EXECUTE FUNCTION f()", true},
+		{"DROP TRIGGER t ON v", true},
+		{"CREATE TRIGGER t BEFORE UPDATE ON grand FOR EACH ROW EXECUTE FUNCTION f()", false},
+		{"ALTER TABLE grand ENABLE RULE r", false},
+		{"UPDATE plain SET a = 1", false}, // latent: no write reaches config
+		{"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'UPDATE plain SET a = 1 RETURNING 1'", false},
+		{"DO $$BEGIN EXECUTE 'ALTER TABLE plain ENABLE RULE r'; END$$", true},
+		{"CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$BEGIN DROP RULE r ON plain; END$$", true},
 	} {
 		e := s.Check(c.sql)
 		if (e != nil) != c.refuse {

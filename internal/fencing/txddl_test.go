@@ -1,0 +1,73 @@
+package fencing_test
+
+import (
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
+)
+
+// TestDDLOpeningPathsInTransaction: DDL sent through the proxy that would
+// open a path to a protected table is refused, since a write later in
+// the same transaction would be decided with the paths from before it (the
+// catalog check counts a transaction's own changes only once it
+// commits). Each case runs BEGIN, the DDL, the write, COMMIT, in both
+// protocols; the items, which a newer holder (fence 9) wrote, must be
+// unchanged, and the DDL must not have run.
+func TestDDLOpeningPathsInTransaction(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	p, specs := fkProxy(t, fkRowRules)
+	// items follow mid (unprotected) ON DELETE CASCADE: mid is a path to
+	// items; top and mid_top are unrelated until a foreign key ties them.
+	const schema = `
+CREATE TABLE orders (id bigint PRIMARY KEY, code text, note text NOT NULL DEFAULT '', last_fence bigint NOT NULL DEFAULT 0);
+CREATE TABLE top (id bigint PRIMARY KEY);
+INSERT INTO top VALUES (1), (2);
+CREATE TABLE mid (id bigint PRIMARY KEY, top_id bigint) PARTITION BY RANGE (id);
+CREATE TABLE mid_1 PARTITION OF mid FOR VALUES FROM (0) TO (100);
+INSERT INTO mid VALUES (1, 1), (2, 2);
+CREATE TABLE items (id bigint PRIMARY KEY, order_id bigint REFERENCES mid ON DELETE CASCADE, last_fence bigint NOT NULL DEFAULT 0);
+INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
+`
+	for _, k := range []struct {
+		name, ddl, write, created string
+	}{
+		{name: "foreign key added to a path relation", ddl: "ALTER TABLE mid ADD FOREIGN KEY (top_id) REFERENCES top ON DELETE CASCADE",
+			write: "DELETE FROM top WHERE id = 1", created: "SELECT count(*) FROM pg_constraint WHERE conrelid = 'mid'::regclass AND contype = 'f'"},
+		{name: "partition of a path relation", ddl: "CREATE TABLE mid_2 PARTITION OF mid FOR VALUES FROM (100) TO (200)",
+			write: "DELETE FROM mid_2", created: "SELECT count(*) FROM pg_class WHERE relname = 'mid_2'"},
+		{name: "child of a path relation, qualified", ddl: "CREATE TABLE public.mid_3 (LIKE public.mid); ALTER TABLE public.mid ATTACH PARTITION public.mid_3 FOR VALUES FROM (200) TO (300)",
+			write: "DELETE FROM mid_3", created: "SELECT count(*) FROM pg_class WHERE relname = 'mid_3'"},
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+			t.Run(k.name+"/"+mode.String(), func(t *testing.T) {
+				t.Parallel()
+				db, d := fkDB(t, specs, schema)
+				c := rvSession(t, p, db, "", "5")
+				ctx := ctxT(t)
+				items0 := fkRows(t, d, fkItemsQ)
+				if _, err := c.Exec(ctx, "BEGIN", mode); err != nil {
+					t.Fatal(err)
+				}
+				_, derr := c.Exec(ctx, k.ddl, mode)
+				var werr error
+				if derr == nil {
+					_, werr = c.Exec(ctx, k.write, mode)
+				}
+				_, cerr := c.Exec(ctx, "COMMIT", mode)
+				if !fkRefused(derr) {
+					t.Errorf("%s: %v (write: %v, commit: %v), want FP003", k.ddl, derr, werr, cerr)
+				}
+				if items := fkRows(t, d, fkItemsQ); items != items0 {
+					t.Errorf("items changed: %s, were %s", items, items0)
+				}
+				var n int
+				if err := d.QueryRow(ctx, k.created).Scan(&n); err != nil || n != 0 {
+					t.Errorf("%s: %d, %v; want 0 (the DDL must not have run)", k.created, n, err)
+				}
+			})
+		}
+	}
+}
