@@ -14,7 +14,9 @@ import (
 // catalog check counts a transaction's own changes only once it
 // commits). Each case runs BEGIN, the DDL, the write, COMMIT, in both
 // protocols; the items, which a newer holder (fence 9) wrote, must be
-// unchanged, and the DDL must not have run.
+// unchanged, and the DDL must not have run. Cases: a foreign key added to
+// a path relation, a partition created or attached under one, and key
+// columns renamed where the path counts only UPDATEs setting the key.
 func TestDDLOpeningPathsInTransaction(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
@@ -28,8 +30,11 @@ INSERT INTO top VALUES (1), (2);
 CREATE TABLE mid (id bigint PRIMARY KEY, top_id bigint) PARTITION BY RANGE (id);
 CREATE TABLE mid_1 PARTITION OF mid FOR VALUES FROM (0) TO (100);
 INSERT INTO mid VALUES (1, 1), (2, 2);
-CREATE TABLE items (id bigint PRIMARY KEY, order_id bigint REFERENCES mid ON DELETE CASCADE, last_fence bigint NOT NULL DEFAULT 0);
-INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
+CREATE TABLE owner (id bigint PRIMARY KEY, name bigint);
+INSERT INTO owner VALUES (1, 1), (2, 2);
+CREATE TABLE items (id bigint PRIMARY KEY, order_id bigint REFERENCES mid ON DELETE CASCADE,
+	owner_id bigint REFERENCES owner ON UPDATE CASCADE, last_fence bigint NOT NULL DEFAULT 0);
+INSERT INTO items (id, order_id, owner_id, last_fence) VALUES (10, 1, 1, 9), (20, 2, 2, 9);
 `
 	for _, k := range []struct {
 		name, ddl, write, created string
@@ -40,6 +45,11 @@ INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
 			write: "DELETE FROM mid_2", created: "SELECT count(*) FROM pg_class WHERE relname = 'mid_2'"},
 		{name: "child of a path relation, qualified", ddl: "CREATE TABLE public.mid_3 (LIKE public.mid); ALTER TABLE public.mid ATTACH PARTITION public.mid_3 FOR VALUES FROM (200) TO (300)",
 			write: "DELETE FROM mid_3", created: "SELECT count(*) FROM pg_class WHERE relname = 'mid_3'"},
+		// An UPDATE of owner reaches items only by setting id: swapped
+		// names would let one that sets the key pass for one that does
+		// not.
+		{name: "key column renamed", ddl: "ALTER TABLE owner RENAME COLUMN id TO tmp; ALTER TABLE owner RENAME COLUMN name TO id; ALTER TABLE owner RENAME COLUMN tmp TO name",
+			write: "UPDATE owner SET name = 7 WHERE name = 1", created: "SELECT count(*) FROM pg_attribute WHERE attrelid = 'owner'::regclass AND attnum = 1 AND attname <> 'id'"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
 			t.Run(k.name+"/"+mode.String(), func(t *testing.T) {
@@ -47,7 +57,7 @@ INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
 				db, d := fkDB(t, specs, schema)
 				c := rvSession(t, p, db, "", "5")
 				ctx := ctxT(t)
-				items0 := fkRows(t, d, fkItemsQ)
+				items0 := fkRows(t, d, txItemsQ)
 				if _, err := c.Exec(ctx, "BEGIN", mode); err != nil {
 					t.Fatal(err)
 				}
@@ -60,7 +70,7 @@ INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
 				if !fkRefused(derr) {
 					t.Errorf("%s: %v (write: %v, commit: %v), want FP003", k.ddl, derr, werr, cerr)
 				}
-				if items := fkRows(t, d, fkItemsQ); items != items0 {
+				if items := fkRows(t, d, txItemsQ); items != items0 {
 					t.Errorf("items changed: %s, were %s", items, items0)
 				}
 				var n int
@@ -71,3 +81,6 @@ INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
 		}
 	}
 }
+
+// txItemsQ is items' rows, id:order_id:owner_id:last_fence by id.
+const txItemsQ = "SELECT id, id || ':' || coalesce(order_id::text, 'null') || ':' || coalesce(owner_id::text, 'null') || ':' || last_fence FROM items"

@@ -186,7 +186,13 @@ func (s *IndirectSet) check(sql string) *Error {
 					return out == nil
 				})
 			case *pg.RenameStmt:
-				if n.RenameType != pg.ObjectType_OBJECT_COLUMN && n.RenameType != pg.ObjectType_OBJECT_TABCONSTRAINT {
+				switch n.RenameType {
+				case pg.ObjectType_OBJECT_TABCONSTRAINT:
+				case pg.ObjectType_OBJECT_COLUMN:
+					// Paths by column name: renamed, a key column may
+					// pass for another.
+					out = s.columnsHit(n.Relation, "RENAME COLUMN of")
+				default:
 					out = s.ddlHit(n.Relation, "RENAME of")
 				}
 			case *pg.AlterObjectSchemaStmt:
@@ -216,6 +222,9 @@ func (s *IndirectSet) check(sql string) *Error {
 						out = s.latentHit(n.Relation, "ENABLE RULE on")
 					case cmd.Subtype == pg.AlterTableType_AT_DisableRule:
 						out = s.latentHit(n.Relation, "DISABLE RULE on")
+					case cmd.Subtype == pg.AlterTableType_AT_SetExpression:
+						// A generated key computed from other columns.
+						out = s.columnsHit(n.Relation, "SET EXPRESSION of")
 					}
 				}
 			case *pg.RuleStmt:
@@ -333,6 +342,22 @@ func sameSchema(named, path string) bool {
 // a view over it.
 func (s *IndirectSet) ddlHit(rv *pg.RangeVar, what string) *Error {
 	return ddlRefusal(s.byRel, rv, what)
+}
+
+// columnsHit returns the refusal of DDL (what) on rv that changes which
+// columns a path of rv's that an UPDATE takes only by setting some columns
+// (Indirect.Columns) depends on.
+func (s *IndirectSet) columnsHit(rv *pg.RangeVar, what string) *Error {
+	if rv == nil {
+		return nil
+	}
+	var keyed []Indirect
+	for _, p := range s.byRel[rv.Relname] {
+		if len(p.Columns) > 0 {
+			keyed = append(keyed, p)
+		}
+	}
+	return ddlRefusal(map[string][]Indirect{rv.Relname: keyed}, rv, what)
 }
 
 // parentHit returns the refusal of DDL (what) that gives rv a new

@@ -63,6 +63,9 @@ func TestIndirectSet(t *testing.T) {
 		{"ALTER VIEW v RENAME TO harmless", true},
 		{"ALTER TABLE events RENAME TO harmless", true},
 		{"ALTER TABLE events RENAME COLUMN a TO b", false},
+		{"ALTER TABLE owner RENAME COLUMN name TO id", true}, // a path by columns
+		{"ALTER TABLE owner RENAME CONSTRAINT c TO d", false},
+		{"ALTER TABLE owner ALTER COLUMN ref SET EXPRESSION AS (id * 2)", true},
 		{"ALTER VIEW public.v SET SCHEMA elsewhere", true},
 		{"ALTER TABLE tenants INHERIT grand", true},
 		{"ALTER TABLE tenants NO INHERIT grand", false},
