@@ -618,19 +618,19 @@ func TestReviewRulesThroughProxy(t *testing.T) {
 				if k.setup != "" {
 					execDirect(t, d, k.setup)
 				}
-				if err := rvRuleTry(func() error { _, err := c.Exec(ctx, k.write, mode); return err }); err != nil && !k.noPath {
+				if err := rvRuleTry(func() error { return execIn(ctx, c, k.write, mode) }); err != nil && !k.noPath {
 					t.Fatalf("the write before the DDL: %v", err)
 				}
 				before := tableText(t, d, "racct")
-				if _, err := c.Exec(ctx, "BEGIN", mode); err != nil {
+				if err := execIn(ctx, c, "BEGIN", mode); err != nil {
 					t.Fatal(err)
 				}
-				_, derr := c.Exec(ctx, k.ddl, mode)
+				derr := execIn(ctx, c, k.ddl, mode)
 				var werr error
 				if derr == nil {
-					_, werr = c.Exec(ctx, k.write, mode)
+					werr = execIn(ctx, c, k.write, mode)
 				}
-				_, cerr := c.Exec(ctx, "COMMIT", mode)
+				cerr := execIn(ctx, c, "COMMIT", mode)
 				t.Logf("ddl: %v; write: %v; commit: %v", derr, werr, cerr)
 				if derr == nil && werr == nil && cerr == nil {
 					t.Errorf("%s and %s both ran", k.ddl, k.write)

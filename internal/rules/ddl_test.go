@@ -119,6 +119,7 @@ func TestDDLDefaultDeny(t *testing.T) {
 		"CREATE TABLE public.acct PARTITION OF parent FOR VALUES IN (1)",
 		"CREATE VIEW v AS SELECT * FROM acct",
 		"CREATE VIEW v AS SELECT * FROM t WHERE id IN (SELECT id FROM public.acct)",
+		`CREATE RULE "_RETURN" AS ON SELECT TO t DO INSTEAD SELECT * FROM acct`,
 		"CREATE STATISTICS s ON a, b FROM acct",
 		"CREATE PUBLICATION p FOR TABLE acct",
 		"CREATE SCHEMA s CREATE TABLE child () INHERITS (public.acct)",
@@ -155,6 +156,7 @@ func TestDDLDefaultDeny(t *testing.T) {
 		"DROP INDEX acct_note_idx",
 		"DROP SCHEMA archive",
 		"CREATE VIEW v AS SELECT * FROM other.acct",
+		`CREATE RULE "_RETURN" AS ON SELECT TO t DO INSTEAD SELECT * FROM other.acct`,
 	}
 	for _, sql := range allowed {
 		checkRefusal(t, sql, r.Decide(sql), rules.Forward, "")

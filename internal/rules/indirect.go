@@ -62,6 +62,9 @@ type IndirectSet struct {
 	// latentNeedles: the latent relations' names, looked for only in
 	// statements that hold one of latentWords.
 	latentNeedles []string
+	// schemaNeedles: the schemas of both, looked for only in statements
+	// that hold "rename" (ALTER SCHEMA ... RENAME, schemaHit).
+	schemaNeedles []string
 	// verdicts caches Check's result by text: reads that name such a
 	// relation (a partitioned parent, say) would otherwise be parsed every
 	// time.
@@ -81,6 +84,9 @@ func NewIndirectSet(paths []Indirect) *IndirectSet {
 		needles, seen := &s.needles, len(s.byRel[p.Name]) > 0
 		if p.Latent {
 			needles, seen = &s.latentNeedles, len(s.latent[p.Name]) > 0
+		}
+		if sn := asciiLower(p.Schema); !slices.Contains(s.schemaNeedles, sn) {
+			s.schemaNeedles = append(s.schemaNeedles, sn)
 		}
 		if !seen {
 			n := asciiLower(p.Name)
@@ -123,7 +129,8 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 	}
 	has := func(n string) bool { return containsFoldASCII(sql, n) }
 	found := slices.ContainsFunc(s.needles, has) ||
-		(len(s.latentNeedles) > 0 && sqllex.ContainsAnyWordFold(sql, latentWords) && slices.ContainsFunc(s.latentNeedles, has))
+		(len(s.latentNeedles) > 0 && sqllex.ContainsAnyWordFold(sql, latentWords) && slices.ContainsFunc(s.latentNeedles, has)) ||
+		(sqllex.ContainsAnyWordFold(sql, renameWords) && slices.ContainsFunc(s.schemaNeedles, has))
 	if !found && !(&Rules{}).unicodeEscape(sql) {
 		return nil, true
 	}
@@ -172,7 +179,7 @@ func (s *IndirectSet) check(sql string) *Error {
 				// only the call: one that mentions such a relation is
 				// refused when it is created, as one that mentions a
 				// protected table is.
-				out = s.storedCodeHit(sql)
+				out = s.storedCodeHit(stmtText(sql, raw))
 			case *pg.ViewStmt:
 				// A view over such a relation may be updatable through
 				// it: a new path, which the statements after it in the
@@ -186,17 +193,22 @@ func (s *IndirectSet) check(sql string) *Error {
 					return out == nil
 				})
 			case *pg.RenameStmt:
+				// A renamed relation (or schema) is no longer the one the
+				// paths name: a latent one's rules could then be changed
+				// under the new name.
 				switch n.RenameType {
 				case pg.ObjectType_OBJECT_TABCONSTRAINT:
 				case pg.ObjectType_OBJECT_COLUMN:
 					// Paths by column name: renamed, a key column may
 					// pass for another.
 					out = s.columnsHit(n.Relation, "RENAME COLUMN of")
+				case pg.ObjectType_OBJECT_SCHEMA:
+					out = s.schemaHit(n.Subname)
 				default:
-					out = s.ddlHit(n.Relation, "RENAME of")
+					out = s.latentHit(n.Relation, "RENAME of")
 				}
 			case *pg.AlterObjectSchemaStmt:
-				out = s.ddlHit(n.Relation, "SET SCHEMA of")
+				out = s.latentHit(n.Relation, "SET SCHEMA of")
 			case *pg.AlterTableStmt:
 				// Under a new parent, or attached as a partition, the
 				// relation's writes are reached through the parent, and a
@@ -215,7 +227,10 @@ func (s *IndirectSet) check(sql string) *Error {
 						if out = s.ddlHit(cmd.Def.GetPartitionCmd().GetName(), "ATTACH PARTITION of"); out == nil {
 							out = s.parentHit(n.Relation, true, "ATTACH PARTITION to")
 						}
-					case cmd.Subtype == pg.AlterTableType_AT_AddConstraint && cmd.Def.GetConstraint().GetContype() == pg.ConstrType_CONSTR_FOREIGN:
+					case cmd.Subtype == pg.AlterTableType_AT_AddConstraint && cmd.Def.GetConstraint().GetContype() == pg.ConstrType_CONSTR_FOREIGN,
+						cmd.Subtype == pg.AlterTableType_AT_AddColumn && slices.ContainsFunc(cmd.Def.GetColumnDef().GetConstraints(), func(c *pg.Node) bool {
+							return c.GetConstraint().GetContype() == pg.ConstrType_CONSTR_FOREIGN
+						}):
 						out = s.ddlHit(n.Relation, "ADD FOREIGN KEY to")
 					case cmd.Subtype == pg.AlterTableType_AT_EnableRule || cmd.Subtype == pg.AlterTableType_AT_EnableAlwaysRule ||
 						cmd.Subtype == pg.AlterTableType_AT_EnableReplicaRule:
@@ -229,8 +244,18 @@ func (s *IndirectSet) check(sql string) *Error {
 				}
 			case *pg.RuleStmt:
 				// CREATE OR REPLACE RULE can turn an INSTEAD rule into
-				// an ALSO one; the actions are walked as statements.
+				// an ALSO one; the actions are walked as statements. An
+				// ON SELECT rule defines a view, as CREATE VIEW does.
 				out = s.latentHit(n.Relation, "CREATE RULE on")
+				if n.Event == pg.CmdType_CMD_SELECT {
+					for _, a := range n.Actions {
+						visitRangeVars(a.ProtoReflect(), true, func(rv *pg.RangeVar) {
+							if out == nil {
+								out = s.ddlHit(rv, "an ON SELECT rule (a view) over")
+							}
+						})
+					}
+				}
 			case *pg.CreateTrigStmt:
 				// An INSTEAD OF trigger makes a view write what it reads;
 				// a BEFORE UPDATE trigger may change a referenced key.
@@ -386,8 +411,48 @@ func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
 }
 
 // latentWords are the words without which a statement cannot be the DDL
-// latentHit refuses.
-var latentWords = []string{"rule", "trigger"}
+// latentHit refuses: rule and trigger DDL, and renames (RENAME, SET
+// SCHEMA) after which such DDL would name the relation otherwise.
+var latentWords = []string{"rule", "trigger", "rename", "schema"}
+
+// renameWords are the words without which a statement cannot rename a
+// schema.
+var renameWords = []string{"rename"}
+
+// schemaHit returns the refusal of ALTER SCHEMA ... RENAME of schema when
+// it holds one of the set's relations or a latent one: their paths name
+// them by schema.
+func (s *IndirectSet) schemaHit(schema string) *Error {
+	var in []Indirect
+	for _, m := range []map[string][]Indirect{s.byRel, s.latent} {
+		for _, ps := range m {
+			for _, p := range ps {
+				if p.Schema == schema {
+					in = append(in, p)
+				}
+			}
+		}
+	}
+	if len(in) == 0 {
+		return nil
+	}
+	p := slices.MinFunc(in, func(a, b Indirect) int { return strings.Compare(a.Name+"\x00"+a.Target, b.Name+"\x00"+b.Target) })
+	return ddlRefusal(map[string][]Indirect{p.Name: {p}}, &pg.RangeVar{Schemaname: schema, Relname: p.Name}, "renaming the schema of")
+}
+
+// stmtText returns raw's text in sql (the whole of sql when the parser
+// gave no length: the last statement).
+func stmtText(sql string, raw *pg.RawStmt) string {
+	start := int(raw.StmtLocation)
+	if start < 0 || start > len(sql) {
+		return sql
+	}
+	end := len(sql)
+	if raw.StmtLen > 0 && start+int(raw.StmtLen) <= len(sql) {
+		end = start + int(raw.StmtLen)
+	}
+	return sql[start:end]
+}
 
 // ownerRangeVar returns the relation of a rule or trigger named
 // [schema.]table.name, nil when the name has no relation.

@@ -100,6 +100,23 @@ func TestIndirectSet(t *testing.T) {
 		{"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'UPDATE plain SET a = 1 RETURNING 1'", false},
 		{"DO $$BEGIN EXECUTE 'ALTER TABLE plain ENABLE RULE r'; END$$", true},
 		{"CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$BEGIN DROP RULE r ON plain; END$$", true},
+		// Renamed, a latent relation's rules could be changed under the
+		// new name; a renamed schema hides its relations' paths.
+		{"ALTER VIEW plain RENAME TO p2", true},
+		{"ALTER TABLE plain SET SCHEMA s2", true},
+		{"ALTER SCHEMA public RENAME TO p2", true},
+		{"ALTER SCHEMA app RENAME TO app2", true},
+		{"ALTER SCHEMA other RENAME TO o2", false},
+		{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ALTER VIEW plain RENAME TO p2$$", true},
+		// An ON SELECT rule makes a view (a table turned into one).
+		{`CREATE RULE "_RETURN" AS ON SELECT TO grand DO INSTEAD SELECT * FROM v`, true},
+		{`CREATE RULE "_RETURN" AS ON SELECT TO grand DO INSTEAD SELECT * FROM other`, false},
+		// A foreign key added with a column.
+		{"ALTER TABLE tenants ADD COLUMN g int REFERENCES grand ON DELETE CASCADE", true},
+		{"ALTER TABLE tenants ADD COLUMN g int NOT NULL DEFAULT 0", false},
+		// Stored code is checked by its own text, not its Query's.
+		{"UPDATE grand SET a = 1 WHERE a IN (SELECT 1 FROM tenants); CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'", false},
+		{"SELECT 1 FROM tenants; DO 'BEGIN PERFORM 1; END'", false},
 	} {
 		e := s.Check(c.sql)
 		if (e != nil) != c.refuse {

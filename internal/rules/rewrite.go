@@ -463,6 +463,20 @@ func (w *walker) pre(m protoreflect.ProtoMessage) bool {
 		if ts := w.matchAll(n.Relation); len(ts) > 0 && w.denyDDL(ts, "CREATE RULE") {
 			return false
 		}
+		if n.Event == pg.CmdType_CMD_SELECT {
+			// An ON SELECT rule defines a view (before PostgreSQL 16 it
+			// turns an empty table into one): a view over a protected
+			// table, as CREATE VIEW.
+			var found []*tableRule
+			for _, a := range n.Actions {
+				visitRangeVars(a.ProtoReflect(), true, func(rv *pg.RangeVar) {
+					found = append(found, w.matchAll(rv)...)
+				})
+			}
+			if len(found) > 0 && w.denyDDL(found, "an ON SELECT rule (a view) over a protected table") {
+				return false
+			}
+		}
 		// A rule's actions run whenever the rule fires, inside statements
 		// that do not name the protected table: a hidden write path.
 		for _, a := range n.Actions {
