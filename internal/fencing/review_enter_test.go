@@ -748,7 +748,7 @@ func TestReviewEnterDroppedForms(t *testing.T) {
 				reloaded := func(err error) bool {
 					var pe *pgconn.PgError
 					return form == "execute" && errors.As(err, &pe) && pe.Code == "FP003" &&
-						strings.Contains(pe.Message, "prepared under fencing rules that have since been reloaded")
+						strings.Contains(pe.Message, "prepared under fencing rules or catalog paths that have since changed")
 				}
 				err := write()
 				if reloaded(err) {

@@ -180,7 +180,7 @@ func TestReviewRulesForms(t *testing.T) {
 					// moves with other databases' checks) is prepared
 					// again, as the refusal's hint says.
 					again := func(err error) error {
-						if f.name != "sql prepare" || err == nil || !strings.Contains(err.Error(), "prepared under fencing rules that have since been reloaded") {
+						if f.name != "sql prepare" || err == nil || !strings.Contains(err.Error(), "prepared under fencing rules or catalog paths that have since changed") {
 							return err
 						}
 						t.Logf("EXECUTE refused, prepared again: %v", err)
@@ -207,7 +207,7 @@ func TestReviewRulesForms(t *testing.T) {
 					if err == nil {
 						err = rvRuleTry(func() error { return f.exec(c) })
 					}
-					if f.name == "sql prepare" && sqlState(err) == rules.CodeRefused && strings.Contains(err.Error(), "prepared under fencing rules that have since been reloaded") {
+					if f.name == "sql prepare" && sqlState(err) == rules.CodeRefused && strings.Contains(err.Error(), "prepared under fencing rules or catalog paths that have since changed") {
 						// A statement PREPAREd before the change whose
 						// decision changed: refused, to be prepared again
 						// (the message speaks of a reload; it was the

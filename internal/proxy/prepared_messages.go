@@ -345,7 +345,7 @@ func (r *requests) relayExecute(body []byte) error {
 	}
 	r.mu.Unlock()
 	if !fresh {
-		stale := refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules that have since been reloaded, and the rules in force treat its statement differently; it was not executed", portal),
+		stale := refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules or catalog paths that have since changed, and the rules in force treat its statement differently; it was not executed", portal),
 			"Bind the statement again (the proxy prepares it again under the rules in force).")
 		if pe.uncertain || def == nil || !def.kept {
 			return r.sendRefusedInstead(stale)

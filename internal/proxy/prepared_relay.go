@@ -162,7 +162,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	if !ok && undecided {
 		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("fenceproxy cannot tell which definition of prepared statement %q the server has", name), hintPrepareAgain)}, nil
 	}
-	stale := refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules that have since been reloaded, and fenceproxy cannot check it against the rules in force", name), hintPrepareAgain)
+	stale := refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules or catalog paths that have since changed, and fenceproxy cannot check it against the rules in force", name), hintPrepareAgain)
 	if !ok {
 		return stmtVerdict{refuse: stale}, nil
 	}
@@ -191,7 +191,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 		return stmtVerdict{refuse: d.Err}, nil
 	}
 	if def.sqlLevel || sqlExec {
-		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules that have since been reloaded, and the rules in force treat it differently; it was not executed", name), hintPrepareAgain)}, nil
+		return stmtVerdict{refuse: refusePrepared(fmt.Sprintf("prepared statement %q was prepared under fencing rules or catalog paths that have since changed, and the rules in force treat it differently; it was not executed", name), hintPrepareAgain)}, nil
 	}
 	out := def.sql
 	if d.Action == Rewrite {

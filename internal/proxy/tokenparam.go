@@ -375,7 +375,7 @@ func (r *requests) rebindClosed() error {
 			if err != nil {
 				return err
 			}
-			return r.sendRefusedInstead(refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules that have since been reloaded, and the rules in force treat its statement differently; it was not executed", portal),
+			return r.sendRefusedInstead(refusePrepared(fmt.Sprintf("portal %q was bound under fencing rules or catalog paths that have since changed, and the rules in force treat its statement differently; it was not executed", portal),
 				"Bind the statement again (the proxy prepares it again under the rules in force)."))
 		}
 	}

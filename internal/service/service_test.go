@@ -274,7 +274,7 @@ func TestReloadUnderTraffic(t *testing.T) {
 					return
 				}
 				_, err := c.Exec(ctx, "UPDATE reload_a SET v = $1 WHERE id = $2", strconv.Itoa(tok), id+1)
-				if err != nil && strings.Contains(err.Error(), "since been reloaded") {
+				if err != nil && strings.Contains(err.Error(), "that have since changed") {
 					// A reload between this statement's Bind and its
 					// Execute (the pipeline pgx sends) refuses it once,
 					// with FP003, as documented: a client retries.
