@@ -88,8 +88,9 @@ func TestCatalogChange(t *testing.T) {
 					_, err := c.PgConn().Exec(ctx, k.write).ReadAll()
 					return err
 				}
-				_, err := c.Exec(ctx, k.write, pgx.QueryExecModeDescribeExec)
-				return err
+				// Parse, Bind, Execute (pgx's Exec with no arguments
+				// would send a simple Query).
+				return c.PgConn().ExecParams(ctx, k.write, nil, nil, nil, nil).Read().Err
 			})
 			wantCode(t, err, "FP003")
 			// Refused for the path found by the check the change called

@@ -536,18 +536,18 @@ func TestReviewRulesRepeatableRead(t *testing.T) {
 			if sqlState(err) != rules.CodeRefused {
 				t.Errorf("in the transaction: %v, want FP003", err)
 			}
-			if _, err := c.Exec(ctx, "ROLLBACK", mode); err != nil {
+			if err := execIn(ctx, c, "ROLLBACK", mode); err != nil {
 				t.Fatal(err)
 			}
 			err = rvRuleTry(func() error {
-				_, err := c.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ", mode)
+				err := execIn(ctx, c, "BEGIN ISOLATION LEVEL REPEATABLE READ", mode)
 				if err == nil {
 					_, err = c.Exec(ctx, rvRuleWrite, mode, 1)
 				}
 				if err == nil {
-					_, err = c.Exec(ctx, "COMMIT", mode)
+					err = execIn(ctx, c, "COMMIT", mode)
 				} else {
-					_, _ = c.Exec(ctx, "ROLLBACK", mode)
+					_ = execIn(ctx, c, "ROLLBACK", mode)
 				}
 				return err
 			})
@@ -690,7 +690,7 @@ func TestReviewRulesHierarchy(t *testing.T) {
 				c := rvSession(t, p, db, "L", "5")
 				ctx := ctxT(t)
 				exec := func(sql string) error {
-					return rvRuleTry(func() error { _, err := c.Exec(ctx, sql, mode); return err })
+					return rvRuleTry(func() error { return execIn(ctx, c, sql, mode) })
 				}
 				parentWrite := "UPDATE " + k.parent + " SET n = n + 1 WHERE id = 1"
 				if err := exec(parentWrite); err != nil {

@@ -80,8 +80,15 @@ func TestSmallTextChargedForDecision(t *testing.T) {
 	}
 
 	conn := connect(t, dsn)
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
-		_, err := conn.Exec(ctx, insert("costly")+pad, mode)
+	// A simple Query, then Parse/Bind/Execute (pgx's Exec with no
+	// arguments would send a simple Query in either mode).
+	for _, extended := range []bool{false, true} {
+		var err error
+		if extended {
+			err = conn.PgConn().ExecParams(ctx, insert("costly")+pad, nil, nil, nil, nil).Read().Err
+		} else {
+			_, err = conn.Exec(ctx, insert("costly")+pad, pgx.QueryExecModeSimpleProtocol)
+		}
 		wantSQLState(t, err, "53200")
 		selectOne(t, conn)
 	}
