@@ -63,7 +63,7 @@ type IndirectSet struct {
 	// statements that hold one of latentWords.
 	latentNeedles []string
 	// schemaNeedles: the schemas of both, looked for only in statements
-	// that hold "rename" (ALTER SCHEMA ... RENAME, schemaHit).
+	// that hold one of latentWords (ALTER SCHEMA ... RENAME, schemaHit).
 	schemaNeedles []string
 	// verdicts caches Check's result by text: reads that name such a
 	// relation (a partitioned parent, say) would otherwise be parsed every
@@ -128,9 +128,10 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 		return nil, true
 	}
 	has := func(n string) bool { return containsFoldASCII(sql, n) }
+	// latentWords holds "rename", which a schema's rename needs.
 	found := slices.ContainsFunc(s.needles, has) ||
-		(len(s.latentNeedles) > 0 && sqllex.ContainsAnyWordFold(sql, latentWords) && slices.ContainsFunc(s.latentNeedles, has)) ||
-		(sqllex.ContainsAnyWordFold(sql, renameWords) && slices.ContainsFunc(s.schemaNeedles, has))
+		(sqllex.ContainsAnyWordFold(sql, latentWords) &&
+			(slices.ContainsFunc(s.latentNeedles, has) || slices.ContainsFunc(s.schemaNeedles, has)))
 	if !found && !(&Rules{}).unicodeEscape(sql) {
 		return nil, true
 	}
@@ -415,9 +416,6 @@ func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
 // SCHEMA) after which such DDL would name the relation otherwise.
 var latentWords = []string{"rule", "trigger", "rename", "schema"}
 
-// renameWords are the words without which a statement cannot rename a
-// schema.
-var renameWords = []string{"rename"}
 
 // schemaHit returns the refusal of ALTER SCHEMA ... RENAME of schema when
 // it holds one of the set's relations or a latent one: their paths name
