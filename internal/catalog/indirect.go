@@ -449,11 +449,17 @@ func (g *pathGraph) computeEdges(s pathState) []pathEdge {
 	// own constraint already counts; clones for partitions of the
 	// referencing table never count for actions, since the action's query
 	// names the partitioned table.
+	// A key of r referencing r itself (a tree) counts: its action writes
+	// rows the statement's own fence did not check, of a protected r
+	// too.
 	for _, fk := range r.referenced {
-		if fk.child == fk.parent || (fk.refClone && s.mode == modeChild) {
+		if fk.refClone && s.mode == modeChild {
 			continue
 		}
 		if s.op == opTruncate {
+			if fk.child == fk.parent {
+				continue // truncated already
+			}
 			out = append(out, pathEdge{
 				to:   pathState{rel: fk.child, op: opTruncate, mode: modeCascaded},
 				kind: PathTruncate,
@@ -473,6 +479,16 @@ func (g *pathGraph) computeEdges(s pathState) []pathEdge {
 		}
 		if updates {
 			out = g.actionEdge(out, fk, "UPDATE", fk.onUpdate)
+		}
+		// An UPDATE through a partitioned ancestor that moves a row to
+		// another partition deletes it from this one: the ON DELETE
+		// action of a key declared on the partition itself (not cloned
+		// from the parent's) runs.
+		if updates && !deletes && s.mode == modeChild && r.isPartition {
+			n := len(out)
+			if out = g.actionEdge(out, fk, "DELETE", fk.onDelete); len(out) > n {
+				out[n].via += " (an UPDATE through the parent that moves the row to another partition deletes it here)"
+			}
 		}
 	}
 	return g.upEdges(r, s, out)

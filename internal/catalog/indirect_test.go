@@ -180,6 +180,7 @@ func TestIndirectPaths(t *testing.T) {
 			setup: `
 				CREATE TABLE orders (id int, region int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
 				CREATE TABLE orders_1 PARTITION OF orders FOR VALUES IN (1);
+				CREATE TABLE orders_2 PARTITION OF orders FOR VALUES IN (2);
 				ALTER TABLE orders_1 ADD UNIQUE (id);
 				CREATE TABLE items (id int PRIMARY KEY, order_id int REFERENCES orders_1 (id) ON DELETE CASCADE);
 				CREATE TABLE docs (id int PRIMARY KEY);
@@ -197,13 +198,18 @@ func TestIndirectPaths(t *testing.T) {
 				{"public", "docs_old", catalog.PathTruncate, "public.pages", "TRUNCATE", "TRUNCATE ... CASCADE truncates public.pages"},
 				{"public", "orders", catalog.PathForeignKey, "public.items", "DELETE MERGE",
 					"public.orders_1 is a partition of public.orders; ON DELETE CASCADE of foreign key items_order_id_fkey of public.items, which references public.orders_1"},
+				// An UPDATE moving a row out of orders_1 deletes it there.
+				{"public", "orders", catalog.PathForeignKey, "public.items", "UPDATE",
+					"ON DELETE CASCADE of foreign key items_order_id_fkey of public.items, which references public.orders_1 (an UPDATE through the parent that moves the row"},
 				{"public", "orders", catalog.PathTruncate, "public.items", "TRUNCATE", "public.orders_1 is a partition of public.orders; TRUNCATE ... CASCADE truncates public.items"},
 				{"public", "orders_1", catalog.PathForeignKey, "public.items", "DELETE MERGE", "ON DELETE CASCADE of foreign key items_order_id_fkey"},
 				{"public", "orders_1", catalog.PathTruncate, "public.items", "TRUNCATE", "TRUNCATE ... CASCADE truncates public.items"},
 				{"public", "orders_1", catalog.PathPartition, "public.orders", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.orders_1 is a partition of public.orders"},
+				{"public", "orders_2", catalog.PathPartition, "public.orders", "INSERT UPDATE DELETE MERGE TRUNCATE", "public.orders_2 is a partition of public.orders"},
 			},
 			proofs: []indirectProof{
 				{"DELETE FROM orders", "SELECT count(*) FROM items"},
+				{"UPDATE orders SET region = 2", "SELECT count(*) FROM items"},
 				{"UPDATE docs SET id = 7", "SELECT doc_id FROM pages"},
 			},
 		},
@@ -230,6 +236,31 @@ func TestIndirectPaths(t *testing.T) {
 				{"public", "plain", catalog.PathLatent, "public.config", "", "rule later on public.plain (ON UPDATE DO ALSO) runs UPDATE on public.config"},
 				{"public", "quiet", catalog.PathLatent, "public.config", "", "auto-updatable view public.quiet writes public.config"},
 				{"public", "summed", catalog.PathLatent, "public.config", "", "view public.summed reads public.config: an INSTEAD OF trigger"},
+			},
+		},
+		{
+			// A tree: the key's action writes rows of the table the
+			// statement's fence did not check.
+			name: "a protected table referencing itself",
+			setup: `
+				CREATE TABLE comments (id int PRIMARY KEY, parent_id int REFERENCES comments ON DELETE CASCADE);
+				CREATE TABLE a (id int PRIMARY KEY, pid int UNIQUE REFERENCES a (id) ON DELETE SET NULL);
+				CREATE TABLE config (id int PRIMARY KEY, a_pid int REFERENCES a (pid) ON UPDATE CASCADE);
+				INSERT INTO comments VALUES (1, NULL), (2, 1);
+				INSERT INTO a VALUES (1, NULL), (2, 1); INSERT INTO config VALUES (1, 1);`,
+			tables: []catalog.Rel{{Schema: "public", Name: "comments"}, {Schema: "public", Name: "config"}},
+			want: []indirectWant{
+				// DELETE FROM a sets a.pid to NULL, an UPDATE of the key
+				// config follows.
+				{"public", "a", catalog.PathForeignKey, "public.config", "DELETE MERGE",
+					"ON DELETE SET NULL of foreign key a_pid_fkey of public.a, which references public.a; ON UPDATE CASCADE of foreign key config_a_pid_fkey"},
+				{"public", "a", catalog.PathForeignKey, "public.config", "UPDATE MERGE", "ON UPDATE CASCADE of foreign key config_a_pid_fkey"},
+				{"public", "a", catalog.PathTruncate, "public.config", "TRUNCATE", "TRUNCATE ... CASCADE truncates public.config"},
+				{"public", "comments", catalog.PathForeignKey, "public.comments", "DELETE MERGE", "ON DELETE CASCADE of foreign key comments_parent_id_fkey of public.comments, which references public.comments"},
+			},
+			proofs: []indirectProof{
+				{"DELETE FROM comments WHERE id = 1", "SELECT count(*) FROM comments"},
+				{"DELETE FROM a WHERE id = 1", "SELECT count(a_pid) FROM config"},
 			},
 		},
 		{

@@ -180,7 +180,8 @@ func (s *IndirectSet) check(sql string) *Error {
 				// only the call: one that mentions such a relation is
 				// refused when it is created, as one that mentions a
 				// protected table is.
-				out = s.storedCodeHit(stmtText(sql, raw))
+				text := stmtText(sql, raw)
+				out = s.storedCodeHit(text, codeBody(m.Interface(), text))
 			case *pg.ViewStmt:
 				// A view over such a relation may be updatable through
 				// it: a new path, which the statements after it in the
@@ -198,11 +199,13 @@ func (s *IndirectSet) check(sql string) *Error {
 				// paths name: a latent one's rules could then be changed
 				// under the new name.
 				switch n.RenameType {
-				case pg.ObjectType_OBJECT_TABCONSTRAINT:
+				case pg.ObjectType_OBJECT_TABCONSTRAINT, pg.ObjectType_OBJECT_TRIGGER, pg.ObjectType_OBJECT_POLICY,
+					pg.ObjectType_OBJECT_RULE:
+					// Names of a relation's parts, not of the relation.
 				case pg.ObjectType_OBJECT_COLUMN:
-					// Paths by column name: renamed, a key column may
-					// pass for another.
-					out = s.columnsHit(n.Relation, "RENAME COLUMN of")
+					// Paths by column name: renamed to or from a key
+					// column's name, a column may pass for another.
+					out = s.columnsHit(n.Relation, "RENAME COLUMN of", n.Subname, n.Newname)
 				case pg.ObjectType_OBJECT_SCHEMA:
 					out = s.schemaHit(n.Subname)
 				default:
@@ -235,9 +238,9 @@ func (s *IndirectSet) check(sql string) *Error {
 						out = s.ddlHit(n.Relation, "ADD FOREIGN KEY to")
 					case cmd.Subtype == pg.AlterTableType_AT_EnableRule || cmd.Subtype == pg.AlterTableType_AT_EnableAlwaysRule ||
 						cmd.Subtype == pg.AlterTableType_AT_EnableReplicaRule:
-						out = s.latentHit(n.Relation, "ENABLE RULE on")
+						out = s.ruleHit(n.Relation, "ENABLE RULE on")
 					case cmd.Subtype == pg.AlterTableType_AT_DisableRule:
-						out = s.latentHit(n.Relation, "DISABLE RULE on")
+						out = s.ruleHit(n.Relation, "DISABLE RULE on")
 					case cmd.Subtype == pg.AlterTableType_AT_SetExpression:
 						// A generated key computed from other columns.
 						out = s.columnsHit(n.Relation, "SET EXPRESSION of")
@@ -247,7 +250,7 @@ func (s *IndirectSet) check(sql string) *Error {
 				// CREATE OR REPLACE RULE can turn an INSTEAD rule into
 				// an ALSO one; the actions are walked as statements. An
 				// ON SELECT rule defines a view, as CREATE VIEW does.
-				out = s.latentHit(n.Relation, "CREATE RULE on")
+				out = s.ruleHit(n.Relation, "CREATE RULE on")
 				if n.Event == pg.CmdType_CMD_SELECT {
 					for _, a := range n.Actions {
 						visitRangeVars(a.ProtoReflect(), true, func(rv *pg.RangeVar) {
@@ -260,14 +263,19 @@ func (s *IndirectSet) check(sql string) *Error {
 			case *pg.CreateTrigStmt:
 				// An INSTEAD OF trigger makes a view write what it reads;
 				// a BEFORE UPDATE trigger may change a referenced key.
-				out = s.latentHit(n.Relation, "CREATE TRIGGER on")
+				out = s.triggerHit(n.Relation, "CREATE TRIGGER on")
 			case *pg.DropStmt:
 				// Dropping an INSTEAD rule or trigger of a view may leave
 				// it auto-updatable.
 				if n.RemoveType == pg.ObjectType_OBJECT_RULE || n.RemoveType == pg.ObjectType_OBJECT_TRIGGER {
 					for _, o := range n.Objects {
-						if rv := ownerRangeVar(o.GetList().GetItems()); rv != nil && out == nil {
-							out = s.latentHit(rv, "DROP "+strings.TrimPrefix(n.RemoveType.String(), "OBJECT_")+" on")
+						rv := ownerRangeVar(o.GetList().GetItems())
+						switch {
+						case rv == nil || out != nil:
+						case n.RemoveType == pg.ObjectType_OBJECT_RULE:
+							out = s.ruleHit(rv, "DROP RULE on")
+						default:
+							out = s.triggerHit(rv, "DROP TRIGGER on")
 						}
 					}
 				}
@@ -301,16 +309,45 @@ func (s *IndirectSet) check(sql string) *Error {
 // as a word (ASCII case ignored), the name of one of the set's relations,
 // whatever it does with it: its body may write through it, also as
 // dynamic SQL.
-func (s *IndirectSet) storedCodeHit(sql string) *Error {
+func (s *IndirectSet) storedCodeHit(sql, body string) *Error {
 	if e := storedCodeRefusal(s.byRel, sql, "writes protected table %s without naming it"); e != nil {
 		return e
 	}
 	// Code that changes a latent relation's rules or triggers may open a
-	// path and write through it in the same call.
-	if sqllex.ContainsAnyWordFold(sql, latentWords) {
+	// path and write through it in the same call (its body: a function's
+	// declaration says RETURNS trigger).
+	if sqllex.ContainsAnyWordFold(body, latentWords) {
 		return storedCodeRefusal(s.latent, sql, "may be given a path to protected table %s by rule or trigger DDL")
 	}
 	return nil
+}
+
+// codeBody returns the source of a CREATE FUNCTION's or DO block's code,
+// or "" when it has none to read (a C function's object file). A
+// function of the SQL-standard form (BEGIN ATOMIC) has its body parsed:
+// it returns the statement's text then.
+func codeBody(m protoreflect.ProtoMessage, text string) string {
+	var opts []*pg.Node
+	switch n := m.(type) {
+	case *pg.CreateFunctionStmt:
+		if n.SqlBody != nil {
+			return text
+		}
+		opts = n.Options
+	case *pg.DoStmt:
+		opts = n.Args
+	}
+	for _, o := range opts {
+		if d := o.GetDefElem(); d != nil && d.Defname == "as" {
+			if sv := d.Arg.GetString_(); sv != nil {
+				return sv.Sval
+			}
+			if items := d.Arg.GetList().GetItems(); len(items) > 0 {
+				return items[0].GetString_().GetSval()
+			}
+		}
+	}
+	return ""
 }
 
 // storedCodeRefusal is storedCodeHit on the relations of byRel; how says
@@ -372,18 +409,39 @@ func (s *IndirectSet) ddlHit(rv *pg.RangeVar, what string) *Error {
 
 // columnsHit returns the refusal of DDL (what) on rv that changes which
 // columns a path of rv's that an UPDATE takes only by setting some columns
-// (Indirect.Columns) depends on.
-func (s *IndirectSet) columnsHit(rv *pg.RangeVar, what string) *Error {
+// (Indirect.Columns) depends on: of any such path, or, with names given,
+// of one whose columns hold one of them.
+func (s *IndirectSet) columnsHit(rv *pg.RangeVar, what string, names ...string) *Error {
 	if rv == nil {
 		return nil
 	}
 	var keyed []Indirect
 	for _, p := range s.byRel[rv.Relname] {
-		if len(p.Columns) > 0 {
+		if len(p.Columns) > 0 && (len(names) == 0 || slices.ContainsFunc(names, func(n string) bool { return slices.Contains(p.Columns, n) })) {
 			keyed = append(keyed, p)
 		}
 	}
 	return ddlRefusal(map[string][]Indirect{rv.Relname: keyed}, rv, what)
+}
+
+// ruleHit returns the refusal of DDL (what) on rv's rules when rv is
+// latent (a relation with rules, or a view, from which a changed rule
+// could open a path). A relation with no rules gains one only by CREATE
+// RULE, whose actions are checked as writes.
+func (s *IndirectSet) ruleHit(rv *pg.RangeVar, what string) *Error {
+	return ddlRefusal(s.latent, rv, what)
+}
+
+// triggerHit returns the refusal of DDL (what) on rv's triggers when rv
+// is latent (an INSTEAD OF trigger makes a view write what it reads) or
+// has a path an UPDATE takes by setting some columns (a BEFORE UPDATE
+// trigger may change them whatever it sets). Other triggers' writes are
+// in their functions' code, which the paths do not follow.
+func (s *IndirectSet) triggerHit(rv *pg.RangeVar, what string) *Error {
+	if e := ddlRefusal(s.latent, rv, what); e != nil {
+		return e
+	}
+	return s.columnsHit(rv, what)
 }
 
 // parentHit returns the refusal of DDL (what) that gives rv a new
@@ -415,7 +473,6 @@ func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
 // latentHit refuses: rule and trigger DDL, and renames (RENAME, SET
 // SCHEMA) after which such DDL would name the relation otherwise.
 var latentWords = []string{"rule", "trigger", "rename", "schema"}
-
 
 // schemaHit returns the refusal of ALTER SCHEMA ... RENAME of schema when
 // it holds one of the set's relations or a latent one: their paths name

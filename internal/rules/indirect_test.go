@@ -64,6 +64,12 @@ func TestIndirectSet(t *testing.T) {
 		{"ALTER TABLE events RENAME TO harmless", true},
 		{"ALTER TABLE events RENAME COLUMN a TO b", false},
 		{"ALTER TABLE owner RENAME COLUMN name TO id", true}, // a path by columns
+		{"ALTER TABLE owner RENAME COLUMN id TO tmp", true},
+		{"ALTER TABLE owner RENAME COLUMN name TO full_name", false},
+		{"CREATE TRIGGER t BEFORE UPDATE ON owner FOR EACH ROW EXECUTE FUNCTION f()", true},
+		{"CREATE TRIGGER t BEFORE UPDATE ON tenants FOR EACH ROW EXECUTE FUNCTION f()", false}, // no path by columns
+		{"DROP TRIGGER t ON tenants", false},
+		{"CREATE RULE r AS ON UPDATE TO tenants DO ALSO NOTHING", false}, // no rules to change: not latent
 		{"ALTER TABLE owner RENAME CONSTRAINT c TO d", false},
 		{"ALTER TABLE owner ALTER COLUMN ref SET EXPRESSION AS (id * 2)", true},
 		{"ALTER VIEW public.v SET SCHEMA elsewhere", true},
@@ -92,8 +98,9 @@ func TestIndirectSet(t *testing.T) {
 		{"DROP RULE r ON public.plain", true},
 		{"DROP RULE IF EXISTS r ON other.plain", false},
 		{"CREATE OR REPLACE RULE r AS ON UPDATE TO plain DO ALSO NOTHING", true},
-		{"CREATE TRIGGER t INSTEAD OF UPDATE ON v FOR EACH ROW EXECUTE FUNCTION f()", true},
-		{"DROP TRIGGER t ON v", true},
+		{"CREATE TRIGGER t INSTEAD OF UPDATE ON plain FOR EACH ROW EXECUTE FUNCTION f()", true},
+		{"DROP TRIGGER t ON v", false}, // v is a path, not latent here
+		{"DROP TRIGGER t ON plain", true},
 		{"CREATE TRIGGER t BEFORE UPDATE ON grand FOR EACH ROW EXECUTE FUNCTION f()", false},
 		{"ALTER TABLE grand ENABLE RULE r", false},
 		{"UPDATE plain SET a = 1", false}, // latent: no write reaches config
@@ -108,6 +115,14 @@ func TestIndirectSet(t *testing.T) {
 		{"ALTER SCHEMA app RENAME TO app2", true},
 		{"ALTER SCHEMA other RENAME TO o2", false},
 		{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ALTER VIEW plain RENAME TO p2$$", true},
+		// ... but not because it returns trigger.
+		{"CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM count(*) FROM plain; RETURN NULL; END$$", false},
+		{"CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN EXECUTE 'DROP RULE r ON plain'; RETURN NULL; END$$", true},
+		{"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM plain; END", false},
+		// Renaming a relation's trigger, rule or policy renames no relation.
+		{"ALTER TRIGGER t ON plain RENAME TO t2", false},
+		{"ALTER RULE r ON plain RENAME TO r2", false},
+		{"ALTER POLICY p ON tenants RENAME TO p2", false},
 		// An ON SELECT rule makes a view (a table turned into one).
 		{`CREATE RULE "_RETURN" AS ON SELECT TO grand DO INSTEAD SELECT * FROM v`, true},
 		{`CREATE RULE "_RETURN" AS ON SELECT TO grand DO INSTEAD SELECT * FROM other`, false},
