@@ -215,10 +215,10 @@ func (s *IndirectSet) check(sql string) *Error {
 				out = s.latentHit(n.Relation, "SET SCHEMA of")
 			case *pg.AlterTableStmt:
 				// Under a new parent, or attached as a partition, the
-				// relation's writes are reached through the parent, and a
-				// new partition's through it; a new foreign key of the relation makes the table it
-				// references reach it; a rule enabled or disabled may open
-				// a path through it.
+				// relation's writes are reached through the parent, and
+				// a new partition's through it; a new foreign key of the
+				// relation makes the table it references reach it; a rule
+				// enabled or disabled may open a path through it.
 				for _, c := range n.Cmds {
 					cmd := c.GetAlterTableCmd()
 					switch {
