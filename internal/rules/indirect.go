@@ -65,6 +65,9 @@ type IndirectSet struct {
 	// schemaNeedles: the schemas of both, looked for only in statements
 	// that hold one of latentWords (ALTER SCHEMA ... RENAME, schemaHit).
 	schemaNeedles []string
+	// code and latentCode name byRel's and latent's relations for the
+	// stored-code check (codeNames).
+	code, latentCode *Rules
 	// verdicts caches Check's result by text: reads that name such a
 	// relation (a partitioned parent, say) would otherwise be parsed every
 	// time.
@@ -80,6 +83,7 @@ func NewIndirectSet(paths []Indirect) *IndirectSet {
 		return nil
 	}
 	s := &IndirectSet{byRel: make(map[string][]Indirect), latent: make(map[string][]Indirect), verdicts: newDecisionCache(indirectCacheSize)}
+	defer func() { s.code, s.latentCode = codeNames(s.byRel), codeNames(s.latent) }()
 	for _, p := range paths {
 		needles, seen := &s.needles, len(s.byRel[p.Name]) > 0
 		if p.Latent {
@@ -132,6 +136,8 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 	found := slices.ContainsFunc(s.needles, has) ||
 		(sqllex.ContainsAnyWordFold(sql, latentWords) &&
 			(slices.ContainsFunc(s.latentNeedles, has) || slices.ContainsFunc(s.schemaNeedles, has)))
+	// Stored code with escapes may spell a name its text does not hold.
+	found = found || (strings.Contains(sql, `\`) && (sqllex.ContainsAnyWordFold(sql, codeWords) || mayBeDo(sql)))
 	if !found && !(&Rules{}).unicodeEscape(sql) {
 		return nil, true
 	}
@@ -181,7 +187,7 @@ func (s *IndirectSet) check(sql string) *Error {
 				// refused when it is created, as one that mentions a
 				// protected table is.
 				text := stmtText(sql, raw)
-				out = s.storedCodeHit(text, codeBody(m.Interface(), text))
+				out = s.storedCodeHit(m.Interface(), text, codeBody(m.Interface(), text))
 			case *pg.ViewStmt:
 				// A view over such a relation may be updatable through
 				// it: a new path, which the statements after it in the
@@ -305,21 +311,43 @@ func (s *IndirectSet) check(sql string) *Error {
 	return out
 }
 
-// storedCodeHit returns the refusal of stored code whose text mentions,
-// as a word (ASCII case ignored), the name of one of the set's relations,
-// whatever it does with it: its body may write through it, also as
-// dynamic SQL.
-func (s *IndirectSet) storedCodeHit(sql, body string) *Error {
-	if e := storedCodeRefusal(s.byRel, sql, "writes protected table %s without naming it"); e != nil {
+// storedCodeHit returns the refusal of stored code stmt (text its
+// statement's text, body its code) that mentions the name of one of the
+// set's relations, whatever it does with it: its body may write through
+// it, also as dynamic SQL. A name counts as a word of the text (ASCII
+// case ignored), or as the stored-code check of protected tables finds
+// one (codeCheck: the body compiled and parsed, every string constant
+// read as SQL after its escapes, a Unicode escape as any name).
+func (s *IndirectSet) storedCodeHit(stmt protoreflect.ProtoMessage, text, body string) *Error {
+	if e := storedCodeRefusal(s.byRel, s.code, stmt, text, "writes protected table %s without naming it"); e != nil {
 		return e
 	}
 	// Code that changes a latent relation's rules or triggers may open a
-	// path and write through it in the same call (its body: a function's
-	// declaration says RETURNS trigger).
-	if sqllex.ContainsAnyWordFold(body, latentWords) {
-		return storedCodeRefusal(s.latent, sql, "may be given a path to protected table %s by rule or trigger DDL")
+	// path and write through it in the same call. The words are looked
+	// for in its body (a function's declaration says RETURNS trigger);
+	// a body with escapes may spell them otherwise.
+	if sqllex.ContainsAnyWordFold(body, latentWords) || strings.Contains(body, `\`) || s.code.unicodeEscape(body) {
+		return storedCodeRefusal(s.latent, s.latentCode, stmt, text, "may be given a path to protected table %s by rule or trigger DDL")
 	}
 	return nil
+}
+
+// codeNames returns a rule set whose tables are byRel's relations, for
+// codeCheck to find their names in stored code.
+func codeNames(byRel map[string][]Indirect) *Rules {
+	r := &Rules{byRel: map[string][]*tableRule{}}
+	for name, ps := range byRel {
+		for _, p := range ps {
+			if slices.ContainsFunc(r.byRel[name], func(t *tableRule) bool { return t.schema == p.Schema }) {
+				continue
+			}
+			t := &tableRule{schema: p.Schema, rel: p.Name, display: quoteIdent(p.Schema) + "." + quoteIdent(p.Name)}
+			r.byRel[name] = append(r.byRel[name], t)
+			r.tables = append(r.tables, t)
+		}
+	}
+	slices.SortFunc(r.tables, func(a, b *tableRule) int { return strings.Compare(a.display, b.display) })
+	return r
 }
 
 // codeBody returns the source of a CREATE FUNCTION's or DO block's code,
@@ -350,29 +378,54 @@ func codeBody(m protoreflect.ProtoMessage, text string) string {
 	return ""
 }
 
-// storedCodeRefusal is storedCodeHit on the relations of byRel; how says
-// what the relation does to its target.
-func storedCodeRefusal(byRel map[string][]Indirect, sql, how string) *Error {
+// storedCodeRefusal is storedCodeHit on the relations of byRel (code:
+// codeNames of them); how says what the relation does to its target.
+func storedCodeRefusal(byRel map[string][]Indirect, code *Rules, stmt protoreflect.ProtoMessage, sql, how string) *Error {
+	if len(byRel) == 0 {
+		return nil
+	}
 	names := make([]string, 0, len(byRel))
 	for name := range byRel {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	for _, name := range names {
-		if !mentionsWord(sql, name) {
-			continue
-		}
-		p := byRel[name][0]
-		rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
-		return &Error{
-			Code:    CodeRefused,
-			Message: fmt.Sprintf("fenceproxy: stored code mentions %s, which "+how+"; statements inside it cannot be fenced", rel, p.Target),
-			Detail:  p.Via,
-			Hint:    "Write the protected table directly, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
-			Table:   p.Target,
+	var c *codeCheck
+	for pass := range 2 {
+		for _, name := range names {
+			mentions := "mentions"
+			switch {
+			case pass == 0 && mentionsWord(sql, name):
+			case pass == 0:
+				if c == nil {
+					c = &codeCheck{r: code}
+					c.stmt(stmt, 0)
+				}
+				if !slices.ContainsFunc(c.found, func(t *tableRule) bool { return t != nil && t.rel == name }) {
+					continue
+				}
+			case slices.Contains(c.found, nil):
+				// A Unicode escape, or text that cannot be read, may
+				// spell any name.
+				mentions = "may mention (through an escape, or in text that cannot be read)"
+			default:
+				continue
+			}
+			return storedCodeError(byRel[name][0], mentions, how)
 		}
 	}
 	return nil
+}
+
+// storedCodeError is storedCodeRefusal's refusal for path p.
+func storedCodeError(p Indirect, mentions, how string) *Error {
+	rel := quoteIdent(p.Schema) + "." + quoteIdent(p.Name)
+	return &Error{
+		Code:    CodeRefused,
+		Message: fmt.Sprintf("fenceproxy: stored code %s %s, which "+how+"; statements inside it cannot be fenced", mentions, rel, p.Target),
+		Detail:  p.Via,
+		Hint:    "Write the protected table directly, or install the database guard (fenceproxy setup --guard), which fences such writes inside PostgreSQL.",
+		Table:   p.Target,
+	}
 }
 
 // mentionsWord reports whether name appears in sql (ASCII case ignored)
@@ -507,6 +560,36 @@ func stmtText(sql string, raw *pg.RawStmt) string {
 		end = start + int(raw.StmtLen)
 	}
 	return sql[start:end]
+}
+
+// codeWords are the words without which a statement cannot create
+// stored code.
+var codeWords = []string{"function", "procedure"}
+
+// mayBeDo reports whether sql holds the word DO (any ASCII case) other
+// than in ON CONFLICT DO NOTHING or DO UPDATE, or a rule's DO INSTEAD or
+// DO ALSO: an upsert of text with backslashes is not a DO block.
+func mayBeDo(sql string) bool {
+	for i := 0; i+2 <= len(sql); i++ {
+		if !hasPrefixFoldASCII(sql[i:], "do") || (i > 0 && sqllex.IsIdentCont(sql[i-1])) ||
+			(i+2 < len(sql) && sqllex.IsIdentCont(sql[i+2])) {
+			continue
+		}
+		j := i + 2
+		for j < len(sql) && (sql[j] == ' ' || sql[j] == '\t' || sql[j] == '\n' || sql[j] == '\r') {
+			j++
+		}
+		k := j
+		for k < len(sql) && sqllex.IsIdentCont(sql[k]) {
+			k++
+		}
+		switch w := asciiLower(sql[j:k]); w {
+		case "nothing", "update", "instead", "also":
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // ownerRangeVar returns the relation of a rule or trigger named

@@ -115,6 +115,14 @@ func TestIndirectSet(t *testing.T) {
 		{"ALTER SCHEMA app RENAME TO app2", true},
 		{"ALTER SCHEMA other RENAME TO o2", false},
 		{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ALTER VIEW plain RENAME TO p2$$", true},
+		// Escaped names in dynamic SQL, as the protected tables' check
+		// reads them.
+		{`DO $$BEGIN EXECUTE E'DELETE FROM tenant\x73 WHERE id = 1'; END$$`, true},
+		{`DO $$BEGIN EXECUTE E'DROP RULE r ON pl\x61in'; END$$`, true},
+		{`DO $$BEGIN EXECUTE E'SELECT \x31 FROM other'; END$$`, false},
+		{`DO $$BEGIN EXECUTE 'DELETE FROM ' || 'tenants'; END$$`, true},
+		{`do language plpgsql $$BEGIN EXECUTE E'DELETE FROM tenant\x73'; END$$`, true},
+		{`INSERT INTO other VALUES (E'a\x62') ON CONFLICT DO NOTHING`, false},
 		// ... but not because it returns trigger.
 		{"CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM count(*) FROM plain; RETURN NULL; END$$", false},
 		{"CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN EXECUTE 'DROP RULE r ON plain'; RETURN NULL; END$$", true},
