@@ -200,6 +200,11 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	}
 	var check stampCheck
 	if d.Action != rules.Refuse && st != nil {
+		// The paths' check parses as the rules do: a text the server may
+		// read otherwise is refused where it may write through a path.
+		if e := st.indirect.LexingRefusal(lex, sql); e != nil {
+			return rules.Decision{Action: proxy.Refuse, Err: e, Tables: d.Tables}, true
+		}
 		e, c, ok := p.checkRefusal(st, info, sql, &d, lex.Prepared, quick)
 		if !ok {
 			return rules.Decision{}, false

@@ -131,20 +131,51 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 	if s == nil {
 		return nil, true
 	}
-	has := func(n string) bool { return containsFoldASCII(sql, n) }
-	// latentWords holds "rename", which a schema's rename needs.
-	found := slices.ContainsFunc(s.needles, has) ||
-		(sqllex.ContainsAnyWordFold(sql, latentWords) &&
-			(slices.ContainsFunc(s.latentNeedles, has) || slices.ContainsFunc(s.schemaNeedles, has)))
-	// Stored code with escapes may spell a name its text does not hold.
-	found = found || (strings.Contains(sql, `\`) && (sqllex.ContainsAnyWordFold(sql, codeWords) || mayBeDo(sql)))
-	if !found && !(&Rules{}).unicodeEscape(sql) {
+	if !s.mayApply(sql) {
 		return nil, true
 	}
 	if d, ok := s.verdicts.get(0, sql); ok {
 		return d.Err, true
 	}
 	return nil, false
+}
+
+// mayApply reports whether sql may be refused by the set: it names one of
+// its relations (a latent one, or a schema of either, with the words of
+// the DDL that concerns them), or creates stored code (which may spell a
+// name its text does not hold: escapes, string continuation), or holds a
+// Unicode escape.
+func (s *IndirectSet) mayApply(sql string) bool {
+	has := func(n string) bool { return containsFoldASCII(sql, n) }
+	// latentWords holds "rename", which a schema's rename needs.
+	return slices.ContainsFunc(s.needles, has) ||
+		(sqllex.ContainsAnyWordFold(sql, latentWords) &&
+			(slices.ContainsFunc(s.latentNeedles, has) || slices.ContainsFunc(s.schemaNeedles, has))) ||
+		mayCreateCode(sql) || (&Rules{}).unicodeEscape(sql)
+}
+
+// LexingRefusal fails closed, as the rule sets do for protected tables,
+// when the server may tokenize sql differently from the parser the set's
+// check uses (always UTF-8 with standard_conforming_strings on) and sql
+// may be refused by the set: with standard_conforming_strings off, a
+// backslash can end a string where the parser sees it go on, and hide a
+// write through a path. nil for a nil set.
+func (s *IndirectSet) LexingRefusal(lex Lexing, sql string) *Error {
+	if s == nil || (!lex.Backslash && !lex.NonASCII) || !s.mayApply(sql) {
+		return nil
+	}
+	switch {
+	case lex.Uncertain:
+		return lexingError("cannot tell how the server will read this statement, which may write through a relation that reaches a protected table: earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
+			"Send a Sync before this statement, or avoid backslashes and non-ASCII bytes in its text (use parameters).")
+	case lex.Backslash && !lex.StandardConformingStrings:
+		return lexingError("statements that may write through a relation that reaches a protected table need standard_conforming_strings = on when they hold backslashes",
+			"SET standard_conforming_strings = on (PostgreSQL's default), or pass the value as a parameter.")
+	case lex.NonASCII && lex.ClientEncoding != "UTF8":
+		return lexingError("statements that may write through a relation that reaches a protected table need client_encoding UTF8 when they hold non-ASCII bytes, got "+lex.ClientEncoding,
+			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
+	}
+	return nil
 }
 
 // check is Check without the cache.
@@ -326,7 +357,7 @@ func (s *IndirectSet) storedCodeHit(stmt protoreflect.ProtoMessage, text, body s
 	// path and write through it in the same call. The words are looked
 	// for in its body (a function's declaration says RETURNS trigger);
 	// a body with escapes may spell them otherwise.
-	if sqllex.ContainsAnyWordFold(body, latentWords) || strings.Contains(body, `\`) || s.code.unicodeEscape(body) {
+	if sqllex.ContainsAnyWordFold(body, latentDynWords) || strings.Contains(body, `\`) || s.code.unicodeEscape(body) {
 		return storedCodeRefusal(s.latent, s.latentCode, stmt, text, "may be given a path to protected table %s by rule or trigger DDL")
 	}
 	return nil
@@ -527,6 +558,11 @@ func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
 // SCHEMA) after which such DDL would name the relation otherwise.
 var latentWords = []string{"rule", "trigger", "rename", "schema"}
 
+// latentDynWords are latentWords and EXECUTE: dynamic SQL can build the
+// words (string continuation, concatenation), so stored code that runs
+// any and names a latent relation is refused too.
+var latentDynWords = append(slices.Clip(latentWords), "execute")
+
 // schemaHit returns the refusal of ALTER SCHEMA ... RENAME of schema when
 // it holds one of the set's relations or a latent one: their paths name
 // them by schema.
@@ -562,34 +598,77 @@ func stmtText(sql string, raw *pg.RawStmt) string {
 	return sql[start:end]
 }
 
-// codeWords are the words without which a statement cannot create
-// stored code.
-var codeWords = []string{"function", "procedure"}
+// mayCreateCode reports whether sql may create stored code: it holds
+// the words CREATE and FUNCTION or PROCEDURE, or a DO statement.
+func mayCreateCode(sql string) bool {
+	return (sqllex.ContainsAnyWordFold(sql, createWords) && sqllex.ContainsAnyWordFold(sql, codeWords)) || mayBeDo(sql)
+}
 
-// mayBeDo reports whether sql holds the word DO (any ASCII case) other
-// than in ON CONFLICT DO NOTHING or DO UPDATE, or a rule's DO INSTEAD or
-// DO ALSO: an upsert of text with backslashes is not a DO block.
+var (
+	createWords = []string{"create"}
+	codeWords   = []string{"function", "procedure"}
+)
+
+// mayBeDo reports whether sql may hold a DO statement: the word DO (any
+// ASCII case) followed, after spaces and comments, by what a DO statement
+// takes next, a string constant ('...', $tag$...$tag$, E'...', U&'...')
+// or LANGUAGE. ON CONFLICT DO NOTHING or DO UPDATE, a rule's DO INSTEAD
+// or DO ALSO, and "do" in text data are not.
 func mayBeDo(sql string) bool {
 	for i := 0; i+2 <= len(sql); i++ {
 		if !hasPrefixFoldASCII(sql[i:], "do") || (i > 0 && sqllex.IsIdentCont(sql[i-1])) ||
 			(i+2 < len(sql) && sqllex.IsIdentCont(sql[i+2])) {
 			continue
 		}
-		j := i + 2
-		for j < len(sql) && (sql[j] == ' ' || sql[j] == '\t' || sql[j] == '\n' || sql[j] == '\r') {
-			j++
+		j := skipSpaceAndComments(sql, i+2)
+		if j >= len(sql) {
+			continue
 		}
-		k := j
-		for k < len(sql) && sqllex.IsIdentCont(sql[k]) {
-			k++
-		}
-		switch w := asciiLower(sql[j:k]); w {
-		case "nothing", "update", "instead", "also":
-		default:
+		switch c := sql[j]; {
+		case c == '\'' || c == '$':
+			return true
+		case (c == 'e' || c == 'E') && j+1 < len(sql) && sql[j+1] == '\'':
+			return true
+		case (c == 'u' || c == 'U') && j+1 < len(sql) && sql[j+1] == '&':
+			return true
+		case hasPrefixFoldASCII(sql[j:], "language") && (j+8 == len(sql) || !sqllex.IsIdentCont(sql[j+8])):
 			return true
 		}
 	}
 	return false
+}
+
+// skipSpaceAndComments returns the index of the first byte of sql from i
+// on that is not white space or in a comment (-- to the end of the line,
+// /* */ nested as PostgreSQL nests them); len(sql) if none.
+func skipSpaceAndComments(sql string, i int) int {
+	for i < len(sql) {
+		switch {
+		case sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r' || sql[i] == '\f' || sql[i] == '\v':
+			i++
+		case strings.HasPrefix(sql[i:], "--"):
+			for i < len(sql) && sql[i] != '\n' && sql[i] != '\r' {
+				i++
+			}
+		case strings.HasPrefix(sql[i:], "/*"):
+			depth := 0
+			for i < len(sql) {
+				if strings.HasPrefix(sql[i:], "/*") {
+					depth, i = depth+1, i+2
+				} else if strings.HasPrefix(sql[i:], "*/") {
+					depth, i = depth-1, i+2
+					if depth == 0 {
+						break
+					}
+				} else {
+					i++
+				}
+			}
+		default:
+			return i
+		}
+	}
+	return i
 }
 
 // ownerRangeVar returns the relation of a rule or trigger named

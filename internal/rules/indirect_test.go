@@ -123,6 +123,13 @@ func TestIndirectSet(t *testing.T) {
 		{`DO $$BEGIN EXECUTE 'DELETE FROM ' || 'tenants'; END$$`, true},
 		{`do language plpgsql $$BEGIN EXECUTE E'DELETE FROM tenant\x73'; END$$`, true},
 		{`INSERT INTO other VALUES (E'a\x62') ON CONFLICT DO NOTHING`, false},
+		// String continuation: two constants separated by a newline are
+		// one.
+		{"DO $$BEGIN EXECUTE 'DELETE FROM tenan'\n'ts WHERE id = 1'; END$$", true},
+		{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS 'DELETE FROM tenan'\n'ts'", true},
+		{"DO /* c */ $$BEGIN EXECUTE 'ALTER TABLE plain ENABLE RU'\n'LE r'; END$$", true},
+		{"DO LANGUAGE plpgsql $$BEGIN EXECUTE 'ALTER TABLE plain ENABLE ' || 'RU' || 'LE r'; END$$", true},
+		{"SELECT 'what do you mean'", false},
 		// ... but not because it returns trigger.
 		{"CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM count(*) FROM plain; RETURN NULL; END$$", false},
 		{"CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN EXECUTE 'DROP RULE r ON plain'; RETURN NULL; END$$", true},
@@ -189,5 +196,38 @@ func TestIndirectStoredCode(t *testing.T) {
 		if e := s.Check(sql); (e != nil) != refused {
 			t.Errorf("%s: refusal %v, want refused %v", sql, e, refused)
 		}
+	}
+}
+
+// TestIndirectLexingRefusal: with standard_conforming_strings off, a
+// backslash can end a string the parser reads on, and hide a write
+// through a path: a text that may write through one is refused then.
+func TestIndirectLexingRefusal(t *testing.T) {
+	s := rules.NewIndirectSet([]rules.Indirect{{Schema: "public", Name: "mid", Ops: []string{"DELETE"}, Target: "public.items", Via: "ON DELETE CASCADE"}})
+	hidden := `SELECT 'a\', $$'; DELETE FROM mid WHERE id = 1; --$$`
+	on := rules.Lexing{StandardConformingStrings: true, ClientEncoding: "UTF8", Backslash: true}
+	off := on
+	off.StandardConformingStrings = false
+	uncertain := on
+	uncertain.Uncertain = true
+	latin := rules.Lexing{StandardConformingStrings: true, ClientEncoding: "LATIN1", NonASCII: true}
+	for _, c := range []struct {
+		lex    rules.Lexing
+		sql    string
+		refuse bool
+	}{
+		{on, hidden, false},
+		{off, hidden, true},
+		{uncertain, hidden, true},
+		{off, `SELECT 'a\b' FROM other`, false},
+		{latin, "SELECT 'é' FROM mid", true},
+		{latin, "SELECT 'é' FROM other", false},
+	} {
+		if e := s.LexingRefusal(c.lex, c.sql); (e != nil) != c.refuse || (e != nil && e.Code != rules.CodeRefused) {
+			t.Errorf("%+v %q: %v, want refusal %v", c.lex, c.sql, e, c.refuse)
+		}
+	}
+	if e := (*rules.IndirectSet)(nil).LexingRefusal(off, hidden); e != nil {
+		t.Errorf("nil set: %v", e)
 	}
 }
