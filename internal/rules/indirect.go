@@ -147,11 +147,65 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 // Unicode escape.
 func (s *IndirectSet) mayApply(sql string) bool {
 	has := func(n string) bool { return containsFoldASCII(sql, n) }
+	if slices.ContainsFunc(s.needles, has) || (&Rules{}).unicodeEscape(sql) {
+		return true
+	}
+	w := gateWordsIn(sql)
 	// latentWords holds "rename", which a schema's rename needs.
-	return slices.ContainsFunc(s.needles, has) ||
-		(sqllex.ContainsAnyWordFold(sql, latentWords) &&
-			(slices.ContainsFunc(s.latentNeedles, has) || slices.ContainsFunc(s.schemaNeedles, has))) ||
-		mayCreateCode(sql) || (&Rules{}).unicodeEscape(sql)
+	return (w&gateLatent != 0 && (slices.ContainsFunc(s.latentNeedles, has) || slices.ContainsFunc(s.schemaNeedles, has))) ||
+		(w&gateCreate != 0 && w&gateCode != 0) || w&gateDo != 0
+}
+
+// The words mayApply looks for, as bits of gateWordsIn's result.
+const (
+	gateLatent = 1 << iota // one of latentWords
+	gateCreate             // CREATE
+	gateCode               // FUNCTION, PROCEDURE
+	gateDo                 // a DO statement (doStatementAt)
+)
+
+// gateWordsIn scans sql's words (maximal runs of identifier bytes) once
+// and returns which of mayApply's words it holds, ASCII case ignored.
+func gateWordsIn(sql string) int {
+	bits := 0
+	for i := 0; i < len(sql); {
+		if !sqllex.IsIdentCont(sql[i]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
+			j++
+		}
+		w := sql[i:j]
+		switch len(w) {
+		case 2:
+			if sqllex.HasPrefixFold(w, "do") && doStatementAt(sql, j) {
+				bits |= gateDo
+			}
+		case 4:
+			if sqllex.HasPrefixFold(w, "rule") {
+				bits |= gateLatent
+			}
+		case 6:
+			switch {
+			case sqllex.HasPrefixFold(w, "rename"), sqllex.HasPrefixFold(w, "schema"):
+				bits |= gateLatent
+			case sqllex.HasPrefixFold(w, "create"):
+				bits |= gateCreate
+			}
+		case 7:
+			if sqllex.HasPrefixFold(w, "trigger") {
+				bits |= gateLatent
+			}
+		case 8, 9:
+			if sqllex.HasPrefixFold(w, "function") || sqllex.HasPrefixFold(w, "procedure") {
+				bits |= gateCode
+			}
+		}
+		i = j
+	}
+	return bits
 }
 
 // LexingRefusal fails closed, as the rule sets do for protected tables,
@@ -553,7 +607,8 @@ func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
 	return ddlRefusal(s.latent, rv, what)
 }
 
-// latentWords are the words without which a statement cannot be the DDL
+// latentWords (gateWordsIn's gateLatent: keep them alike) are the words
+// without which a statement cannot be the DDL
 // latentHit refuses: rule and trigger DDL, and renames (RENAME, SET
 // SCHEMA) after which such DDL would name the relation otherwise.
 var latentWords = []string{"rule", "trigger", "rename", "schema"}
@@ -598,44 +653,25 @@ func stmtText(sql string, raw *pg.RawStmt) string {
 	return sql[start:end]
 }
 
-// mayCreateCode reports whether sql may create stored code: it holds
-// the words CREATE and FUNCTION or PROCEDURE, or a DO statement.
-func mayCreateCode(sql string) bool {
-	return (sqllex.ContainsAnyWordFold(sql, createWords) && sqllex.ContainsAnyWordFold(sql, codeWords)) || mayBeDo(sql)
-}
-
-var (
-	createWords = []string{"create"}
-	codeWords   = []string{"function", "procedure"}
-)
-
-// mayBeDo reports whether sql may hold a DO statement: the word DO (any
-// ASCII case) followed, after spaces and comments, by what a DO statement
-// takes next, a string constant ('...', $tag$...$tag$, E'...', U&'...')
-// or LANGUAGE. ON CONFLICT DO NOTHING or DO UPDATE, a rule's DO INSTEAD
-// or DO ALSO, and "do" in text data are not.
-func mayBeDo(sql string) bool {
-	for i := 0; i+2 <= len(sql); i++ {
-		if !hasPrefixFoldASCII(sql[i:], "do") || (i > 0 && sqllex.IsIdentCont(sql[i-1])) ||
-			(i+2 < len(sql) && sqllex.IsIdentCont(sql[i+2])) {
-			continue
-		}
-		j := skipSpaceAndComments(sql, i+2)
-		if j >= len(sql) {
-			continue
-		}
-		switch c := sql[j]; {
-		case c == '\'' || c == '$':
-			return true
-		case (c == 'e' || c == 'E') && j+1 < len(sql) && sql[j+1] == '\'':
-			return true
-		case (c == 'u' || c == 'U') && j+1 < len(sql) && sql[j+1] == '&':
-			return true
-		case hasPrefixFoldASCII(sql[j:], "language") && (j+8 == len(sql) || !sqllex.IsIdentCont(sql[j+8])):
-			return true
-		}
+// doStatementAt reports whether what follows the word DO, which ends at
+// i, is what a DO statement takes next: after spaces and comments, a
+// string constant ('...', $tag$...$tag$, E'...', U&'...') or LANGUAGE.
+// ON CONFLICT DO NOTHING or DO UPDATE, a rule's DO INSTEAD or DO ALSO,
+// and "do" in text data are not.
+func doStatementAt(sql string, i int) bool {
+	j := skipSpaceAndComments(sql, i)
+	if j >= len(sql) {
+		return false
 	}
-	return false
+	switch c := sql[j]; {
+	case c == '\'' || c == '$':
+		return true
+	case (c == 'e' || c == 'E') && j+1 < len(sql) && sql[j+1] == '\'':
+		return true
+	case (c == 'u' || c == 'U') && j+1 < len(sql) && sql[j+1] == '&':
+		return true
+	}
+	return hasPrefixFoldASCII(sql[j:], "language") && (j+8 == len(sql) || !sqllex.IsIdentCont(sql[j+8]))
 }
 
 // skipSpaceAndComments returns the index of the first byte of sql from i
