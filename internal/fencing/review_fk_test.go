@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -62,32 +61,10 @@ func fkDB(t *testing.T, specs []rules.TableSpec, schema string) (string, *pgx.Co
 	return db, d
 }
 
-// fkMoved reports whether err is the refusal a client retries once the
-// proxy has checked a changed catalog.
-func fkMoved(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == rules.CodeRefused &&
-		(strings.Contains(pe.Message, "changed since the proxy checked it") || strings.Contains(pe.Message, "changed since the proxy's last check"))
-}
-
-// fkTry runs write, again (at most five times) while it is refused
-// because the catalog changed, as a client retries, and returns the last
-// error.
-func fkTry(write func() error) error {
-	var err error
-	for range 5 {
-		if err = write(); !fkMoved(err) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return err
-}
-
-// fkExec runs sql on c through fkTry.
+// fkExec runs sql on c, again while the catalog moved (rvRuleTry).
 func fkExec(t *testing.T, c *pgx.Conn, sql string, args ...any) error {
 	t.Helper()
-	return fkTry(func() error {
+	return rvRuleTry(func() error {
 		_, err := c.Exec(ctxT(t), sql, args...)
 		return err
 	})
@@ -97,7 +74,7 @@ func fkExec(t *testing.T, c *pgx.Conn, sql string, args ...any) error {
 // catalog's move).
 func fkRefused(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == rules.CodeRefused && !fkMoved(err)
+	return errors.As(err, &pe) && pe.Code == rules.CodeRefused && !rvCatalogMoved(err)
 }
 
 // fkRows is a table's rows, id:a:b... by id, read on d.
@@ -470,7 +447,7 @@ func TestReviewFKCatalogChanges(t *testing.T) {
 		}
 	}
 	pipeline := func(c *pgx.Conn, sql string, args ...any) error {
-		return fkTry(func() error {
+		return rvRuleTry(func() error {
 			b := &pgx.Batch{}
 			b.Queue("SELECT count(*) FROM orders")
 			b.Queue(sql, args...)

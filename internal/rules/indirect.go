@@ -156,6 +156,33 @@ func (s *IndirectSet) mayApply(sql string) bool {
 		(w&gateCreate != 0 && w&gateCode != 0) || w&gateDo != 0
 }
 
+// The words mayApply looks for besides latentWords.
+var (
+	createWords = []string{"create"}
+	codeWords   = []string{"function", "procedure"}
+	doWords     = []string{"do"}
+)
+
+// gateByLen lists the words gateWordsIn looks for, with their bits, by
+// length: a word of the text is compared with those of its length only.
+var gateByLen = func() (t [10][]struct {
+	word string
+	bit  int
+}) {
+	for _, g := range []struct {
+		words []string
+		bit   int
+	}{{latentWords, gateLatent}, {createWords, gateCreate}, {codeWords, gateCode}, {doWords, gateDo}} {
+		for _, w := range g.words {
+			t[len(w)] = append(t[len(w)], struct {
+				word string
+				bit  int
+			}{w, g.bit})
+		}
+	}
+	return t
+}()
+
 // The words mayApply looks for, as bits of gateWordsIn's result.
 const (
 	gateLatent = 1 << iota // one of latentWords
@@ -177,30 +204,11 @@ func gateWordsIn(sql string) int {
 		for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 			j++
 		}
-		w := sql[i:j]
-		switch len(w) {
-		case 2:
-			if sqllex.HasPrefixFold(w, "do") && doStatementAt(sql, j) {
-				bits |= gateDo
-			}
-		case 4:
-			if sqllex.HasPrefixFold(w, "rule") {
-				bits |= gateLatent
-			}
-		case 6:
-			switch {
-			case sqllex.HasPrefixFold(w, "rename"), sqllex.HasPrefixFold(w, "schema"):
-				bits |= gateLatent
-			case sqllex.HasPrefixFold(w, "create"):
-				bits |= gateCreate
-			}
-		case 7:
-			if sqllex.HasPrefixFold(w, "trigger") {
-				bits |= gateLatent
-			}
-		case 8, 9:
-			if sqllex.HasPrefixFold(w, "function") || sqllex.HasPrefixFold(w, "procedure") {
-				bits |= gateCode
+		if w := sql[i:j]; len(w) < len(gateByLen) {
+			for _, g := range gateByLen[len(w)] {
+				if sqllex.HasPrefixFold(w, g.word) && (g.bit != gateDo || doStatementAt(sql, j)) {
+					bits |= g.bit
+				}
 			}
 		}
 		i = j
@@ -218,18 +226,8 @@ func (s *IndirectSet) LexingRefusal(lex Lexing, sql string) *Error {
 	if s == nil || (!lex.Backslash && !lex.NonASCII) || !s.mayApply(sql) {
 		return nil
 	}
-	switch {
-	case lex.Uncertain:
-		return lexingError("cannot tell how the server will read this statement, which may write through a relation that reaches a protected table: earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
-			"Send a Sync before this statement, or avoid backslashes and non-ASCII bytes in its text (use parameters).")
-	case lex.Backslash && !lex.StandardConformingStrings:
-		return lexingError("statements that may write through a relation that reaches a protected table need standard_conforming_strings = on when they hold backslashes",
-			"SET standard_conforming_strings = on (PostgreSQL's default), or pass the value as a parameter.")
-	case lex.NonASCII && lex.ClientEncoding != "UTF8":
-		return lexingError("statements that may write through a relation that reaches a protected table need client_encoding UTF8 when they hold non-ASCII bytes, got "+lex.ClientEncoding,
-			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
-	}
-	return nil
+	return lexingProblem(lex, "this statement, which may write through a relation that reaches a protected table,",
+		"statements that may write through a relation that reaches a protected table")
 }
 
 // check is Check without the cache.
@@ -607,8 +605,7 @@ func (s *IndirectSet) latentHit(rv *pg.RangeVar, what string) *Error {
 	return ddlRefusal(s.latent, rv, what)
 }
 
-// latentWords (gateWordsIn's gateLatent: keep them alike) are the words
-// without which a statement cannot be the DDL
+// latentWords are the words without which a statement cannot be the DDL
 // latentHit refuses: rule and trigger DDL, and renames (RENAME, SET
 // SCHEMA) after which such DDL would name the relation otherwise.
 var latentWords = []string{"rule", "trigger", "rename", "schema"}

@@ -124,15 +124,23 @@ func (r *Rules) lexingRefusal(lex Lexing, sql string) *Error {
 	if !r.MayTouch(sql) && !(high && !utf8 && r.nonASCII) {
 		return nil
 	}
+	return lexingProblem(lex, "this statement on a protected table", "statements on protected tables")
+}
+
+// lexingProblem is the refusal of a text with backslashes or non-ASCII
+// bytes (lex) that the server may read otherwise than pg_query, nil if it
+// reads it alike; this and these name what is refused, in the singular
+// and the plural.
+func lexingProblem(lex Lexing, this, these string) *Error {
 	switch {
 	case lex.Uncertain:
-		return lexingError("cannot tell how the server will read this statement on a protected table: earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
+		return lexingError("cannot tell how the server will read "+this+": earlier messages of the pipeline, not yet synced, may change standard_conforming_strings or client_encoding",
 			"Send a Sync before this statement, or avoid backslashes and non-ASCII bytes in its text (use parameters).")
-	case backslash && !lex.StandardConformingStrings:
-		return lexingError("statements on protected tables with backslashes need standard_conforming_strings = on",
+	case lex.Backslash && !lex.StandardConformingStrings:
+		return lexingError(these+" with backslashes need standard_conforming_strings = on",
 			"SET standard_conforming_strings = on (PostgreSQL's default), or pass the value as a parameter.")
-	case high && !utf8:
-		return lexingError("statements on protected tables with non-ASCII bytes need client_encoding UTF8, got "+lex.ClientEncoding,
+	case lex.NonASCII && lex.ClientEncoding != "UTF8":
+		return lexingError(these+" with non-ASCII bytes need client_encoding UTF8, got "+lex.ClientEncoding,
 			"SET client_encoding = 'UTF8', or pass the value as a parameter.")
 	}
 	return nil
