@@ -1,8 +1,6 @@
 package fencing_test
 
 import (
-	"os"
-	"slices"
 	"strings"
 	"testing"
 
@@ -114,60 +112,20 @@ func ltSession(t *testing.T, p *proxytest.Proxy, db string) *pgx.Conn {
 }
 
 // ltCheck runs each case in each mode: items must be unchanged and,
-// for a case that holds, some statement refused (FP003).
-func ltCheck(t *testing.T, cases []ltCase) {
-	p, specs := fkProxy(t, fkRowRules)
-	for _, k := range cases {
-		for _, mode := range ltModes {
-			t.Run(k.name+"/"+mode, func(t *testing.T) {
-				if k.hole != "" && os.Getenv(ltRunHoles) == "" {
-					t.Skip("HOLE: " + k.hole)
-				}
-				t.Parallel()
-				db, d := fkDB(t, specs, ltBase)
-				if k.setup != "" {
-					execDirect(t, d, k.setup)
-				}
-				c := ltSession(t, p, db)
-				before := fkRows(t, d, fkItemsQ)
-				errs := ltRun(t, c, mode, k.stmts, k.noTx)
-				after := fkRows(t, d, fkItemsQ)
-				t.Logf("errors: %v", errs)
-				if after != before {
-					t.Errorf("items changed by the stale holder:\n before %s\n after  %s\n errors %v", before, after, errs)
-				}
-				if k.hole == "" && !slices.ContainsFunc(errs, fkRefused) {
-					t.Errorf("no statement refused with FP003: %v", errs)
-				}
-			})
-		}
-	}
-}
+// for a case that holds, some statement refused (FP003) (ovRun).
+func ltCheck(t *testing.T, cases []ltCase) { ovRun(t, false, ovCases(cases)) }
 
 // ltOK runs each case in each mode: every statement must run (ordinary
-// DDL that opens no path is not refused).
-func ltOK(t *testing.T, cases []ltCase) {
-	p, specs := fkProxy(t, fkRowRules)
-	for _, k := range cases {
-		for _, mode := range ltModes {
-			t.Run(k.name+"/"+mode, func(t *testing.T) {
-				if k.hole != "" && (k.holeMode == "" || k.holeMode == mode) && os.Getenv(ltRunHoles) == "" {
-					t.Skip("OVER-REFUSAL: " + k.hole)
-				}
-				t.Parallel()
-				db, d := fkDB(t, specs, ltBase)
-				if k.setup != "" {
-					execDirect(t, d, k.setup)
-				}
-				c := ltSession(t, p, db)
-				for i, err := range ltRun(t, c, mode, k.stmts, k.noTx) {
-					if err != nil {
-						t.Errorf("statement %d: %v", i, err)
-					}
-				}
-			})
-		}
+// DDL that opens no path is not refused) (ovRun).
+func ltOK(t *testing.T, cases []ltCase) { ovRun(t, true, ovCases(cases)) }
+
+// ovCases wraps cases on ltBase and items.
+func ovCases(cases []ltCase) []ovCase {
+	out := make([]ovCase, len(cases))
+	for i, k := range cases {
+		out[i] = ovCase{ltCase: k}
 	}
+	return out
 }
 
 // TestReviewLatentHeld: attempts the proxy refuses (FP003) before the
