@@ -175,12 +175,12 @@ func TestReviewRulesForms(t *testing.T) {
 						return err
 					}
 					// again: an EXECUTE refused because its statement,
-					// PREPAREd earlier, is decided differently now
-					// (seen before any rule too: the proxy's generation
-					// moves with other databases' checks) is prepared
-					// again, as the refusal's hint says.
-					// The generation may move again in between (other
-					// tests' checks run in parallel): a few tries.
+					// PREPAREd earlier, is decided differently now (the
+					// rule came or went) is prepared again, as the
+					// refusal's hint says; a few tries, as a client
+					// would make. (Other databases' changes, which
+					// parallel tests make, no longer move this session's
+					// generation: TestGenerationPerDatabase.)
 					again := func(err error) error {
 						for range 5 {
 							if f.name != "sql prepare" || err == nil || !strings.Contains(err.Error(), "prepared under fencing rules or catalog paths that have since changed") {

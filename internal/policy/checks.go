@@ -158,12 +158,12 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		// statements prepared before are decided again, or they would
 		// keep calling what is gone. (One found where it was not leaves
 		// them as they are: what they call is still there.)
-		p.bumpGeneration()
+		p.bumpGeneration(database)
 	}
 	if st != nil && next.watched && next.stamp != st.stamp {
 		// Statements prepared before check the old stamp when they run
 		// (their CatalogCheckProc call): decided again, they check this one.
-		p.bumpGeneration()
+		p.bumpGeneration(database)
 	}
 	time.AfterFunc(dbRefresh, func() { next.expired.Store(true) })
 	if st != nil && samePaths(st.paths, paths) {
@@ -174,7 +174,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		next.hierarchy = hierarchyDDL(paths)
 		if st != nil && !equalPaths(st.paths, paths) {
 			// Statements prepared before may write through a new path.
-			p.bumpGeneration()
+			p.bumpGeneration(database)
 		}
 	}
 	if next.watched {

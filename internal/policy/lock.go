@@ -131,7 +131,7 @@ func (p *Policy) objectsGone(database string) {
 	if now-last < int64(time.Second) || !st.goneAt.CompareAndSwap(last, now) {
 		return
 	}
-	p.bumpGeneration()
+	p.bumpGeneration(database)
 }
 
 // missingObjectsError handles the errors of statements that call objects

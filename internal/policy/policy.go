@@ -21,6 +21,7 @@ import (
 // Policy implements proxy.Policy. The zero value is not usable; use New.
 type Policy struct {
 	current atomic.Pointer[ruleSet]
+	dbGens  dbGenerations // see Generation
 	locks   lockLabels
 	swapMu  sync.Mutex // orders Swaps, so generations in force only grow
 	log     *zap.Logger
@@ -126,8 +127,13 @@ func (p *Policy) Swap(rs *rules.Rules, notifies bool) {
 	p.current.Store(set)
 }
 
-// Generation implements proxy.Policy: it counts the Swaps.
-func (p *Policy) Generation() uint64 { return p.current.Load().gen }
+// Generation implements proxy.Policy: it counts the Swaps, which every
+// database's sessions decide again with, plus the changes of database's
+// own check results (catalog paths, objects found gone), which only its
+// sessions do.
+func (p *Policy) Generation(database string) uint64 {
+	return p.current.Load().gen + p.dbGens.get(database)
+}
 
 // PreparedOps implements proxy.Policy: the rewriter's.
 func (p *Policy) PreparedOps(sql string) ([]proxy.PreparedOp, error) { return rules.PreparedOps(sql) }

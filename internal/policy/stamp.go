@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
@@ -64,7 +66,7 @@ func (p *Policy) catalogMoved(database string) {
 		st.moved.Store(true)
 		st.expired.Store(true)
 	}
-	p.bumpGeneration()
+	p.bumpGeneration(database)
 }
 
 // catalogCheckFailed handles the FP003 of dbsetup.CatalogCheckProc: the
@@ -185,15 +187,75 @@ func inBandWrite(sql string) bool {
 	return true
 }
 
-// bumpGeneration makes the relay decide every prepared statement again
-// before it next runs (proxy.Policy.Generation), with the rules in force.
-func (p *Policy) bumpGeneration() {
+// bumpGeneration makes the relay decide every prepared statement of
+// database's sessions again before it next runs (proxy.Policy.Generation),
+// with the results in force.
+func (p *Policy) bumpGeneration(database string) {
+	if p.dbGens.bump(database) {
+		return
+	}
+	// No room for another database's count: every database's sessions
+	// decide again, which is more work and never less safe.
 	p.swapMu.Lock()
 	defer p.swapMu.Unlock()
 	cur := p.current.Load()
 	next := *cur
 	next.gen = cur.gen + 1
 	p.current.Store(&next)
+}
+
+// dbGenerations counts, per database, the changes of its check results
+// that its prepared statements must be decided again after. A count only
+// grows and is never removed (a removed one would start again at zero,
+// and a statement decided under the old count would pass for current);
+// the databases counted are bounded, as the checked ones are. Reads take
+// no lock and allocate nothing: the relay reads a count at every Parse
+// and Bind.
+type dbGenerations struct {
+	mu sync.Mutex // orders writers of m
+	m  atomic.Pointer[map[string]*atomic.Uint64]
+}
+
+func (g *dbGenerations) get(database string) uint64 {
+	if m := g.m.Load(); m != nil {
+		if c := (*m)[database]; c != nil {
+			return c.Load()
+		}
+	}
+	return 0
+}
+
+// bump adds one to database's count; false when it has none and no more
+// databases can be counted.
+func (g *dbGenerations) bump(database string) bool {
+	if m := g.m.Load(); m != nil {
+		if c := (*m)[database]; c != nil {
+			c.Add(1)
+			return true
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var old map[string]*atomic.Uint64
+	if m := g.m.Load(); m != nil {
+		old = *m
+	}
+	if c := old[database]; c != nil {
+		c.Add(1)
+		return true
+	}
+	if len(old) >= maxCheckedDBs {
+		return false
+	}
+	next := make(map[string]*atomic.Uint64, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	c := new(atomic.Uint64)
+	c.Store(1)
+	next[database] = c
+	g.m.Store(&next)
+	return true
 }
 
 // freshState returns database's check results as they are after every

@@ -106,7 +106,7 @@ func (p *slowPolicy) TranslateError(*proxy.SessionInfo, *pgproto3.ErrorResponse)
 // decisions on texts that mention "slow_ops".
 type preparedSlowPolicy struct{ *slowPolicy }
 
-func (preparedSlowPolicy) Generation() uint64 { return 1 }
+func (preparedSlowPolicy) Generation(string) uint64 { return 1 }
 
 func (p preparedSlowPolicy) PreparedOps(sql string) ([]proxy.PreparedOp, error) {
 	if strings.Contains(sql, "panic_ops") {

@@ -118,8 +118,10 @@ type Policy interface {
 	// under rules of generation g or later. A statement prepared under
 	// older rules must not run under newer ones: the relay remembers, per
 	// prepared statement and portal, the generation it was decided under,
-	// and decides again when it has changed since.
-	Generation() uint64
+	// and decides again when it has changed since. database is the
+	// session's: a change that concerns one database's sessions only (its
+	// catalog) need not move the others' generation.
+	Generation(database string) uint64
 	// PreparedOps lists the statements of sql that define, run or remove
 	// SQL-level prepared statements (PREPARE, EXECUTE, DEALLOCATE, DISCARD
 	// ALL). An error means sql does not parse.
@@ -159,7 +161,7 @@ func (BasePolicy) DecideQuick(*SessionInfo, Lexing, string) (rules.Decision, boo
 func (BasePolicy) MayTouch(*SessionInfo, string) bool                        { return true }
 func (BasePolicy) DecisionCost(_ *SessionInfo, sql string) int64             { return int64(len(sql)) }
 func (BasePolicy) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
-func (BasePolicy) Generation() uint64                                        { return 0 }
+func (BasePolicy) Generation(string) uint64                                  { return 0 }
 func (BasePolicy) PreparedOps(string) ([]PreparedOp, error)                  { return nil, nil }
 func (BasePolicy) NamesLock(*SessionInfo, string) bool                       { return false }
 func (BasePolicy) FenceSettings() (token, lock string)                       { return "", "" }

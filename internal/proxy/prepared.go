@@ -143,6 +143,7 @@ type querySent struct {
 // preparedState is guarded by session.mu.
 type preparedState struct {
 	pol Policy
+	db  string // the session's database, for pol.Generation
 
 	stmts     map[string]*stmtEntry
 	portals   map[string]*portalEntry
@@ -197,6 +198,9 @@ type preparedState struct {
 	// auto is the session's own prepared statements (autoprepare.go).
 	auto autoState
 }
+
+// generation is the policy's generation for the session's statements.
+func (ps *preparedState) generation() uint64 { return ps.pol.Generation(ps.db) }
 
 // newPreparedState makes a session's state; names is the random part of
 // the names of the proxy's own statements.

@@ -63,7 +63,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 	if r.closedSet && serverKey(portal) == serverKey(r.closed) {
 		r.closedSet = false
 	}
-	gen := r.ps.pol.Generation()
+	gen := r.ps.generation()
 	v, err := r.checkStatement(stmt, gen, false)
 	if err != nil {
 		return false, "", err
@@ -290,7 +290,7 @@ func (r *requests) relayDescribe(body []byte) error {
 		return r.sess.protocolViolation(fmt.Errorf("malformed Describe"))
 	}
 	if body[0] == 'S' {
-		v, err := r.checkStatement(name, r.ps.pol.Generation(), false)
+		v, err := r.checkStatement(name, r.ps.generation(), false)
 		if err != nil {
 			return err
 		}
@@ -330,7 +330,7 @@ func (r *requests) relayExecute(body []byte) error {
 			return err
 		}
 	}
-	gen := r.ps.pol.Generation()
+	gen := r.ps.generation()
 	r.mu.Lock()
 	pe := r.ps.portals[serverKey(portal)]
 	if pe != nil && pe.seg < r.ps.idleSeg {

@@ -97,7 +97,7 @@ func (t *tracker) sqlOpDefs(ops []PreparedOp, gen uint64) []*stmtDef {
 		defs[i].lock = lock
 		t.mu.Unlock()
 	}
-	if t.ps.pol.Generation() != gen {
+	if t.ps.generation() != gen {
 		for _, d := range defs {
 			if d != nil {
 				d.sent = hashText("\x00unknown")

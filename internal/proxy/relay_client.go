@@ -283,7 +283,7 @@ func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
 	}
 	d := rules.Decision{Action: Refuse, Err: e}
 	if r.ps != nil {
-		if err := r.trackPrepared(typ, &p, "", r.ps.pol.Generation(), &d, false, 0, prepWords{}, &fenceText{}); err != nil {
+		if err := r.trackPrepared(typ, &p, "", r.ps.generation(), &d, false, 0, prepWords{}, &fenceText{}); err != nil {
 			return err
 		}
 	}
@@ -374,7 +374,7 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 	if r.ps != nil {
 		// Before deciding: a reload during the decision then shows as a
 		// change of generation later.
-		gen = r.ps.pol.Generation()
+		gen = r.ps.generation()
 	}
 	if !r.fence.on && !r.lockNamed && r.srv.opts.Policy.NamesLock(&r.info, sql) {
 		r.lockNamed = true

@@ -274,6 +274,9 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 	if s.info.Database == "" {
 		s.info.Database = s.info.User
 	}
+	if s.ps != nil {
+		s.ps.db = s.info.Database
+	}
 	s.info.ApplicationName = params["application_name"]
 	if sp := s.srv.opts.Policy; !s.srv.opts.DisableSettingsCarry {
 		if tok, lk := sp.FenceSettings(); tok != "" && s.ps != nil {

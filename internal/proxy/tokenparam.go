@@ -210,7 +210,7 @@ func (r *requests) settingForm(stmt string, def *stmtDef) (*stmtDef, *rules.Erro
 		return nil, nil, err
 	}
 	lex.Prepared = def.preparedForm
-	gen := r.ps.pol.Generation()
+	gen := r.ps.generation()
 	d := r.decide(lex, def.sql)
 	if d.Action == Refuse {
 		return nil, d.Err, nil
@@ -368,7 +368,7 @@ func (r *requests) rebindClosed() error {
 	if body == nil || !same || broken {
 		return r.sendRefusedInstead(errPortalClosed(portal))
 	}
-	if r.ps.pol.Generation() != r.closedGen {
+	if r.ps.generation() != r.closedGen {
 		// Bound under rules since reloaded: it runs only if the rules in
 		// force decide its statement alike, as an open portal would.
 		if same, _, _, err := r.redecide(def); err != nil || !same {
