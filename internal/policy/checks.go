@@ -206,7 +206,7 @@ func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 		}
 		out = append(out, rules.Indirect{
 			Schema: p.Schema, Name: p.Name, Ops: p.Ops, Target: p.Target, Via: p.Via,
-			CascadeOnly: p.Kind == catalog.PathTruncate, Columns: p.Columns, Latent: latent,
+			CascadeOnly: p.Kind == catalog.PathTruncate, ByRule: p.Kind == catalog.PathRule, Columns: p.Columns, Latent: latent,
 			NewPartitions: p.NewPartitions, NewChildren: p.NewChildren,
 		})
 	}

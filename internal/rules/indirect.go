@@ -27,6 +27,9 @@ type Indirect struct {
 	Via    string // how, for the error's detail
 	// CascadeOnly: TRUNCATE reaches Target only with CASCADE.
 	CascadeOnly bool
+	// ByRule: the first step is a rewrite rule of the relation. COPY FROM,
+	// which fires no rules, does not take it.
+	ByRule bool
 	// Columns: an UPDATE reaches Target only when it sets one of them (a
 	// foreign key's ON UPDATE action fires when the referenced key
 	// changes); empty, any UPDATE does.
@@ -262,7 +265,7 @@ func (s *IndirectSet) check(sql string) *Error {
 				out = s.hit(n.Relation, "MERGE", false, nil)
 			case *pg.CopyStmt:
 				if n.IsFrom {
-					out = s.hit(n.Relation, "INSERT", false, nil)
+					out = s.hit(n.Relation, "COPY", false, nil)
 				}
 			case *pg.CreateFunctionStmt, *pg.DoStmt:
 				// Stored code runs its statements where the proxy sees
@@ -750,11 +753,15 @@ func (s *IndirectSet) hit(rv *pg.RangeVar, op string, cascade bool, set []*pg.No
 	if rv == nil {
 		return nil
 	}
+	kind := op
+	if op == "COPY" {
+		kind = "INSERT" // COPY FROM inserts, and fires no rules
+	}
 	for _, p := range s.byRel[rv.Relname] {
 		if !sameSchema(rv.Schemaname, p.Schema) {
 			continue
 		}
-		if !slices.Contains(p.Ops, op) || (op == "TRUNCATE" && p.CascadeOnly && !cascade) {
+		if !slices.Contains(p.Ops, kind) || (op == "TRUNCATE" && p.CascadeOnly && !cascade) || (op == "COPY" && p.ByRule) {
 			continue
 		}
 		if op == "UPDATE" && len(p.Columns) > 0 && set != nil && !setsAny(set, p.Columns) {

@@ -16,6 +16,9 @@ func TestIndirectSet(t *testing.T) {
 		{Schema: "public", Name: "region_1", Ops: []string{"INSERT", "UPDATE"}, Target: "public.regions", Via: "partition", NewPartitions: true, NewChildren: true},
 		{Schema: "public", Name: "plain", Target: "public.config", Via: "rule", Latent: true},
 		{Schema: "app", Name: "Mixed", Ops: []string{"UPDATE"}, Target: "public.config", Via: "rule"},
+		{Schema: "public", Name: "inbox", Ops: []string{"INSERT", "UPDATE"}, Target: "public.config", Via: "rule", ByRule: true},
+		{Schema: "public", Name: "both", Ops: []string{"INSERT"}, Target: "public.config", Via: "rule", ByRule: true},
+		{Schema: "public", Name: "both", Ops: []string{"INSERT"}, Target: "public.events_2024", Via: "partition"},
 		{Schema: "public", Name: "owner", Ops: []string{"UPDATE", "MERGE"}, Target: "public.config", Via: "ON UPDATE CASCADE", Columns: []string{"id", "Code"}},
 	})
 	for _, c := range []struct {
@@ -30,6 +33,11 @@ func TestIndirectSet(t *testing.T) {
 		{"INSERT INTO events VALUES (1)", true},
 		{"COPY events FROM STDIN", true},
 		{"COPY events TO STDOUT", false},
+		// COPY FROM fires no rules: a path whose first step is a rule
+		// is not taken; another path of the same relation is.
+		{"COPY inbox FROM STDIN", false},
+		{"INSERT INTO inbox VALUES (1)", true},
+		{"COPY both FROM STDIN", true},
 		{"DELETE FROM tenants WHERE id = 1", true},
 		{"UPDATE tenants SET name = 'x'", false},
 		{"TRUNCATE tenants", false},
