@@ -262,3 +262,55 @@ func BenchmarkIndirectGate(b *testing.B) {
 		})
 	}
 }
+
+// TestIndirectOwnTransactionOnly: a refusal of DDL that opens a path says
+// so (Error.OwnTransactionOnly) when the DDL is the text's one statement
+// and writes through no path itself; refusals of writes, of stored code,
+// of DDL that rewrites rows or shares its text with another statement do
+// not.
+func TestIndirectOwnTransactionOnly(t *testing.T) {
+	s := rules.NewIndirectSet([]rules.Indirect{
+		{Schema: "public", Name: "v", Ops: []string{"INSERT", "UPDATE", "DELETE"}, Target: "public.config", Via: "view"},
+		{Schema: "public", Name: "tenants", Ops: []string{"DELETE"}, Target: "public.config", Via: "ON DELETE CASCADE", NewPartitions: true},
+		{Schema: "public", Name: "owner", Ops: []string{"UPDATE"}, Target: "public.config", Via: "ON UPDATE CASCADE", Columns: []string{"id"}},
+		{Schema: "public", Name: "plain", Target: "public.config", Via: "rule", Latent: true},
+	})
+	for _, c := range []struct {
+		sql   string
+		alone bool
+	}{
+		{"CREATE TABLE t2 PARTITION OF tenants FOR VALUES IN (2)", true},
+		{"ALTER TABLE tenants ATTACH PARTITION t2 FOR VALUES IN (2)", true},
+		{"CREATE VIEW pv AS SELECT * FROM v", true},
+		{"ALTER TABLE tenants ADD FOREIGN KEY (a) REFERENCES grand ON DELETE CASCADE", true},
+		{"ALTER TABLE owner RENAME COLUMN id TO tmp", true},
+		{"DROP RULE r ON plain", true},
+		{"ALTER TABLE plain ENABLE RULE r", true},
+		{"CREATE TRIGGER t INSTEAD OF UPDATE ON plain FOR EACH ROW EXECUTE FUNCTION f()", true},
+		{"ALTER VIEW plain RENAME TO p2", true},
+		{"ALTER SCHEMA public RENAME TO p2", true},
+		// Rows rewritten by the DDL itself.
+		{"ALTER TABLE owner ALTER COLUMN ref SET EXPRESSION AS (id * 2)", false},
+		// A rule whose action writes through a path.
+		{"CREATE OR REPLACE RULE r AS ON UPDATE TO plain DO ALSO DELETE FROM v", false},
+		// Two statements: the second shares the first's transaction.
+		{"CREATE TABLE t2 PARTITION OF tenants FOR VALUES IN (2); SELECT 1", false},
+		{"SELECT 1; CREATE VIEW pv AS SELECT * FROM v", false},
+		// Writes and stored code.
+		{"DELETE FROM tenants", false},
+		{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS 'DELETE FROM v'", false},
+		{"DO $$BEGIN EXECUTE 'DROP RULE r ON plain'; END$$", false},
+	} {
+		e := s.Check(c.sql)
+		if e == nil {
+			t.Errorf("%q: not refused", c.sql)
+			continue
+		}
+		if e.OwnTransactionOnly() != c.alone {
+			t.Errorf("%q: OwnTransactionOnly %v, want %v (%v)", c.sql, e.OwnTransactionOnly(), c.alone, e)
+		}
+		if again := s.Check(c.sql); again.OwnTransactionOnly() != c.alone { // from the cache
+			t.Errorf("%q again: OwnTransactionOnly %v, want %v", c.sql, again.OwnTransactionOnly(), c.alone)
+		}
+	}
+}
