@@ -409,6 +409,18 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		r.mu.Unlock()
 	}
 	d := r.decide(lex, sql)
+	if words.any && r.ps != nil {
+		// A text that defines prepared statements records them as decided
+		// under gen (sqlOpDefs): when the rules or the database's paths
+		// moved while it was decided (its own stamp read may have had the
+		// database checked again), it is decided once more, under the
+		// results in force, rather than recorded as decided under rules
+		// unknown, which refuses every EXECUTE until it is prepared again.
+		if g := r.ps.generation(); g != gen {
+			gen = g
+			d = r.decide(lex, sql)
+		}
+	}
 	r.decided(&d, r.clock().Sub(start))
 	if d.OwnDDL {
 		r.ownDDL = true
