@@ -46,6 +46,15 @@ var watchV2SQL string
 
 var watchBodyV2 = dollarBody(watchV2SQL, "body")
 
+// watchV3SQL is catalog_at as setup installed it before it set
+// lock_timeout while another transaction's change of the catalog is under
+// way: still a check the proxy calls, until setup replaces it.
+//
+//go:embed watch_v3.sql
+var watchV3SQL string
+
+var catalogCheckBodyV3 = dollarBody(watchV3SQL, "at")
+
 // CatalogCheckProc is the procedure of watch.sql the proxy calls in a
 // write's transaction, just before the write, with the stamp it decided
 // the write under: it raises FP003 when the catalog stamp is another.
@@ -93,8 +102,8 @@ ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 // earlier version did: the stamp's table with its row and columns, the
 // function with this source (or watch_v1.sql's, watch_v2.sql's) and declaration, both
 // event triggers calling it, enabled always, for every command, and a
-// check procedure with its source, CatalogCheckProc or
-// LegacyCatalogCheckProc. It returns "" when the watch is not in place,
+// check procedure with its source (or, for CatalogCheckProc, watch_v3.sql's),
+// CatalogCheckProc or LegacyCatalogCheckProc. It returns "" when the watch is not in place,
 // and current when it is this version's, which setup need not touch.
 func readWatch(ctx context.Context, q catalog.Querier) (proc string, current bool, err error) {
 	var table, ok bool
@@ -119,13 +128,14 @@ func readWatch(ctx context.Context, q catalog.Querier) (proc string, current boo
 				WHERE e.evtenabled = 'A' AND e.evttags IS NULL
 				AND ((e.evtname = $2::text AND e.evtevent = 'ddl_command_end')
 					OR (e.evtname = $3::text AND e.evtevent = 'sql_drop'))) = 2,
-			CASE WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_at' AND prosrc = $4 AND proconfig IS NULL) THEN $6
+			CASE WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_at' AND prosrc IN ($4, $10) AND proconfig IS NULL) THEN $6
 				WHEN EXISTS (SELECT FROM checks WHERE name = 'catalog_is' AND prosrc = $5
 					AND proconfig = ARRAY['search_path=pg_catalog, pg_temp']) THEN $7
 				ELSE '' END,
-			coalesce((SELECT bool_and(current) FROM f), false)`,
+			coalesce((SELECT bool_and(current) FROM f), false)
+				AND EXISTS (SELECT FROM checks WHERE name = 'catalog_at' AND prosrc = $4)`,
 		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody, legacyCheckBody,
-		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1, watchBodyV2).Scan(&table, &ok, &proc, &bodyCurrent)
+		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1, watchBodyV2, catalogCheckBodyV3).Scan(&table, &ok, &proc, &bodyCurrent)
 	if err != nil {
 		return "", false, fmt.Errorf("read the catalog watch: %w", err)
 	}

@@ -141,7 +141,10 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.catalog_is(bigint) TO PUBLIC;
 -- catalog_is's steps, after it. It sets no search_path (a SET in the
 -- definition costs as much again as the scan): every name is qualified,
 -- operators and types too, so that the caller's search_path cannot change
--- what it runs. catalog_is stays for proxies of earlier versions.
+-- what it runs. catalog_is stays for proxies of earlier versions. Where
+-- the row's version was replaced by a transaction still under way (a
+-- change of the catalog not yet committed), it also sets lock_timeout for
+-- the rest of the transaction, which catalog_is does not: see below.
 CREATE OR REPLACE PROCEDURE fenceproxy.catalog_at(want bigint)
 LANGUAGE plpgsql
 AS $at$
@@ -153,6 +156,8 @@ DECLARE
 	ref bigint;
 	wide bigint;
 	moved boolean := false;
+	st pg_catalog.text;
+	v pg_catalog.text;
 BEGIN
 	PERFORM FROM fenceproxy.catalog c
 		WHERE c.stamp OPERATOR(pg_catalog.=) want AND c.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
@@ -163,8 +168,7 @@ BEGIN
 	SELECT c.stamp, c.base, c.writer, c.xmax INTO s, b, w, x FROM fenceproxy.catalog c;
 	IF w OPERATOR(pg_catalog.=) pg_catalog.txid_current_if_assigned() THEN
 		s := b;
-	ELSIF x OPERATOR(pg_catalog.<>) '0'::pg_catalog.xid
-			AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+	ELSIF x OPERATOR(pg_catalog.<>) '0'::pg_catalog.xid THEN
 		BEGIN
 			ref := pg_catalog.txid_snapshot_xmax(pg_catalog.txid_current_snapshot());
 			wide := (ref OPERATOR(pg_catalog.>>) 32 OPERATOR(pg_catalog.<<) 32)
@@ -174,10 +178,23 @@ BEGIN
 			ELSIF wide OPERATOR(pg_catalog.<) (ref OPERATOR(pg_catalog.-) 2147483648) THEN
 				wide := wide OPERATOR(pg_catalog.+) 4294967296;
 			END IF;
-			moved := (pg_catalog.txid_status(wide) OPERATOR(pg_catalog.=) 'committed') IS TRUE;
+			st := pg_catalog.txid_status(wide);
 		EXCEPTION WHEN OTHERS THEN
-			moved := true;
+			st := NULL;
 		END;
+		IF st IS NULL OR st OPERATOR(pg_catalog.=) 'in progress' THEN
+			-- Another transaction has changed the catalog and not ended:
+			-- a statement after this check that waited for one of its
+			-- locks would run, once it commits, with a catalog the proxy
+			-- did not check. For the rest of this transaction a lock that
+			-- cannot be had within a millisecond fails the statement
+			-- (55P03) instead, and the client's retry is decided with the
+			-- catalog as it is then.
+			v := pg_catalog.set_config('lock_timeout', '1ms', true);
+		END IF;
+		IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+			moved := st IS NULL OR st OPERATOR(pg_catalog.=) 'committed';
+		END IF;
 	END IF;
 	IF (s OPERATOR(pg_catalog.=) want) IS NOT TRUE OR moved THEN
 		RAISE EXCEPTION 'fenceproxy: the catalog of database % changed since the proxy checked it; the statement did not run', pg_catalog.current_database()

@@ -349,6 +349,24 @@ func TestCatalogCheckForms(t *testing.T) {
 		if rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{}); err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch") {
 			t.Fatalf("setup over the v2 catalog_changed: %v, actions %q", err, rep.Actions)
 		}
+		// The check of the version before it set lock_timeout while a
+		// change is under way: still watched with it, noted, upgraded.
+		v3, err := os.ReadFile("watch_v3.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		execSQL(t, conn, string(v3))
+		rep, err = dbsetup.Check(ctx, conn, sp)
+		if err != nil || !rep.Watched || rep.CheckProc != dbsetup.CatalogCheckProc ||
+			!slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check with the v3 catalog_at: %v, watched %v with %q, notes %v", err, rep.Watched, rep.CheckProc, rep.Notes)
+		}
+		if rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{}); err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch") {
+			t.Fatalf("setup over the v3 catalog_at: %v, actions %q", err, rep.Actions)
+		}
+		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check after setup over v3: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
+		}
 		// Neither check in place: not watched.
 		execSQL(t, conn, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint); DROP PROCEDURE "+dbsetup.LegacyCatalogCheckProc+"(bigint)")
 		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || rep.Watched {
