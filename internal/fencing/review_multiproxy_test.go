@@ -481,7 +481,10 @@ func TestReviewMultiProxyPaths(t *testing.T) {
 						t.Errorf("%s: acct changed through the %s on proxy 2:\n before %s\n after  %s", f.name, path.name, before, after)
 						execDirect(t, d, "UPDATE acct SET last_fence = 9")
 					}
-					ddl(path.undo)
+					// The undo on a direct connection: through the proxy,
+					// replacing a path view or dropping a rule that may open
+					// a path is refused.
+					execDirect(t, d, path.undo)
 					if fi == 0 {
 						// With the path gone the write goes through again.
 						if err := rvRuleTry(func() error { return mpSimple(c, strings.ReplaceAll(path.write, "$1", "99")) }); err != nil {
@@ -910,7 +913,9 @@ func TestReviewMultiProxyPrepareAfterChange(t *testing.T) {
 	p1, specs := mpStart(t, hijackRules, cluster.Addr(), migratorRole)
 	p2, _ := mpStart(t, hijackRules, cluster.Addr())
 	var over []string
-	for _, via := range []string{"direct", "proxy 1"} {
+	// (Through proxy 1, replacing v, a path relation, is refused: DDL
+	// that may open a path runs on a direct connection.)
+	for _, via := range []string{"direct"} {
 		t.Run(via, func(t *testing.T) {
 			db, d := rvSetupDB(t, specs, "mpprep")
 			execDirect(t, d, "CREATE OR REPLACE VIEW v AS SELECT * FROM acct")

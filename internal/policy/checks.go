@@ -285,10 +285,11 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		return e, check, true
 	}
 	e = st.indirect.Check(sql)
-	if e != nil && check.on && !read {
+	if e != nil && st.watched && !read {
 		// Refused with paths the catalog may have dropped since: a
 		// refusal is rare, so it waits for a stamp read, as a write the
-		// check cannot go before does.
+		// check cannot go before does (DDL refused for a path, too: a
+		// view replaced on another connection is no longer one).
 		fresh, fe := p.freshState(info, st, sql)
 		if fe != nil {
 			return fe, stampCheck{}, true

@@ -215,13 +215,6 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		if !ok {
 			return rules.Decision{}, false
 		}
-		if e.OwnTransactionOnly() && lex.Alone && st.watched && d.Action == rules.Forward && d.Lock == nil && d.AuditRefusal == nil {
-			// DDL that opens a path, as a transaction of its own where
-			// the watch counts it: it commits before anything else of
-			// the session is decided (Decision.OwnDDL), as on a direct
-			// connection.
-			return rules.Decision{Tables: d.Tables, OwnDDL: true}, true
-		}
 		if e != nil {
 			return rules.Decision{Action: proxy.Refuse, Err: e, Tables: d.Tables}, true
 		}

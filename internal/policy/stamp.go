@@ -56,14 +56,6 @@ func (p *Policy) CatalogChanged(database string) {
 	p.catalogMoved(database)
 }
 
-// OwnDDLDone implements proxy.Policy: a session's DDL let through as a
-// transaction of its own (Decision.OwnDDL) has been answered, so the
-// catalog may have changed: the results are read again at the next
-// statement.
-func (p *Policy) OwnDDLDone(info *proxy.SessionInfo) {
-	p.catalogMoved(info.Database)
-}
-
 // catalogMoved marks database's results as older than its catalog: they
 // are read again at the next statement, writes wait for a stamp read (and
 // a new check) until the results' stamp moves, and statements prepared

@@ -122,10 +122,6 @@ type Policy interface {
 	// session's: a change that concerns one database's sessions only (its
 	// catalog) need not move the others' generation.
 	Generation(database string) uint64
-	// OwnDDLDone is called when the server has answered a statement
-	// decided with rules.Decision.OwnDDL, before anything else of the
-	// session is decided: the catalog of info's database may have changed.
-	OwnDDLDone(info *SessionInfo)
 	// PreparedOps lists the statements of sql that define, run or remove
 	// SQL-level prepared statements (PREPARE, EXECUTE, DEALLOCATE, DISCARD
 	// ALL). An error means sql does not parse.
@@ -165,7 +161,6 @@ func (BasePolicy) DecideQuick(*SessionInfo, Lexing, string) (rules.Decision, boo
 func (BasePolicy) MayTouch(*SessionInfo, string) bool                        { return true }
 func (BasePolicy) DecisionCost(_ *SessionInfo, sql string) int64             { return int64(len(sql)) }
 func (BasePolicy) TranslateError(*SessionInfo, *pgproto3.ErrorResponse) bool { return false }
-func (BasePolicy) OwnDDLDone(*SessionInfo)                                   {}
 func (BasePolicy) Generation(string) uint64                                  { return 0 }
 func (BasePolicy) PreparedOps(string) ([]PreparedOp, error)                  { return nil, nil }
 func (BasePolicy) NamesLock(*SessionInfo, string) bool                       { return false }

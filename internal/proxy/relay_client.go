@@ -271,13 +271,7 @@ func noBudgetRefusal(err error) *rules.Error {
 // server gets a statement that fails with the refusal in its place, as
 // for a statement the policy refuses.
 func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
-	return r.refuseBody(typ, start, noBudgetRefusal(err), err)
-}
-
-// refuseBody refuses a Query or Parse (start: its body, or its first
-// bytes) with e, err its cause: the server gets a statement that fails
-// with the refusal in its place, as for a statement the policy refuses.
-func (r *requests) refuseBody(typ byte, start []byte, e *rules.Error, err error) error {
+	e := noBudgetRefusal(err)
 	r.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message), zap.Error(err))
 	var p pgproto3.Parse
 	if typ == 'P' {
@@ -376,13 +370,6 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 			return r.refuseUnheld(typ, body, err)
 		}
 	}
-	if r.ownDDL {
-		if e, err := r.afterOwnDDL(); err != nil {
-			return err
-		} else if e != nil {
-			return r.refuseBody(typ, body, e, nil)
-		}
-	}
 	var gen uint64
 	if r.ps != nil {
 		// Before deciding: a reload during the decision then shows as a
@@ -403,11 +390,6 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		words.any, words.execute = mentionsPrepared(sql)
 	}
 	lex.Prepared = preparedForm(typ, p.Name, words)
-	if typ == 'Q' {
-		r.mu.Lock()
-		lex.Alone = r.state.idle() && !r.state.desync
-		r.mu.Unlock()
-	}
 	d := r.decide(lex, sql)
 	if words.any && r.ps != nil {
 		// A text that defines prepared statements records them as decided
@@ -422,9 +404,6 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 		}
 	}
 	r.decided(&d, r.clock().Sub(start))
-	if d.OwnDDL {
-		r.ownDDL = true
-	}
 	var ft fenceText
 	if r.fence.on && d.Action != Refuse {
 		if err := r.fenceDecide(typ, &d, &ft, sql, lex, words); err != nil {
@@ -630,36 +609,6 @@ func (r *requests) lexingFor(sql string) (Lexing, error) {
 	lex.Backslash, lex.NonASCII = text.Backslash, text.NonASCII
 	lex.Uncertain = r.state.unsynced || r.state.inFlight > 0 || r.state.copyIn || r.state.desync
 	return lex, nil
-}
-
-// afterOwnDDL waits until the Query decided with rules.Decision.OwnDDL has
-// been answered, and then tells the policy that the catalog may have
-// changed, before the session's next text is decided: decided earlier
-// (the client may send it at once), a write the policy checks with a
-// stamp read before forwarding it would be checked against the catalog
-// from before the DDL, and run after it. It returns the refusal of the
-// next text when the answer does not come in time (the DDL may be
-// waiting for a lock): the client retries it.
-func (r *requests) afterOwnDDL() (*rules.Error, error) {
-	if err := r.uw.Flush(); err != nil {
-		return nil, upstreamErr(err)
-	}
-	r.mu.Lock()
-	r.waitLocked(func() bool { return r.state.inFlight > 0 && !r.state.copyIn })
-	done, finishing := r.state.inFlight == 0 && !r.state.desync, r.state.finishing
-	r.mu.Unlock()
-	if finishing {
-		return nil, errSessionDone
-	}
-	if !done {
-		return &rules.Error{Code: rules.CodeRefused,
-			Message: "fenceproxy: the DDL sent before this statement has not finished; the statement was not executed",
-			Detail:  "The DDL may open a path to a protected table, and statements after it are decided once it has committed.",
-			Hint:    "Wait for the DDL's result, then retry the statement."}, nil
-	}
-	r.ownDDL = false
-	r.srv.opts.Policy.OwnDDLDone(&r.info)
-	return nil, nil
 }
 
 // lexWaitTimeout bounds how long the relay waits for earlier statements

@@ -13,9 +13,6 @@ type requests struct {
 
 	cr *msgReader  // client reader
 	uw flushWriter // upstream writer
-	// ownDDL: a Query decided with rules.Decision.OwnDDL was sent; the
-	// next text is decided only after it is answered (afterOwnDDL).
-	ownDDL bool
 	// oidBuf is reused for the parameter types of the client's Parse
 	// messages, up to maxReusedOIDs.
 	oidBuf []uint32

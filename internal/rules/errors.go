@@ -36,18 +36,7 @@ type Error struct {
 	// (schema.table), when there is one; for metrics labels. It is not part
 	// of the ErrorResponse.
 	Table string
-	// ownTx: see OwnTransactionOnly.
-	ownTx bool
 }
-
-// OwnTransactionOnly reports whether e refuses DDL that opens a path to a
-// protected table only because a later statement of the same transaction
-// could take the path before the catalog check can see it (the check
-// reads the catalog as committed). Run as a transaction of its own
-// (Lexing.Alone) where the catalog watch counts it, the DDL is no more
-// dangerous than on a direct connection: it commits before anything else
-// runs, and later writes are checked against the catalog it left.
-func (e *Error) OwnTransactionOnly() bool { return e != nil && e.ownTx }
 
 // Error returns the message and the SQLSTATE, in the style of
 // pgconn.PgError.

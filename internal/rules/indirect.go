@@ -245,36 +245,11 @@ func (s *IndirectSet) check(sql string) *Error {
 	if err != nil {
 		return &Error{Code: CodeRefused, Message: "fenceproxy: cannot parse a statement that may write through a relation that reaches a protected table", Detail: err.Error()}
 	}
-	out, ddl := s.walk(sql, tree, true)
-	if ddl && len(tree.Stmts) == 1 {
-		// Refused as DDL that opens a path: only for what a later
-		// statement of its transaction could do, unless the statement
-		// writes through a path itself (a rule's actions are walked as
-		// statements too).
-		if other, _ := s.walk(sql, tree, false); other == nil {
-			out.ownTx = true
-		}
-	}
-	return out
-}
-
-// walk is check's walk of tree, the parse of sql; without ddl, the DDL
-// that may open a path is not looked at (its queries are). ddlHit says
-// that the refusal is of such DDL, as a statement of its own could run:
-// not an ALTER TABLE ... SET EXPRESSION, which rewrites the table's rows.
-func (s *IndirectSet) walk(sql string, tree *pg.ParseResult, ddl bool) (out *Error, ddlHit bool) {
+	var out *Error
 	for _, raw := range tree.Stmts {
 		walkMessages(raw.ProtoReflect(), func(m protoreflect.Message) bool {
 			if out != nil {
 				return false
-			}
-			switch m.Interface().(type) {
-			case *pg.ViewStmt, *pg.RenameStmt, *pg.AlterObjectSchemaStmt, *pg.AlterTableStmt, *pg.RuleStmt,
-				*pg.CreateTrigStmt, *pg.DropStmt, *pg.CreateStmt:
-				if !ddl {
-					return true
-				}
-				defer func() { ddlHit = out != nil && !rewrites(m.Interface()) }()
 			}
 			switch n := m.Interface().(type) {
 			case *pg.InsertStmt:
@@ -419,16 +394,7 @@ func (s *IndirectSet) walk(sql string, tree *pg.ParseResult, ddl bool) (out *Err
 			break
 		}
 	}
-	return out, ddlHit
-}
-
-// rewrites reports whether stmt, DDL walk looks at, may rewrite rows: an
-// ALTER TABLE that sets a generated column's expression.
-func rewrites(stmt protoreflect.ProtoMessage) bool {
-	n, ok := stmt.(*pg.AlterTableStmt)
-	return ok && slices.ContainsFunc(n.Cmds, func(c *pg.Node) bool {
-		return c.GetAlterTableCmd().GetSubtype() == pg.AlterTableType_AT_SetExpression
-	})
+	return out
 }
 
 // storedCodeHit returns the refusal of stored code stmt (text its

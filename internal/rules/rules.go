@@ -73,13 +73,6 @@ type Decision struct {
 	// has none: a relay that knows the session's token may send it
 	// instead under the conditions TokenForm documents.
 	Tok *TokenForm
-	// OwnDDL, on a Forward, says that the statement is DDL that may open a
-	// path to a protected table, let through because it runs as a
-	// transaction of its own (Lexing.Alone): the relay decides nothing
-	// more of the session until the server has answered it, and then
-	// tells the policy that the catalog may have changed, so that no
-	// statement is decided with the paths from before it.
-	OwnDDL bool
 }
 
 // Rules is a compiled configuration, or the part of it that applies to one

@@ -56,13 +56,6 @@ type Lexing struct {
 	// setting the relay applies before the Bind), not Prepared (the
 	// token form has none of the checks Prepared writes differently).
 	TokenParam bool
-	// Alone: the text is a simple Query that the server runs as a
-	// transaction of its own (the session is outside a transaction block
-	// and has nothing sent and unanswered), so no later statement shares
-	// its transaction. DDL that opens a path to a protected table is
-	// refused only where a later statement of its transaction could take
-	// the path (Error.OwnTransactionOnly); alone, it may run.
-	Alone bool
 }
 
 // DecideFor returns the decision on sql, a simple-query string or the text
