@@ -84,22 +84,6 @@ func raProxy(t *testing.T) (*proxytest.Proxy, []rules.TableSpec) {
 	return startProxy(t, pol), specs
 }
 
-// raListening waits until the proxy's listener in d's database has its
-// LISTEN in force, as it has long been in a running deployment.
-func raListening(t *testing.T, d *pgx.Conn) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var n int
-		if err := d.QueryRow(ctxT(t), "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %fenceproxy_catalog%' AND pid <> pg_backend_pid()").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-	}
-	t.Fatal("the proxy's listener never listened")
-}
-
 // raPid is the backend pid of c's session.
 func raPid(t *testing.T, c *pgx.Conn) uint32 {
 	t.Helper()
