@@ -279,7 +279,7 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 	var e *rules.Error
 	if quick {
 		var ok bool
-		if e, ok = st.indirect.CheckCached(sql); !ok || (e != nil && check.on && !read) {
+		if e, ok = st.indirect.CheckCached(sql); !ok || (e != nil && st.watched && !read) {
 			return nil, stampCheck{}, false
 		}
 		return e, check, true
