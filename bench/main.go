@@ -58,6 +58,7 @@ func run() error {
 	skipGo := flag.Bool("skip-gobench", false, "skip the rewriter's and relay's Go benchmarks")
 	goCount := flag.Int("gobench-count", 3, "runs of each Go benchmark; the median is reported")
 	goTime := flag.String("gobench-time", "1s", "go test -benchtime of each Go benchmark run")
+	cpuStmts := flag.Int("cpu-statements", 5000, "statements per round of each row of the server CPU table")
 	flag.Parse()
 
 	ctx := context.Background()
@@ -179,7 +180,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN, forms); err != nil {
+		if err := serverCPUTable(ctx, cl.SuperuserDSN("postgres"), proxyDSN, forms, max(1, *cpuStmts)); err != nil {
 			return err
 		}
 		// Last: it stops the server for a while. The proxies and poolers

@@ -10,7 +10,8 @@ import (
 
 // TestBenchPrintsEveryTable runs the whole benchmark as bench/run.sh does,
 // as briefly as it goes (eight clients, the count the fencing-on-relay
-// target applies to; one mode; one run of a second per cell), and checks that it prints every table with its targets and a
+// target applies to; one mode; one run of a second per cell; 300
+// statements per round of the server CPU table), and checks that it prints every table with its targets and a
 // figure in every cell: PgBouncer and valgrind must be installed
 // (scripts/install-deps.sh --bench), or cells say n/a and the test fails.
 func TestBenchPrintsEveryTable(t *testing.T) {
@@ -18,7 +19,7 @@ func TestBenchPrintsEveryTable(t *testing.T) {
 		t.Skip("runs the whole benchmark (a few minutes)")
 	}
 	cmd := exec.Command("go", "run", "./bench", "-duration", "1s", "-clients", "8", "-modes", "simple",
-		"-reps", "1", "-gobench-count", "1", "-gobench-time", "1x")
+		"-reps", "1", "-gobench-count", "1", "-gobench-time", "1x", "-cpu-statements", "300")
 	cmd.Dir = ".."
 	cmd.Stderr = os.Stderr
 	b, err := cmd.Output()

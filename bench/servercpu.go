@@ -207,8 +207,9 @@ const serverTarget = 1.10
 // hand-written statement: the rewritten UPDATE as the proxy sends it (row
 // fencing) against the conditional UPDATE, and with the lock registration
 // before it (lock fencing, as one simple Query) against the registration
-// written by hand and the conditional UPDATE.
-func serverCPUTable(ctx context.Context, dsn, proxyDSN string, f fencedForms) error {
+// written by hand and the conditional UPDATE. Each row runs n statements
+// in each of three rounds.
+func serverCPUTable(ctx context.Context, dsn, proxyDSN string, f fencedForms, n int) error {
 	type row struct {
 		cpuStatement
 		base   int  // the row compared with (itself for a baseline)
@@ -227,7 +228,7 @@ func serverCPUTable(ctx context.Context, dsn, proxyDSN string, f fencedForms) er
 	for i, r := range rows {
 		stmts[i] = r.cpuStatement
 	}
-	us, err := serverCPU(ctx, dsn, map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}, stmts, 5000, 3)
+	us, err := serverCPU(ctx, dsn, map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}, stmts, n, 3)
 	if err != nil {
 		return err
 	}
@@ -245,7 +246,7 @@ func serverCPUTable(ctx context.Context, dsn, proxyDSN string, f fencedForms) er
 			map[string]string{"fence.token": "42", "fence.lock": "bench", "synchronous_commit": "off"}},
 	}
 	for _, v := range viaProxy {
-		u, err := serverCPU(ctx, proxyDSN, v.settings, []cpuStatement{v.cpuStatement}, 5000, 3)
+		u, err := serverCPU(ctx, proxyDSN, v.settings, []cpuStatement{v.cpuStatement}, n, 3)
 		if err != nil {
 			return err
 		}
