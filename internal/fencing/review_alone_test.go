@@ -328,8 +328,8 @@ func TestReviewAloneStoredCodeBefore(t *testing.T) {
 // transaction is refused and does not run: behind a pipelined BEGIN (its
 // answer not yet in), behind extended-protocol messages without a Sync.
 // DDL with a write through a path inside (CREATE TABLE AS) is refused;
-// CREATE SCHEMA with a view over mid runs alone, and a write through the
-// view is then refused.
+// CREATE SCHEMA with a view over mid is refused through the proxy, and
+// once created directly, a write through the view is refused.
 func TestReviewAloneNotAlone(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
@@ -37,15 +38,16 @@ INSERT INTO orders (id, code) VALUES (1, 'a'), (2, 'b'), (3, 'c');
 INSERT INTO items (id, order_id, last_fence) VALUES (10, 1, 9), (20, 2, 9);
 `
 
-// fkProxy starts a proxy enforcing cfg with a catalog checker of its own.
-func fkProxy(t *testing.T, cfg rules.Config) (*proxytest.Proxy, []rules.TableSpec) {
+// fkProxy starts a proxy enforcing cfg with a catalog checker of its own,
+// its options edited by edit.
+func fkProxy(t *testing.T, cfg rules.Config, edit ...func(*proxy.Options)) (*proxytest.Proxy, []rules.TableSpec) {
 	t.Helper()
 	checker, specs := startChecker(t, cfg)
 	rs, err := rules.Compile(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startProxy(t, policy.New(rs, false, policy.Options{Checks: checker})), specs
+	return startProxy(t, policy.New(rs, false, policy.Options{Checks: checker}), edit...), specs
 }
 
 // fkDB creates a database with schema, runs setup (with the catalog

@@ -106,3 +106,29 @@ func execIn(ctx context.Context, c *pgx.Conn, sql string, mode pgx.QueryExecMode
 	}
 	return nil
 }
+
+// TestDDLRefusalAfterPathGone: DDL refused because its relation is a path
+// (mid: items follow it ON DELETE CASCADE) runs once the path is gone on
+// another connection: a refusal for a path waits for a stamp read, also
+// when the proxy could answer it from its cache, so it is not kept from
+// results older than the catalog.
+func TestDDLRefusalAfterPathGone(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	p, specs := fkProxy(t, fkRowRules)
+	db, d := fkDB(t, specs, txAloneSchema)
+	c := rvSession(t, p, db, "", "5")
+	// No word of a write in it: no stamp read for a write's sake.
+	const addFK = "ALTER TABLE mid ADD FOREIGN KEY (top_id) REFERENCES top"
+	if err := mpSimple(c, addFK); !fkRefused(err) {
+		t.Fatalf("%s while mid is a path: %v, want FP003", addFK, err)
+	}
+	execDirect(t, d, "ALTER TABLE items DROP CONSTRAINT items_order_id_fkey")
+	if err := mpSimple(c, addFK); err != nil {
+		t.Fatalf("%s once mid is no path: %v", addFK, err)
+	}
+	var n int
+	if err := d.QueryRow(ctxT(t), "SELECT count(*) FROM pg_constraint WHERE conrelid = 'mid'::regclass AND contype = 'f'").Scan(&n); err != nil || n != 1 {
+		t.Errorf("foreign keys of mid: %d, %v; want 1", n, err)
+	}
+}
