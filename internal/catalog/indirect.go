@@ -129,31 +129,11 @@ type Rel struct{ Schema, Name string }
 // steps after the first. When conn is idle the catalog is read in one
 // read-only repeatable-read transaction; inside a transaction, in that one.
 func IndirectPaths(ctx context.Context, conn *pgx.Conn, tables []Rel) ([]IndirectPath, error) {
-	if conn.PgConn().TxStatus() != 'I' {
-		return indirectPaths(ctx, conn, tables)
+	if len(tables) == 0 {
+		return nil, nil
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, fmt.Errorf("catalog: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	return indirectPaths(ctx, tx, tables)
-}
-
-// indirectPaths is IndirectPaths on q, which may be a transaction.
-func indirectPaths(ctx context.Context, q Querier, tables []Rel) ([]IndirectPath, error) {
-	g, err := loadPathGraph(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("catalog: read catalog for indirect writes: %w", err)
-	}
-	for _, t := range tables {
-		if oid, ok := g.byName[t]; ok {
-			g.protected[oid] = true
-		}
-	}
-	paths := append(g.paths(), g.latentPaths()...)
-	sortPaths(paths)
-	return paths, nil
+	r, err := Paths(ctx, conn, tables, nil)
+	return r.Paths, err
 }
 
 // pathOp is a statement kind, an index into pathOpNames.

@@ -186,6 +186,11 @@ type Result struct {
 	// the DDL (DROP TABLE of a partitioned parent drops its partitions).
 	// The slice must not be modified.
 	Indirect []catalog.IndirectPath
+	// Readers are the relations through which reads reach a table with
+	// lock fencing (lock: optional or required, mode enforce or audit)
+	// without naming it: views over it, its ancestors and descendants
+	// (catalog.Reader). The slice must not be modified.
+	Readers []catalog.Reader
 	// Raisers: the error raisers are current and callable by all
 	// (Report.Raisers), so the rewrites there may call them.
 	Raisers bool
@@ -278,7 +283,8 @@ func (c *Checker) run(database string, d *checkedDB) {
 		asked := d.asked
 		c.mu.Unlock()
 
-		rep, indirect, watched, stamp, err := c.checkOnce(database, specs, opts)
+		rep, reach, watched, stamp, err := c.checkOnce(database, specs, opts)
+		indirect := reach.Paths
 		var byTable map[string][]Problem
 		switch {
 		case err != nil && c.ctx.Err() != nil:
@@ -300,7 +306,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
+		d.result = Result{Problems: byTable, Indirect: indirect, Readers: reach.Readers, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
 		d.ran = asked
 		close(d.ended)
 		d.ended = make(chan struct{})
@@ -340,12 +346,12 @@ func (c *Checker) run(database string, d *checkedDB) {
 // checkOnce connects to database and runs Check, then finds the indirect
 // paths to the tables in mode enforce there, within checkTimeout. watched
 // and stamp are Result's.
-func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, paths []catalog.IndirectPath, watched bool, stamp int64, err error) {
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, reach catalog.Reach, watched bool, stamp int64, err error) {
 	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
 	defer cancel()
 	conn, err := c.connect(ctx, database)
 	if err != nil {
-		return Report{}, nil, false, 0, err
+		return Report{}, catalog.Reach{}, false, 0, err
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -358,14 +364,14 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 	stamp, stampErr := ReadStamp(ctx, conn)
 	rep, err = CheckWith(ctx, conn, specs, opts)
 	if err != nil {
-		return rep, nil, false, 0, err
+		return rep, catalog.Reach{}, false, 0, err
 	}
 	watched = stampErr == nil && rep.Watched && unguardedEnforced(specs, rep.Database, rep.Guarded)
 	if !watched {
 		stamp = 0
 	}
-	paths, err = c.paths(ctx, conn, database, specs, rep)
-	return rep, paths, watched, stamp, err
+	reach, err = c.paths(ctx, conn, database, specs, rep)
+	return rep, reach, watched, stamp, err
 }
 
 // lockCovered reports whether p, a foreign key action or TRUNCATE ...
@@ -408,21 +414,30 @@ func lockCovered(p catalog.IndirectPath, specs []rules.TableSpec, database strin
 
 // paths finds the indirect paths to the tables in mode enforce of
 // database whose target the guard does not protect, and those through
-// inheritance or partitioning to the tables it does, with no Ops.
-func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, specs []rules.TableSpec, rep Report) ([]catalog.IndirectPath, error) {
-	var rels []catalog.Rel
+// inheritance or partitioning to the tables it does, with no Ops; and the
+// relations through which reads reach the tables with lock fencing.
+func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, specs []rules.TableSpec, rep Report) (catalog.Reach, error) {
+	var rels, locked []catalog.Rel
 	for _, s := range specs {
-		if s.Mode == rules.ModeEnforce && appliesIn(s, database) {
-			rels = append(rels, catalog.Rel{Schema: s.Schema, Name: s.Table})
+		if !appliesIn(s, database) {
+			continue
+		}
+		rel := catalog.Rel{Schema: s.Schema, Name: s.Table}
+		if s.Mode == rules.ModeEnforce && !slices.Contains(rels, rel) {
+			rels = append(rels, rel)
+		}
+		if s.Lock != rules.LockOff && !slices.Contains(locked, rel) {
+			locked = append(locked, rel)
 		}
 	}
-	if len(rels) == 0 {
-		return nil, nil
+	if len(rels) == 0 && len(locked) == 0 {
+		return catalog.Reach{}, nil
 	}
-	paths, err := catalog.IndirectPaths(ctx, conn, rels)
+	reach, err := catalog.Paths(ctx, conn, rels, locked)
 	if err != nil {
-		return nil, err
+		return catalog.Reach{}, err
 	}
+	paths := reach.Paths
 	// The guard fences writes to its tables inside PostgreSQL, whatever
 	// path they take: those paths need no refusal. Its triggers do not
 	// stop DDL on a parent or partition, which the policy refuses
@@ -442,5 +457,6 @@ func (c *Checker) paths(ctx context.Context, conn *pgx.Conn, database string, sp
 			kept = append(kept, p)
 		}
 	}
-	return kept, nil
+	reach.Paths = kept
+	return reach, nil
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,10 @@ type dbChecks struct {
 	problems map[string][]dbsetup.Problem
 	paths    []catalog.IndirectPath
 	indirect *rules.IndirectSet
+	// readerList and readers: the relations whose reads reach a table
+	// with lock fencing without naming it (rules.Session.Readers).
+	readerList []catalog.Reader
+	readers    *rules.Readers
 	// hierarchy: the relations of paths through inheritance or
 	// partitioning, on which DDL is refused (hierarchyRefusal).
 	hierarchy *rules.HierarchySet
@@ -147,6 +152,13 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		next.watched, next.stamp, paths = true, st.stamp, st.paths
 		next.paths = paths
 	}
+	next.readerList = res.Readers
+	if !known && st != nil {
+		// A failed check found nothing: the readers found last still
+		// register (their registration costs a statement; missing one
+		// lets a stale holder through).
+		next.readerList = st.readerList
+	}
 	if st != nil {
 		next.goneAt.Store(st.goneAt.Load())
 	}
@@ -174,6 +186,15 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		next.hierarchy = hierarchyDDL(paths)
 		if st != nil && !equalPaths(st.paths, paths) {
 			// Statements prepared before may write through a new path.
+			p.bumpGeneration(database)
+		}
+	}
+	if st != nil && slices.Equal(st.readerList, next.readerList) {
+		next.readers = st.readers
+	} else {
+		next.readers = rules.NewReaders(readerRules(next.readerList))
+		if st != nil {
+			// Statements prepared before may read through a new reader.
 			p.bumpGeneration(database)
 		}
 	}
@@ -209,6 +230,14 @@ func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 			CascadeOnly: p.Kind == catalog.PathTruncate, ByRule: p.Kind == catalog.PathRule, Columns: p.Columns, Latent: latent,
 			NewPartitions: p.NewPartitions, NewChildren: p.NewChildren,
 		})
+	}
+	return out
+}
+
+func readerRules(list []catalog.Reader) []rules.Reader {
+	out := make([]rules.Reader, len(list))
+	for i, x := range list {
+		out[i] = rules.Reader{Schema: x.Schema, Name: x.Name, Target: x.Target}
 	}
 	return out
 }
@@ -351,4 +380,12 @@ func (p *Policy) checkedRaisers(database string) bool {
 	}
 	r, _ := p.checks.Result(database)
 	return r.Raisers
+}
+
+// readersOrNil returns st's readers; nil for a nil st.
+func (st *dbChecks) readersOrNil() *rules.Readers {
+	if st == nil {
+		return nil
+	}
+	return st.readers
 }

@@ -185,6 +185,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 		Raisers: st != nil && st.raisers,
 		StaleAt: st != nil && st.staleAt,
 		Hold:    st != nil && st.hold,
+		Readers: st.readersOrNil(),
 		Quick:   quick,
 	}, sql)
 	switch {
@@ -303,7 +304,16 @@ func (p *Policy) MayTouch(info *proxy.SessionInfo, sql string) bool {
 	if set.nonASCII {
 		return true // a name MayTouch cannot find in non-UTF-8 text
 	}
-	return set.rules.ForSession(info.Database, info.User, info.ApplicationName).MayTouch(sql)
+	if set.rules.ForSession(info.Database, info.User, info.ApplicationName).MayTouch(sql) {
+		return true
+	}
+	// A read through a view or parent of a lock-fenced table registers
+	// too (rules.Session.Readers).
+	if !set.rules.HasLocks() || p.checks == nil {
+		return false
+	}
+	v, ok := p.checkCache.byDB.Load(info.Database)
+	return ok && v.(*dbChecks).readers.MayApply(sql)
 }
 
 // DecisionCost implements proxy.Policy: 0 for a text MayTouch clears,

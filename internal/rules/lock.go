@@ -151,8 +151,9 @@ func dataStatement(n *pg.Node) bool {
 // lockUses returns, for each statement of tree, what lock fencing it
 // needs (nil: none). Every relation a data statement names anywhere (FROM
 // lists, subqueries, CTEs, targets) counts; an unqualified name counts for
-// every protected table of that name.
-func (r *Rules) lockUses(tree *pg.ParseResult) []*lockUse {
+// every protected table of that name. With readers, a relation of theirs
+// counts for the tables it reaches.
+func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 	var out []*lockUse
 	for i, raw := range tree.Stmts {
 		stmt, prepare := raw.Stmt, false
@@ -163,6 +164,18 @@ func (r *Rules) lockUses(tree *pg.ParseResult) []*lockUse {
 			continue
 		}
 		var u *lockUse
+		add := func(t *tableRule) {
+			if u == nil {
+				u = &lockUse{}
+			}
+			if t.audit {
+				u.audit = append(u.audit, t.display)
+				u.auditReq = u.auditReq || t.lock == lockRequired
+			} else {
+				u.enforce = append(u.enforce, t.display)
+				u.required = u.required || t.lock == lockRequired
+			}
+		}
 		walkMessages(stmt.ProtoReflect(), func(m protoreflect.Message) bool {
 			rv, ok := m.Interface().(*pg.RangeVar)
 			if !ok {
@@ -172,16 +185,10 @@ func (r *Rules) lockUses(tree *pg.ParseResult) []*lockUse {
 				if t.lock == lockOff || (rv.Schemaname != "" && rv.Schemaname != t.schema) {
 					continue
 				}
-				if u == nil {
-					u = &lockUse{}
-				}
-				if t.audit {
-					u.audit = append(u.audit, t.display)
-					u.auditReq = u.auditReq || t.lock == lockRequired
-				} else {
-					u.enforce = append(u.enforce, t.display)
-					u.required = u.required || t.lock == lockRequired
-				}
+				add(t)
+			}
+			if readers != nil {
+				readers.targets(r, rv.Schemaname, rv.Relname, add)
 			}
 			return true
 		})

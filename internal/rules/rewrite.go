@@ -144,7 +144,7 @@ func (r *Rules) rewrite(sql string, toks []scanTok) (*rewritten, *Decision) {
 	}
 	var uses []*lockUse
 	if r.locks {
-		uses = r.lockUses(tree)
+		uses = r.lockUses(tree, nil)
 	}
 	if !slices.Contains(changed, true) {
 		d := Decision{Action: Forward}

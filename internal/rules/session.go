@@ -20,6 +20,11 @@ type Session struct {
 	// Hold: it has the cheaper lock registration of objects version 6:
 	// registrations call it (Hold).
 	Hold bool
+	// Readers: the database's relations whose reads reach a protected
+	// table without naming it (views over it, its parents and children):
+	// a statement that names one registers the session's lock for the
+	// tables it reaches, as one that names them does. nil: none.
+	Readers *Readers
 	// Quick: answer only what costs no parse of the rule set's decision
 	// (it is forwarded unlooked at, cached, or refused before it); report
 	// false instead of deciding.
@@ -72,6 +77,10 @@ type Lexing struct {
 //     its Prepared sibling when s.Lexing.Prepared, its Hold sibling when
 //     s.Hold, and from the decision cache
 //     only when s.Quick.
+//  5. Where the text may name one of s.Readers and the set has lock
+//     fencing, it adds the registrations of the reads through them to
+//     the decision (refusing, as in step 3, a text the server may
+//     tokenize differently).
 //
 // final is set on the refusals of steps 2 and 3, made before the rule set
 // decides: nothing the caller knows of the database (migrations, say) may
@@ -90,6 +99,12 @@ func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
 	if e := rs.lexingRefusal(s.Lexing, sql); e != nil {
 		return Decision{Action: Refuse, Err: e}, true, true
 	}
+	readers := s.Readers
+	if !readers.applies(rs, s.Lexing, sql) {
+		readers = nil
+	} else if e := readers.lexingRefusal(s.Lexing); e != nil {
+		return Decision{Action: Refuse, Err: e}, true, true
+	}
 	if s.Raisers {
 		rs = rs.ServerFunctions()
 		if s.StaleAt && !s.Lexing.TokenParam {
@@ -103,10 +118,16 @@ func (r *Rules) DecideFor(s Session, sql string) (d Decision, final, ok bool) {
 		rs = rs.Hold()
 	}
 	if s.Quick {
-		d, ok = rs.decideCached(sql)
+		if d, ok = rs.decideCached(sql); ok && readers != nil {
+			d, ok = readers.cached(rs, sql)
+		}
 		return d, false, ok
 	}
-	return rs.Decide(sql), false, true
+	d = rs.Decide(sql)
+	if readers != nil {
+		d = readers.decide(rs, sql, d)
+	}
+	return d, false, true
 }
 
 // lexingRefusal fails closed when the server may tokenize sql differently

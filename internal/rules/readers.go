@@ -1,0 +1,170 @@
+package rules
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+)
+
+// Reads that reach a lock-fenced table without naming it (through a view
+// over it, its partitioned or inheritance parent, one of its partitions
+// or children) register the session's lock as a read of the table does:
+// otherwise a newer holder whose first statements read only through such
+// a relation would leave the watermark where it was, and a stale holder's
+// later writes would land. The relations come from each database's
+// catalog (catalog.Reader); DecideFor adds their registrations to the
+// rule set's decision.
+
+// Reader is a relation whose reads reach a protected table's rows
+// without naming the table.
+type Reader struct {
+	Schema, Name string // exact names of the relation a statement names
+	Target       string // the protected table reached, display form
+}
+
+// Readers finds the statements that read through Reader relations. It is
+// safe for concurrent use.
+type Readers struct {
+	byRel    map[string][]Reader
+	needles  []string // relation names, ASCII-lowered
+	nonASCII bool     // a name has a byte >= 0x80
+	// verdicts caches the decisions DecideFor makes with the set, for the
+	// rule sets of one root (a reload starts another cache).
+	verdicts atomic.Pointer[readerVerdicts]
+}
+
+type readerVerdicts struct {
+	root *decisionCache // the rule sets' own cache, which names the root
+	d    *decisionCache
+}
+
+// NewReaders returns nil when list is empty.
+func NewReaders(list []Reader) *Readers {
+	if len(list) == 0 {
+		return nil
+	}
+	s := &Readers{byRel: make(map[string][]Reader)}
+	for _, x := range list {
+		if len(s.byRel[x.Name]) == 0 {
+			n := asciiLower(x.Name)
+			s.needles = append(s.needles, n)
+			if strings.Contains(n, `"`) {
+				s.needles = append(s.needles, strings.ReplaceAll(n, `"`, `""`))
+			}
+			s.nonASCII = s.nonASCII || strings.ContainsFunc(x.Name, func(c rune) bool { return c >= 0x80 })
+		}
+		s.byRel[x.Name] = append(s.byRel[x.Name], x)
+	}
+	return s
+}
+
+// MayApply reports whether sql may name one of the set's relations: it
+// holds one's name, ASCII case ignored, or a Unicode escape (which can
+// spell any name). It does not allocate.
+func (s *Readers) MayApply(sql string) bool {
+	if s == nil {
+		return false
+	}
+	for _, n := range s.needles {
+		if indexFoldASCII(sql, n) >= 0 {
+			return true
+		}
+	}
+	return strings.IndexByte(sql, '&') >= 0 && (&Rules{}).unicodeEscape(sql)
+}
+
+// applies reports whether DecideFor must look at sql with s, for a
+// session whose rule set is r and whose text the server reads as lex.
+func (s *Readers) applies(r *Rules, lex Lexing, sql string) bool {
+	if s == nil || !r.locks {
+		return false
+	}
+	return s.MayApply(sql) || (s.nonASCII && lex.NonASCII && lex.ClientEncoding != "UTF8")
+}
+
+// lexingRefusal is Rules.lexingRefusal for a text that may name one of
+// the set's relations (applies).
+func (s *Readers) lexingRefusal(lex Lexing) *Error {
+	if !lex.Backslash && !lex.NonASCII {
+		return nil
+	}
+	return lexingProblem(lex, "this statement, which may read a lock-fenced table through a view or parent,",
+		"statements that may read a lock-fenced table through a view or parent")
+}
+
+// cache returns the verdicts for r's root, starting them after a reload.
+func (s *Readers) cache(r *Rules) *decisionCache {
+	v := s.verdicts.Load()
+	if v != nil && v.root == r.cache {
+		return v.d
+	}
+	n := &readerVerdicts{root: r.cache, d: newDecisionCache(indirectCacheSize)}
+	if s.verdicts.CompareAndSwap(v, n) {
+		return n.d
+	}
+	if v = s.verdicts.Load(); v.root == r.cache {
+		return v.d
+	}
+	return n.d // another root in between: not kept
+}
+
+// cached is decide when its answer is cached.
+func (s *Readers) cached(r *Rules, sql string) (Decision, bool) {
+	return s.cache(r).get(r.cacheSet, sql)
+}
+
+// decide returns d, r's decision on sql, with the lock registration of
+// every statement that reads a lock-fenced table of r, by its name or
+// through one of the set's relations.
+func (s *Readers) decide(r *Rules, sql string, d Decision) Decision {
+	if d.Action == Refuse {
+		return d
+	}
+	c := s.cache(r)
+	if v, ok := c.get(r.cacheSet, sql); ok {
+		return v
+	}
+	sql = strings.Clone(sql) // parts of it may reach the decision (LockCall.Query)
+	out := s.withReads(r, sql, d)
+	c.put(r.cacheSet, sql, out)
+	return out
+}
+
+// withReads is decide without the cache.
+func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
+	if r.tooLarge(sql) || (&Rules{}).tooDeep(sql) != nil {
+		return refuse(d.Tables, "fenceproxy: statement too large or too deeply nested to check for reads of lock-fenced tables through views or parents",
+			fmt.Sprintf("fenceproxy checks such statements up to %d bytes (max_check_bytes) and %d levels of nesting.", r.maxCheck, maxNestingEstimate),
+			"Send it in smaller statements, or name the lock-fenced table in a statement of its own first.")
+	}
+	tree, err := pg.Parse(sql)
+	if err != nil {
+		return refuse(d.Tables, "fenceproxy: cannot parse a statement that may read a lock-fenced table through a view or parent", err.Error(), "")
+	}
+	uses := r.lockUses(tree, s)
+	if uses == nil {
+		return d
+	}
+	final := sql
+	if d.Action == Rewrite {
+		final = d.SQL
+	}
+	return r.withLock(d, final, tree.Version, uses)
+}
+
+// targets calls add for each table of r, with lock fencing, that a
+// relation named schema.name (schema "": any) of the set reaches.
+func (s *Readers) targets(r *Rules, schema, name string, add func(*tableRule)) {
+	for _, x := range s.byRel[name] {
+		if schema != "" && schema != x.Schema {
+			continue
+		}
+		for _, t := range r.tables {
+			if t.display == x.Target && t.lock != lockOff {
+				add(t)
+			}
+		}
+	}
+}
