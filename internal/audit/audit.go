@@ -42,8 +42,8 @@ type Options struct {
 	// ConnectTimeout bounds the first connection of a listener. Default 5s.
 	ConnectTimeout time.Duration
 	// CatalogChanged, when set, is called with the database whenever its
-	// catalog watch notifies a change (dbsetup.CatalogChannel), and when a
-	// listener connects again (changes meanwhile went unheard). It must
+	// catalog watch notifies a change (dbsetup.CatalogChannel), and each
+	// time a listener connects (changes before went unheard). It must
 	// not block.
 	CatalogChanged func(database string)
 }
@@ -159,7 +159,7 @@ func (a *Listener) Close() {
 func (a *Listener) listen(database string, l *dbListener) {
 	defer a.wg.Done()
 	log := a.log.With(zap.String("database", database))
-	first, connected := true, false
+	first := true
 	backoff := 100 * time.Millisecond
 	for a.ctx.Err() == nil {
 		conn, err := a.connect(database)
@@ -180,10 +180,13 @@ func (a *Listener) listen(database string, l *dbListener) {
 		}
 		backoff = 100 * time.Millisecond
 		log.Info("audit listener connected")
-		if connected && a.opts.CatalogChanged != nil {
+		if a.opts.CatalogChanged != nil {
+			// Changes committed while it was not listening were not
+			// notified: after a lost connection, and before the first
+			// one (the database's check, which started it, read the
+			// catalog before it listened). The check runs again.
 			a.opts.CatalogChanged(database)
 		}
-		connected = true
 		for {
 			// Notifications arrive through the OnNotification callback
 			// set in connect.

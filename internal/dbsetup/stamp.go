@@ -46,13 +46,27 @@ func (c *Checker) CatalogChanged(database string) {
 // WaitFresh checks database again and waits until a run that started after
 // the call has ended (its Result is then in place), or until ctx ends.
 func (c *Checker) WaitFresh(ctx context.Context, database string) error {
+	return c.wait(ctx, database, true)
+}
+
+// WaitAsked waits until the runs of database asked for so far (by
+// CatalogChanged, say) have ended, or until ctx ends. It asks for none.
+func (c *Checker) WaitAsked(ctx context.Context, database string) error {
+	return c.wait(ctx, database, false)
+}
+
+// wait is WaitFresh (ask) and WaitAsked.
+func (c *Checker) wait(ctx context.Context, database string, ask bool) error {
 	c.mu.Lock()
 	d, ok := c.dbs[database]
 	if !ok || c.ctx.Err() != nil {
 		c.mu.Unlock()
 		return ErrNotChecked
 	}
-	want := c.askLocked(database, d)
+	want := d.asked
+	if ask {
+		want = c.askLocked(database, d)
+	}
 	for d.ran < want {
 		ended := d.ended
 		c.mu.Unlock()

@@ -66,8 +66,14 @@ const raSideRule = "CREATE RULE side_del AS ON DELETE TO side DO ALSO DELETE FRO
 // catalog watch's notifications and tells the checker and the policy.
 func raProxy(t *testing.T) (*proxytest.Proxy, []rules.TableSpec) {
 	t.Helper()
-	checker, specs := startChecker(t, fkRowRules)
-	rs, err := rules.Compile(fkRowRules)
+	return raProxyFor(t, fkRowRules)
+}
+
+// raProxyFor is raProxy enforcing cfg.
+func raProxyFor(t *testing.T, cfg rules.Config) (*proxytest.Proxy, []rules.TableSpec) {
+	t.Helper()
+	checker, specs := startChecker(t, cfg)
+	rs, err := rules.Compile(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,9 +51,54 @@ type catalogWatcher interface {
 // CatalogChanged is called when database's catalog watch notifies a
 // change: its results are read again at the next statement, and statements
 // prepared before are decided again before they next run (their writes
-// then compare the stamp too).
+// then compare the stamp too). Once the check the change asked for has
+// ended, its results are read, and where they changed, statements are
+// decided again once more (followCatalog).
 func (p *Policy) CatalogChanged(database string) {
 	p.catalogMoved(database)
+	p.followCatalog(database)
+}
+
+// askedChecks is what followCatalog needs of Checks (dbsetup.Checker).
+type askedChecks interface {
+	WaitAsked(ctx context.Context, database string) error
+}
+
+// catalogFollower counts a database's notifications that followCatalog
+// has not yet followed.
+type catalogFollower struct{ pending atomic.Int64 }
+
+// followCatalog reads database's results once the checks asked for so
+// far have ended. The next statement reads them anyway, but only reads
+// move the generation, and a session that only executes statements it
+// prepared decides nothing: its reads through a view created meanwhile
+// (rules.Readers), which no stamp check catches, would go on registering
+// nothing. One goroutine per database follows; a notification while it
+// waits has it wait once more.
+func (p *Policy) followCatalog(database string) {
+	ac, ok := p.checks.(askedChecks)
+	if !ok {
+		return
+	}
+	v, _ := p.followers.LoadOrStore(database, &catalogFollower{})
+	f := v.(*catalogFollower)
+	if f.pending.Add(1) > 1 {
+		return
+	}
+	go func() {
+		for {
+			n := f.pending.Load()
+			ctx, cancel := context.WithTimeout(context.Background(), p.checkWait)
+			err := ac.WaitAsked(ctx, database)
+			cancel()
+			if _, known := p.checkCache.byDB.Load(database); err == nil && known {
+				p.refreshDBState(database)
+			}
+			if f.pending.Add(-n) == 0 {
+				return
+			}
+		}
+	}()
 }
 
 // catalogMoved marks database's results as older than its catalog: they

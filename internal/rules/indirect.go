@@ -61,7 +61,7 @@ func setsAny(set []*pg.Node, cols []string) bool {
 type IndirectSet struct {
 	byRel   map[string][]Indirect
 	latent  map[string][]Indirect // Indirect.Latent, by relation name
-	needles []string              // relation names, ASCII-lowered
+	names   nameGate              // byRel's relation names
 	// latentNeedles: the latent relations' names, looked for only in
 	// statements that hold one of latentWords.
 	latentNeedles []string
@@ -88,18 +88,17 @@ func NewIndirectSet(paths []Indirect) *IndirectSet {
 	s := &IndirectSet{byRel: make(map[string][]Indirect), latent: make(map[string][]Indirect), verdicts: newDecisionCache(indirectCacheSize)}
 	defer func() { s.code, s.latentCode = codeNames(s.byRel), codeNames(s.latent) }()
 	for _, p := range paths {
-		needles, seen := &s.needles, len(s.byRel[p.Name]) > 0
-		if p.Latent {
-			needles, seen = &s.latentNeedles, len(s.latent[p.Name]) > 0
-		}
 		if sn := asciiLower(p.Schema); !slices.Contains(s.schemaNeedles, sn) {
 			s.schemaNeedles = append(s.schemaNeedles, sn)
 		}
-		if !seen {
+		switch {
+		case !p.Latent && len(s.byRel[p.Name]) == 0:
+			s.names.add(p.Name)
+		case p.Latent && len(s.latent[p.Name]) == 0:
 			n := asciiLower(p.Name)
-			*needles = append(*needles, n)
+			s.latentNeedles = append(s.latentNeedles, n)
 			if strings.Contains(n, `"`) {
-				*needles = append(*needles, strings.ReplaceAll(n, `"`, `""`))
+				s.latentNeedles = append(s.latentNeedles, strings.ReplaceAll(n, `"`, `""`))
 			}
 		}
 		if p.Latent {
@@ -150,7 +149,7 @@ func (s *IndirectSet) CheckCached(sql string) (*Error, bool) {
 // Unicode escape.
 func (s *IndirectSet) mayApply(sql string) bool {
 	has := func(n string) bool { return containsFoldASCII(sql, n) }
-	if slices.ContainsFunc(s.needles, has) || (&Rules{}).unicodeEscape(sql) {
+	if s.names.mayName(sql) || (&Rules{}).unicodeEscape(sql) {
 		return true
 	}
 	w := gateWordsIn(sql)

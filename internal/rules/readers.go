@@ -28,7 +28,7 @@ type Reader struct {
 // safe for concurrent use.
 type Readers struct {
 	byRel    map[string][]Reader
-	needles  []string // relation names, ASCII-lowered
+	names    nameGate // the relations' names
 	nonASCII bool     // a name has a byte >= 0x80
 	// verdicts caches the decisions DecideFor makes with the set, for the
 	// rule sets of one root (a reload starts another cache).
@@ -48,11 +48,7 @@ func NewReaders(list []Reader) *Readers {
 	s := &Readers{byRel: make(map[string][]Reader)}
 	for _, x := range list {
 		if len(s.byRel[x.Name]) == 0 {
-			n := asciiLower(x.Name)
-			s.needles = append(s.needles, n)
-			if strings.Contains(n, `"`) {
-				s.needles = append(s.needles, strings.ReplaceAll(n, `"`, `""`))
-			}
+			s.names.add(x.Name)
 			s.nonASCII = s.nonASCII || strings.ContainsFunc(x.Name, func(c rune) bool { return c >= 0x80 })
 		}
 		s.byRel[x.Name] = append(s.byRel[x.Name], x)
@@ -61,18 +57,13 @@ func NewReaders(list []Reader) *Readers {
 }
 
 // MayApply reports whether sql may name one of the set's relations: it
-// holds one's name, ASCII case ignored, or a Unicode escape (which can
-// spell any name). It does not allocate.
+// holds one's name, ASCII case ignored (nameGate), or a Unicode escape
+// (which can spell any name). It does not allocate.
 func (s *Readers) MayApply(sql string) bool {
 	if s == nil {
 		return false
 	}
-	for _, n := range s.needles {
-		if indexFoldASCII(sql, n) >= 0 {
-			return true
-		}
-	}
-	return strings.IndexByte(sql, '&') >= 0 && (&Rules{}).unicodeEscape(sql)
+	return s.names.mayName(sql) || strings.IndexByte(sql, '&') >= 0 && (&Rules{}).unicodeEscape(sql)
 }
 
 // applies reports whether DecideFor must look at sql with s, for a

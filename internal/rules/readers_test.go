@@ -1,0 +1,125 @@
+package rules_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+)
+
+// TestReadersDecide: with a database's readers, DecideFor registers the
+// session's lock before every statement that reads through one, as it
+// does for a statement that names the table, and only for tables lock
+// fencing applies to in the session's set.
+func TestReadersDecide(t *testing.T) {
+	r := mustCompile(t, rules.Config{CacheSize: rules.DefaultCacheSize, Tables: []rules.Table{
+		{Table: "public.acct"},
+		{Table: "public.jobs", Lock: rules.LockRequired},
+		{Table: "public.notes", Lock: rules.LockOff},
+		{Table: "public.aud", Mode: rules.ModeAudit},
+	}})
+	readers := rules.NewReaders([]rules.Reader{
+		{Schema: "public", Name: "acct_v", Target: "public.acct"},
+		{Schema: "public", Name: "jobs_parent", Target: "public.jobs"},
+		{Schema: "public", Name: "notes_v", Target: "public.notes"}, // lock: off
+		{Schema: "s", Name: "aud_v", Target: "public.aud"},
+	})
+	s := rules.Session{Lexing: utf8, Readers: readers}
+	for _, c := range []struct {
+		sql      string
+		action   rules.Action
+		calls    []int // nil: no registration
+		required bool
+		audit    bool
+	}{
+		{"SELECT * FROM acct_v WHERE id = 1", rules.Forward, []int{0}, false, false},
+		{"SELECT * FROM public.acct_v", rules.Forward, []int{0}, false, false},
+		{"SELECT * FROM other.acct_v", rules.Forward, nil, false, false}, // another schema's relation
+		{"select n from (select * from ACCT_V) x", rules.Forward, []int{0}, false, false},
+		{`SELECT * FROM "acct_v"`, rules.Forward, []int{0}, false, false},
+		{"SELECT * FROM jobs_parent", rules.Forward, []int{0}, true, false},
+		{"SELECT * FROM notes_v", rules.Forward, nil, false, false},
+		{"SELECT * FROM s.aud_v", rules.Forward, []int{0}, false, true},
+		{"SELECT 'acct_v'", rules.Forward, nil, false, false}, // the name in a string only
+		{"SELECT 1; SELECT * FROM acct_v; SELECT 2; TABLE jobs_parent", rules.Forward, []int{1, 4}, true, false},
+		// Also where the rules register already: each statement that
+		// reads through a reader gets its registration.
+		{"SELECT * FROM public.acct; SELECT * FROM acct_v", rules.Forward, []int{0, 2}, false, false},
+		// A rewrite of a row-fenced table that reads through a reader.
+		{"UPDATE public.acct SET n = (SELECT max(n) FROM jobs_parent) WHERE id = 1", rules.Rewrite, []int{0}, true, false},
+		{"COPY (SELECT * FROM acct_v) TO STDOUT", rules.Forward, []int{0}, false, false},
+		{"CREATE VIEW w AS SELECT * FROM acct_v", rules.Forward, nil, false, false}, // DDL reads nothing
+	} {
+		d, final, ok := r.DecideFor(s, c.sql)
+		if !ok || final {
+			t.Errorf("%q: ok %v final %v", c.sql, ok, final)
+			continue
+		}
+		if d.Action != c.action {
+			t.Errorf("%q: action %v, want %v (%+v)", c.sql, d.Action, c.action, d.Err)
+			continue
+		}
+		if c.calls == nil {
+			if d.Lock != nil {
+				t.Errorf("%q: unexpected registration %+v", c.sql, d.Lock)
+			}
+			continue
+		}
+		if d.Lock == nil {
+			t.Errorf("%q: no registration", c.sql)
+			continue
+		}
+		if !slices.Equal(d.Lock.Calls, c.calls) || d.Lock.Required != c.required || d.Lock.Audit != c.audit {
+			t.Errorf("%q: calls %v required %v audit %v, want %v %v %v", c.sql, d.Lock.Calls, d.Lock.Required, d.Lock.Audit, c.calls, c.required, c.audit)
+		}
+		kinds := stmtKinds(t, d.Lock.Query)
+		for _, i := range c.calls {
+			if i >= len(kinds) || !strings.Contains(kinds[i], "call_stmt") {
+				t.Errorf("%q: statement %d of %q is %v, want a CALL", c.sql, i, d.Lock.Query, kinds)
+			}
+		}
+		// The quick decision finds it in the cache now.
+		q := s
+		q.Quick = true
+		if dq, _, ok := r.DecideFor(q, c.sql); !ok || dq.Lock == nil || dq.Lock.Query != d.Lock.Query {
+			t.Errorf("%q: quick decision %v %+v", c.sql, ok, dq.Lock)
+		}
+	}
+
+	// Without readers, nothing registers for them; a session whose set
+	// has no lock fencing ignores them.
+	if d, _, _ := r.DecideFor(rules.Session{Lexing: utf8}, "SELECT * FROM acct_v"); d.Lock != nil {
+		t.Errorf("no readers: %+v", d.Lock)
+	}
+	rowOnly := mustCompile(t, rules.Config{Tables: []rules.Table{{Table: "public.acct", Lock: rules.LockOff}}})
+	if d, _, _ := rowOnly.DecideFor(s, "SELECT * FROM acct_v"); d.Lock != nil {
+		t.Errorf("row fencing only: %+v", d.Lock)
+	}
+
+	// PREPARE: the registration is for EXECUTE.
+	d, _, _ := r.DecideFor(s, "PREPARE p AS SELECT * FROM acct_v")
+	if d.Lock == nil || len(d.Lock.Calls) != 0 || d.Lock.Call == "" {
+		t.Errorf("PREPARE: %+v", d.Lock)
+	}
+
+	// A quick decision of a text not yet decided with the readers asks for
+	// the full one.
+	q := s
+	q.Quick = true
+	if _, _, ok := r.DecideFor(q, "SELECT id FROM acct_v WHERE id = 99"); ok {
+		t.Error("quick decision of an undecided read through a reader: ok")
+	}
+
+	// The server may read a text with backslashes otherwise: refused, as
+	// for the table itself.
+	off := s
+	off.Lexing = rules.Lexing{ClientEncoding: "UTF8", Backslash: true}
+	if d, final, _ := r.DecideFor(off, `SELECT 'a\' FROM acct_v`); d.Action != rules.Refuse || !final {
+		t.Errorf("backslash with standard_conforming_strings off: %+v final %v", d, final)
+	}
+	// A Unicode escape may spell a reader's name.
+	if d, _, _ := r.DecideFor(s, `SELECT * FROM U&"acct\005fv"`); d.Lock == nil {
+		t.Errorf("Unicode escape: no registration (%+v)", d)
+	}
+}
