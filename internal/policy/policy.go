@@ -34,7 +34,7 @@ type Policy struct {
 	checkWait  time.Duration
 	configFile string
 	checkCache checkCache
-	followers  sync.Map // database → *catalogFollower (followCatalog)
+	followers  sync.Map    // database → *catalogFollower (followCatalog)
 	migrations *migrations // see SetMigrations; nil: none
 }
 

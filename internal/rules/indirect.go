@@ -59,9 +59,9 @@ func setsAny(set []*pg.Node, cols []string) bool {
 // IndirectSet finds writes through Indirect relations. It is safe for
 // concurrent use.
 type IndirectSet struct {
-	byRel   map[string][]Indirect
-	latent  map[string][]Indirect // Indirect.Latent, by relation name
-	names   nameGate              // byRel's relation names
+	byRel  map[string][]Indirect
+	latent map[string][]Indirect // Indirect.Latent, by relation name
+	names  nameGate              // byRel's relation names
 	// latentNeedles: the latent relations' names, looked for only in
 	// statements that hold one of latentWords.
 	latentNeedles []string
