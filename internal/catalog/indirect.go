@@ -203,7 +203,8 @@ type pathRel struct {
 	children    []uint32
 	rules       []*pathRule
 	triggers    []*pathTrigger // INSTEAD OF triggers
-	reads       []uint32       // views with INSTEAD OF triggers: relations read
+	reads       []uint32       // views: relations read
+	calls       []uint32       // views: user functions called (readers)
 	base        uint32         // auto-updatable views: the FROM relation
 	baseInh     bool           // ... without ONLY
 	referenced  []*pathFK      // foreign keys referencing this relation

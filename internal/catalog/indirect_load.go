@@ -182,7 +182,16 @@ func (g *pathGraph) readView(r *pathRel, tree *pgNode) {
 			r.reads = append(r.reads, relid)
 		}
 	})
+	tree.walk("FUNCEXPR", func(fn *pgNode) {
+		if id := fn.field("funcid").oid(); id >= firstNormalOID && !slices.Contains(r.calls, id) {
+			r.calls = append(r.calls, id)
+		}
+	})
 }
+
+// firstNormalOID is the first OID of objects users create (FirstNormal-
+// ObjectId): the system's functions read no user table.
+const firstNormalOID = 16384
 
 // queryWrite returns the relation a data-modifying query writes.
 func (g *pathGraph) queryWrite(qn *pgNode) (ruleWrite, bool) {

@@ -50,7 +50,18 @@ func TestReaders(t *testing.T) {
 		CREATE TABLE inh_parent (id int, payload text);
 		ALTER TABLE inh INHERIT inh_parent;
 		INSERT INTO inh_child VALUES (7, 'child');
-		CREATE VIEW inh_v AS SELECT * FROM ONLY inh_parent;`)
+		CREATE VIEW inh_v AS SELECT * FROM ONLY inh_parent;
+
+		-- Functions: one reading acct, one calling it, one reading a
+		-- reader view (an SQL-standard body), a view calling one, and
+		-- two that read nothing of acct.
+		CREATE FUNCTION fa() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM acct$$;
+		CREATE FUNCTION fb() RETURNS bigint LANGUAGE plpgsql AS $x$BEGIN RETURN fa(); END$x$;
+		CREATE FUNCTION s.fc() RETURNS bigint LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM s.v1; END;
+		CREATE VIEW fv AS SELECT fb() AS n;
+		CREATE FUNCTION fplain() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM plain$$;
+		CREATE TABLE acct_archive (id int);
+		CREATE FUNCTION fother() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM acct_archive$$;`)
 
 	reach, err := catalog.Paths(t.Context(), conn, nil, []catalog.Rel{{Schema: "public", Name: "acct"}, {Schema: "public", Name: "inh"}})
 	if err != nil {
@@ -61,6 +72,10 @@ func TestReaders(t *testing.T) {
 	}
 	var got []string
 	for _, r := range reach.Readers {
+		if r.Function {
+			got = append(got, r.Relation()+"() -> "+r.Target)
+			continue
+		}
 		got = append(got, r.Relation()+" -> "+r.Target)
 	}
 	want := []string{
@@ -69,6 +84,9 @@ func TestReaders(t *testing.T) {
 		"public.acct_low -> public.acct",
 		"public.agg -> public.acct",
 		"public.cte -> public.acct",
+		"public.fa() -> public.acct",
+		"public.fb() -> public.acct",
+		"public.fv -> public.acct",
 		"public.inh_child -> public.inh",
 		"public.inh_parent -> public.inh",
 		// Over ONLY inh_parent, which holds none of inh's rows: listed all
@@ -78,6 +96,7 @@ func TestReaders(t *testing.T) {
 		"public.root -> public.acct",
 		"public.sub -> public.acct",
 		"public.v2 -> public.acct",
+		"s.fc() -> public.acct",
 		"s.v1 -> public.acct",
 	}
 	if !slices.Equal(got, want) {
@@ -90,8 +109,11 @@ func TestReaders(t *testing.T) {
 			continue
 		}
 		q := fmt.Sprintf("SELECT count(*) FROM %s", r.Relation())
-		if r.Name == "agg" {
-			q = "SELECT n FROM public.agg"
+		switch {
+		case r.Function:
+			q = fmt.Sprintf("SELECT %s()", r.Relation())
+		case r.Name == "agg" || r.Name == "fv":
+			q = "SELECT n FROM public." + r.Name
 		}
 		var n int
 		if err := conn.QueryRow(t.Context(), q).Scan(&n); err != nil {

@@ -40,6 +40,10 @@ var readerKinds = []struct{ name, schema, read string }{
 	{"inheritance parent", "ALTER TABLE acct INHERIT inh_parent", "SELECT payload FROM inh_parent WHERE id = $1"},
 	{"inheritance child", "CREATE TABLE acct_child () INHERITS (acct); INSERT INTO acct_child (id, payload) VALUES (3, 'c')",
 		"SELECT payload FROM acct_child WHERE id = $1"},
+	{"function", "CREATE FUNCTION acct_payload(bigint) RETURNS text LANGUAGE sql STABLE AS $$SELECT payload FROM acct WHERE id = $1$$",
+		"SELECT acct_payload($1)"},
+	{"function in a view", "CREATE FUNCTION acct_payload(bigint) RETURNS text LANGUAGE plpgsql STABLE AS $f$BEGIN RETURN (SELECT payload FROM acct WHERE id = $1); END$f$; " +
+		"CREATE VIEW pv AS SELECT 3::bigint AS id, acct_payload(3) AS payload", "SELECT payload FROM pv WHERE id = $1"},
 }
 
 // TestReadThroughReaders: a newer holder (token 42) whose only statement
@@ -93,13 +97,15 @@ func TestReadThroughReaders(t *testing.T) {
 
 // TestReadThroughRequired: jobs has lock: required, so a read of it
 // through a view in a session that names no lock fails with FP002, as a
-// read of jobs does; with a lock it registers.
+// read of jobs does; with a lock it registers. A function that reads it
+// registers too, but does not require a lock (its body is not parsed).
 func TestReadThroughRequired(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p, specs := raProxyFor(t, hijackRules)
 	db, d := rvSetupDB(t, specs, "rdrreq")
-	execDirect(t, d, "INSERT INTO jobs VALUES (1, 'queued'); CREATE VIEW jobs_v AS SELECT * FROM jobs")
+	execDirect(t, d, "INSERT INTO jobs VALUES (1, 'queued'); CREATE VIEW jobs_v AS SELECT * FROM jobs; "+
+		"CREATE FUNCTION jobs_state(bigint) RETURNS text LANGUAGE sql STABLE AS $$SELECT state FROM jobs WHERE id = $1$$")
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
 		anon := readerSession(t, p, db, "", "", mode)
 		var s string
@@ -113,6 +119,17 @@ func TestReadThroughRequired(t *testing.T) {
 		if w := lockWatermark(t, d, "J"); w != 7 {
 			t.Errorf("%v: watermark %d, want 7", mode, w)
 		}
+		if err := anon.QueryRow(ctxT(t), "SELECT jobs_state($1)", 1).Scan(&s); err != nil || s != "queued" {
+			t.Errorf("%v: function without a lock: %q %v", mode, s, err)
+		}
+		later := readerSession(t, p, db, "J", "8", mode)
+		if err := later.QueryRow(ctxT(t), "SELECT jobs_state($1)", 1).Scan(&s); err != nil || s != "queued" {
+			t.Errorf("%v: function with a lock: %q %v", mode, s, err)
+		}
+		if w := lockWatermark(t, d, "J"); w != 8 {
+			t.Errorf("%v: watermark after the function's call %d, want 8", mode, w)
+		}
+		execDirect(t, d, "DELETE FROM fenceproxy.locks WHERE name = 'J'")
 	}
 }
 

@@ -164,31 +164,41 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 			continue
 		}
 		var u *lockUse
-		add := func(t *tableRule) {
+		// optional: the use does not make the registration required
+		// (a function that may read the table).
+		add := func(t *tableRule, optional bool) {
 			if u == nil {
 				u = &lockUse{}
 			}
+			required := t.lock == lockRequired && !optional
 			if t.audit {
 				u.audit = append(u.audit, t.display)
-				u.auditReq = u.auditReq || t.lock == lockRequired
+				u.auditReq = u.auditReq || required
 			} else {
 				u.enforce = append(u.enforce, t.display)
-				u.required = u.required || t.lock == lockRequired
+				u.required = u.required || required
 			}
 		}
 		walkMessages(stmt.ProtoReflect(), func(m protoreflect.Message) bool {
-			rv, ok := m.Interface().(*pg.RangeVar)
-			if !ok {
-				return true
-			}
-			for _, t := range r.byRel[rv.Relname] {
-				if t.lock == lockOff || (rv.Schemaname != "" && rv.Schemaname != t.schema) {
-					continue
+			switch n := m.Interface().(type) {
+			case *pg.RangeVar:
+				for _, t := range r.byRel[n.Relname] {
+					if t.lock == lockOff || (n.Schemaname != "" && n.Schemaname != t.schema) {
+						continue
+					}
+					add(t, false)
 				}
-				add(t)
-			}
-			if readers != nil {
-				readers.targets(r, rv.Schemaname, rv.Relname, add)
+				if readers != nil {
+					readers.targets(r, n.Schemaname, n.Relname, false, add)
+				}
+			case *pg.FuncCall:
+				if readers != nil && len(n.Funcname) > 0 {
+					var schema string
+					if len(n.Funcname) > 1 {
+						schema = n.Funcname[len(n.Funcname)-2].GetString_().GetSval()
+					}
+					readers.targets(r, schema, n.Funcname[len(n.Funcname)-1].GetString_().GetSval(), true, add)
+				}
 			}
 			return true
 		})

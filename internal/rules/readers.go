@@ -22,12 +22,18 @@ import (
 type Reader struct {
 	Schema, Name string // exact names of the relation a statement names
 	Target       string // the protected table reached, display form
+	// Function: Schema.Name is a function whose body may read Target; a
+	// statement that calls it registers, but only in a session that
+	// named a lock (the body was not proven to read it: lock: required
+	// does not apply).
+	Function bool
 }
 
 // Readers finds the statements that read through Reader relations. It is
 // safe for concurrent use.
 type Readers struct {
-	byRel    map[string][]Reader
+	byRel    map[string][]Reader // relations, by name
+	byFunc   map[string][]Reader // functions, by name
 	names    nameGate // the relations' names
 	nonASCII bool     // a name has a byte >= 0x80
 	// verdicts caches the decisions DecideFor makes with the set, for the
@@ -45,13 +51,17 @@ func NewReaders(list []Reader) *Readers {
 	if len(list) == 0 {
 		return nil
 	}
-	s := &Readers{byRel: make(map[string][]Reader)}
+	s := &Readers{byRel: make(map[string][]Reader), byFunc: make(map[string][]Reader)}
 	for _, x := range list {
-		if len(s.byRel[x.Name]) == 0 {
+		by := s.byRel
+		if x.Function {
+			by = s.byFunc
+		}
+		if len(s.byRel[x.Name]) == 0 && len(s.byFunc[x.Name]) == 0 {
 			s.names.add(x.Name)
 			s.nonASCII = s.nonASCII || strings.ContainsFunc(x.Name, func(c rune) bool { return c >= 0x80 })
 		}
-		s.byRel[x.Name] = append(s.byRel[x.Name], x)
+		by[x.Name] = append(by[x.Name], x)
 	}
 	return s
 }
@@ -146,15 +156,20 @@ func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 }
 
 // targets calls add for each table of r, with lock fencing, that a
-// relation named schema.name (schema "": any) of the set reaches.
-func (s *Readers) targets(r *Rules, schema, name string, add func(*tableRule)) {
-	for _, x := range s.byRel[name] {
+// relation (or, function, a function) named schema.name (schema "": any)
+// of the set reaches; optional says whether the reader is a function.
+func (s *Readers) targets(r *Rules, schema, name string, function bool, add func(t *tableRule, optional bool)) {
+	by := s.byRel
+	if function {
+		by = s.byFunc
+	}
+	for _, x := range by[name] {
 		if schema != "" && schema != x.Schema {
 			continue
 		}
 		for _, t := range r.tables {
 			if t.display == x.Target && t.lock != lockOff {
-				add(t)
+				add(t, function)
 			}
 		}
 	}

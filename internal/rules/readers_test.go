@@ -24,6 +24,7 @@ func TestReadersDecide(t *testing.T) {
 		{Schema: "public", Name: "jobs_parent", Target: "public.jobs"},
 		{Schema: "public", Name: "notes_v", Target: "public.notes"}, // lock: off
 		{Schema: "s", Name: "aud_v", Target: "public.aud"},
+		{Schema: "public", Name: "read_jobs", Target: "public.jobs", Function: true},
 	})
 	s := rules.Session{Lexing: utf8, Readers: readers}
 	for _, c := range []struct {
@@ -50,6 +51,14 @@ func TestReadersDecide(t *testing.T) {
 		{"UPDATE public.acct SET n = (SELECT max(n) FROM jobs_parent) WHERE id = 1", rules.Rewrite, []int{0}, true, false},
 		{"COPY (SELECT * FROM acct_v) TO STDOUT", rules.Forward, []int{0}, false, false},
 		{"CREATE VIEW w AS SELECT * FROM acct_v", rules.Forward, nil, false, false}, // DDL reads nothing
+		// A function that may read jobs (lock: required) registers, but
+		// does not require a lock.
+		{"SELECT read_jobs()", rules.Forward, []int{0}, false, false},
+		{"SELECT * FROM public.read_jobs() AS x(n)", rules.Forward, []int{0}, false, false},
+		{"SELECT n FROM plain WHERE n < read_jobs()", rules.Forward, []int{0}, false, false},
+		{"SELECT other.read_jobs()", rules.Forward, nil, false, false},
+		{"SELECT * FROM read_jobs", rules.Forward, nil, false, false}, // a relation of that name
+		{"SELECT read_jobs(); SELECT * FROM jobs_parent", rules.Forward, []int{0, 2}, true, false},
 	} {
 		d, final, ok := r.DecideFor(s, c.sql)
 		if !ok || final {
