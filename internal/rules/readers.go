@@ -34,8 +34,8 @@ type Reader struct {
 type Readers struct {
 	byRel    map[string][]Reader // relations, by name
 	byFunc   map[string][]Reader // functions, by name
-	names    nameGate // the relations' names
-	nonASCII bool     // a name has a byte >= 0x80
+	names    nameGate            // the relations' names
+	nonASCII bool                // a name has a byte >= 0x80
 	// verdicts caches the decisions DecideFor makes with the set, for the
 	// rule sets of one root (a reload starts another cache).
 	verdicts atomic.Pointer[readerVerdicts]
