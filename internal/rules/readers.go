@@ -95,8 +95,12 @@ func (s *Readers) lexingRefusal(lex Lexing) *Error {
 		"statements that may read a lock-fenced table through a view or parent")
 }
 
-// cache returns the verdicts for r's root, starting them after a reload.
+// cache returns the verdicts for r's root, starting them after a reload;
+// nil where the rule set caches nothing (its cache names the root).
 func (s *Readers) cache(r *Rules) *decisionCache {
+	if r.cache == nil {
+		return nil
+	}
 	v := s.verdicts.Load()
 	if v != nil && v.root == r.cache {
 		return v.d
@@ -113,7 +117,10 @@ func (s *Readers) cache(r *Rules) *decisionCache {
 
 // cached is decide when its answer is cached.
 func (s *Readers) cached(r *Rules, sql string) (Decision, bool) {
-	return s.cache(r).get(r.cacheSet, sql)
+	if c := s.cache(r); c != nil {
+		return c.get(r.cacheSet, sql)
+	}
+	return Decision{}, false
 }
 
 // decide returns d, r's decision on sql, with the lock registration of
@@ -124,12 +131,16 @@ func (s *Readers) decide(r *Rules, sql string, d Decision) Decision {
 		return d
 	}
 	c := s.cache(r)
-	if v, ok := c.get(r.cacheSet, sql); ok {
-		return v
+	if c != nil {
+		if v, ok := c.get(r.cacheSet, sql); ok {
+			return v
+		}
 	}
 	sql = strings.Clone(sql) // parts of it may reach the decision (LockCall.Query)
 	out := s.withReads(r, sql, d)
-	c.put(r.cacheSet, sql, out)
+	if c != nil {
+		c.put(r.cacheSet, sql, out)
+	}
 	return out
 }
 

@@ -106,6 +106,18 @@ func TestReadersDecide(t *testing.T) {
 		t.Errorf("row fencing only: %+v", d.Lock)
 	}
 
+	// A reload (another root) does not reuse the verdicts of the one
+	// before, with or without a cache of its own.
+	for _, size := range []int{rules.DefaultCacheSize, 0} {
+		off := mustCompile(t, rules.Config{CacheSize: size, Tables: []rules.Table{{Table: "public.acct", Lock: rules.LockOff}, {Table: "public.jobs"}}})
+		if d, _, _ := off.DecideFor(s, "SELECT * FROM acct_v WHERE id = 1"); d.Lock != nil {
+			t.Errorf("cache %d: acct's lock turned off on reload: %+v", size, d.Lock)
+		}
+		if d, _, _ := off.DecideFor(s, "SELECT * FROM jobs_parent"); d.Lock == nil || d.Lock.Required {
+			t.Errorf("cache %d: jobs optional on reload: %+v", size, d.Lock)
+		}
+	}
+
 	// PREPARE: the registration is for EXECUTE.
 	d, _, _ := r.DecideFor(s, "PREPARE p AS SELECT * FROM acct_v")
 	if d.Lock == nil || len(d.Lock.Calls) != 0 || d.Lock.Call == "" {
