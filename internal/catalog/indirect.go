@@ -205,6 +205,11 @@ type pathRel struct {
 	triggers    []*pathTrigger // INSTEAD OF triggers
 	reads       []uint32       // views: relations read
 	calls       []uint32       // views: user functions called (readers)
+	// alsoReads and alsoCalls: what a statement naming the relation may
+	// read and call besides a view's query (readers): its rules'
+	// actions, its row security policies, its triggers' functions, its
+	// columns' defaults and check constraints.
+	alsoReads, alsoCalls []uint32
 	base        uint32         // auto-updatable views: the FROM relation
 	baseInh     bool           // ... without ONLY
 	referenced  []*pathFK      // foreign keys referencing this relation
@@ -258,6 +263,9 @@ type pathGraph struct {
 	rels      map[uint32]*pathRel
 	byName    map[Rel]uint32
 	protected map[uint32]bool
+	// matviews are the materialized views (readers only: REFRESH reads
+	// their query), kept out of rels, which the paths search.
+	matviews  []*pathRel
 	version   int // server_version_num
 	edgeMemo  map[pathState][]pathEdge
 	// pessimistic: edges as if every rule were enabled and none replaced

@@ -144,6 +144,7 @@ func (g *pathGraph) loadRewrites(ctx context.Context, q Querier) error {
 		default:
 			continue
 		}
+		r.alsoReads, r.alsoCalls = treeReads(g, tree, r.oid, r.alsoReads, r.alsoCalls)
 		tree.walk("QUERY", func(qn *pgNode) {
 			if w, ok := g.queryWrite(qn); ok {
 				rule.writes = append(rule.writes, w)
@@ -176,17 +177,25 @@ func (g *pathGraph) readView(r *pathRel, tree *pgNode) {
 			r.baseInh = rte.field("inh").atom == "true"
 		}
 	}
+	r.reads, r.calls = treeReads(g, tree, r.oid, r.reads, r.calls)
+}
+
+// treeReads adds to reads the relations of g that node tree reads (its
+// range table entries of relations, other than self) and to calls the
+// user functions it calls, each once.
+func treeReads(g *pathGraph, tree *pgNode, self uint32, reads, calls []uint32) ([]uint32, []uint32) {
 	tree.walk("RANGETBLENTRY", func(rte *pgNode) {
 		relid := rte.field("relid").oid()
-		if rte.field("rtekind").int() == 0 && relid != r.oid && g.rels[relid] != nil && !slices.Contains(r.reads, relid) {
-			r.reads = append(r.reads, relid)
+		if rte.field("rtekind").int() == 0 && relid != self && g.rels[relid] != nil && !slices.Contains(reads, relid) {
+			reads = append(reads, relid)
 		}
 	})
 	tree.walk("FUNCEXPR", func(fn *pgNode) {
-		if id := fn.field("funcid").oid(); id >= firstNormalOID && !slices.Contains(r.calls, id) {
-			r.calls = append(r.calls, id)
+		if id := fn.field("funcid").oid(); id >= firstNormalOID && !slices.Contains(calls, id) {
+			calls = append(calls, id)
 		}
 	})
+	return reads, calls
 }
 
 // firstNormalOID is the first OID of objects users create (FirstNormal-

@@ -27,6 +27,10 @@ type Reader struct {
 	// whose body names the table or another reader, as a word: a call of
 	// it in a statement may read the table.
 	Function bool
+	// Refresh: Schema.Name is a materialized view whose query reads the
+	// table: REFRESH MATERIALIZED VIEW of it reads the table (a read of
+	// it does not).
+	Refresh bool
 }
 
 // Relation returns Schema.Name for display, quoted as Target is.
@@ -67,12 +71,103 @@ func Paths(ctx context.Context, conn *pgx.Conn, written, read []Rel) (Reach, err
 	}
 	if len(read) > 0 {
 		funcs, err := loadFunctions(ctx, q, g.version)
+		if err == nil {
+			err = g.loadReadExtras(ctx, q)
+		}
 		if err != nil {
-			return Reach{}, fmt.Errorf("catalog: read functions for indirect reads: %w", err)
+			return Reach{}, fmt.Errorf("catalog: read functions and expressions for indirect reads: %w", err)
 		}
 		out.Readers = g.readers(read, funcs)
 	}
 	return out, nil
+}
+
+// readExtrasSQL lists the node trees that a statement naming a relation
+// may evaluate besides a view's query, by relation: row security
+// policies' expressions, column defaults (stored generated columns
+// included) and check constraints. Rules' actions are read with the
+// rules (loadRewrites), triggers' functions by triggerCallsSQL.
+const readExtrasSQL = `
+	SELECT polrelid, polqual::text FROM pg_catalog.pg_policy WHERE polqual IS NOT NULL
+	UNION ALL SELECT polrelid, polwithcheck::text FROM pg_catalog.pg_policy WHERE polwithcheck IS NOT NULL
+	UNION ALL SELECT adrelid, adbin::text FROM pg_catalog.pg_attrdef
+	UNION ALL SELECT conrelid, conbin::text FROM pg_catalog.pg_constraint WHERE contype = 'c' AND conrelid <> 0`
+
+// triggerCallsSQL lists the user triggers' functions by relation.
+const triggerCallsSQL = `SELECT tgrelid, tgfoid FROM pg_catalog.pg_trigger WHERE NOT tgisinternal AND tgfoid >= 16384`
+
+// matviewsSQL lists the materialized views with their queries.
+const matviewsSQL = `
+	SELECT c.oid, n.nspname, c.relname, r.ev_action::text
+	FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
+	JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+	WHERE c.relkind = 'm' AND r.ev_type = '1'`
+
+// loadReadExtras reads what readers needs besides the path graph:
+// pathRel.alsoReads and alsoCalls, and the materialized views.
+func (g *pathGraph) loadReadExtras(ctx context.Context, q Querier) error {
+	rows, err := q.Query(ctx, readExtrasSQL)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var relid uint32
+		var text string
+		if err := rows.Scan(&relid, &text); err != nil {
+			rows.Close()
+			return err
+		}
+		r := g.rels[relid]
+		if r == nil {
+			continue
+		}
+		tree, err := parseNodeTree(text)
+		if err != nil {
+			rows.Close()
+			return fmt.Errorf("expression of %s: %w", r.display, err)
+		}
+		r.alsoReads, r.alsoCalls = treeReads(g, tree, r.oid, r.alsoReads, r.alsoCalls)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = q.Query(ctx, triggerCallsSQL)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var relid, fn uint32
+		if err := rows.Scan(&relid, &fn); err != nil {
+			rows.Close()
+			return err
+		}
+		if r := g.rels[relid]; r != nil && !slices.Contains(r.alsoCalls, fn) {
+			r.alsoCalls = append(r.alsoCalls, fn)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = q.Query(ctx, matviewsSQL)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		m := &pathRel{kind: 'm'}
+		var text string
+		if err := rows.Scan(&m.oid, &m.schema, &m.name, &text); err != nil {
+			return err
+		}
+		m.display = pathRelName(m.schema, m.name)
+		tree, err := parseNodeTree(text)
+		if err != nil {
+			return fmt.Errorf("materialized view %s: %w", m.display, err)
+		}
+		m.reads, m.calls = treeReads(g, tree, m.oid, nil, nil)
+		g.matviews = append(g.matviews, m)
+	}
+	return rows.Err()
 }
 
 // pathFunc is a user function, with the words of its body.
@@ -212,11 +307,7 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 				}
 			}
 			for x, r := range g.rels {
-				if r.kind != 'v' || reach[x] {
-					continue
-				}
-				if slices.ContainsFunc(r.reads, func(y uint32) bool { return reach[y] }) ||
-					slices.ContainsFunc(r.calls, func(y uint32) bool { return called[y] }) {
+				if !reach[x] && readsAny(r, reach, called) {
 					addRel(x)
 					grew = true
 				}
@@ -234,6 +325,11 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 				out = append(out, Reader{Schema: f.schema, Name: f.name, Target: target, Function: true})
 			}
 		}
+		for _, m := range g.matviews {
+			if readsAny(m, reach, called) {
+				out = append(out, Reader{Schema: m.schema, Name: m.name, Target: target, Refresh: true})
+			}
+		}
 	}
 	slices.SortFunc(out, func(a, b Reader) int {
 		if c := strings.Compare(a.Schema, b.Schema); c != 0 {
@@ -242,13 +338,30 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 		if c := strings.Compare(a.Name, b.Name); c != 0 {
 			return c
 		}
-		if a.Function != b.Function {
-			if a.Function {
-				return 1
-			}
-			return -1
+		if c := readerKind(a) - readerKind(b); c != 0 {
+			return c
 		}
 		return strings.Compare(a.Target, b.Target)
 	})
 	return slices.Compact(out)
+}
+
+// readerKind orders relations, functions and materialized views.
+func readerKind(x Reader) int {
+	switch {
+	case x.Function:
+		return 1
+	case x.Refresh:
+		return 2
+	}
+	return 0
+}
+
+// readsAny reports whether r's own query (a view's, a materialized
+// view's) or what a statement naming it evaluates (alsoReads, alsoCalls)
+// reads a relation of reach or calls a function of called.
+func readsAny(r *pathRel, reach, called map[uint32]bool) bool {
+	in := func(m map[uint32]bool) func(uint32) bool { return func(x uint32) bool { return m[x] } }
+	return slices.ContainsFunc(r.reads, in(reach)) || slices.ContainsFunc(r.alsoReads, in(reach)) ||
+		slices.ContainsFunc(r.calls, in(called)) || slices.ContainsFunc(r.alsoCalls, in(called))
 }

@@ -29,19 +29,23 @@ import (
 // any relation via the proxy, the stale holder (41, registered earlier) is
 // refused (FP001) and acct is unchanged, checked on a direct connection.
 //
-// Holes found (each kept as a t.Skipf("HOLE: ...") where it shows):
+// Holes found, all mended since (a case that shows one again skips with
+// "HOLE:"; one refused with FP003 holds):
 //   - a DO block through the proxy that reads a reader which is no write
-//     path (a view that is not updatable): neither refused, as a DO block
-//     naming acct is, nor registered (c89d9e3 documents DO as not found);
+//     path (a view that is not updatable): now refused, as a DO block
+//     naming acct is;
 //   - a view or function over a reader created through the proxy and used
 //     in the same text (temporary view) or at once (before the
-//     notification);
+//     notification): such DDL is now refused through the proxy;
 //   - a temporary view named pg_temp.tv, a temporary function called as
-//     pg_temp.f(): the catalog lists them under pg_temp_N, and
-//     Readers.targets compares a qualified name's schema exactly;
-//   - REFRESH MATERIALIZED VIEW through the proxy (reads acct now);
-//   - a rule whose action reads acct (DO INSTEAD SELECT on src);
-//   - a row security policy whose expression reads acct.
+//     pg_temp.f(): pg_temp now matches any pg_temp_N;
+//   - REFRESH MATERIALIZED VIEW through the proxy (reads acct now): a
+//     refresh of a materialized view over acct registers;
+//   - a rule whose action reads acct (DO INSTEAD SELECT on src), a row
+//     security policy whose expression reads acct: their relations are
+//     readers.
+// Left as designed (OVER-REFUSAL skip): an unqualified name counts for
+// every reader of that name, as for protected tables.
 
 // rrLong is a 63-byte view name (PostgreSQL's limit); statements name it
 // with a longer spelling that the server truncates to it.
@@ -369,6 +373,9 @@ func TestReviewReadersCatalogChanges(t *testing.T) {
 			rrSeen(t, p, db, d)
 			return mpSimple(c, "SELECT payload FROM tv WHERE id = 3")
 		})
+		if rvCode(r.readErr) == "FP003" { // the view over a reader is refused
+			return
+		}
 		rrJudge(t, "SELECT ... FROM tv", r)
 	})
 

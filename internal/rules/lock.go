@@ -136,13 +136,15 @@ type lockUse struct {
 
 // dataStatement reports whether a top-level statement reads or writes
 // table data, so that it registers: queries, writes, COPY, cursors,
-// EXPLAIN (ANALYZE runs the statement) and CREATE TABLE AS. DDL and
-// utility statements on protected tables do not register.
+// EXPLAIN (ANALYZE runs the statement), CREATE TABLE AS and REFRESH
+// MATERIALIZED VIEW (which registers only for a materialized view the
+// database's Readers list). DDL and utility statements on protected
+// tables do not register.
 func dataStatement(n *pg.Node) bool {
 	switch n.Node.(type) {
 	case *pg.Node_SelectStmt, *pg.Node_InsertStmt, *pg.Node_UpdateStmt, *pg.Node_DeleteStmt,
 		*pg.Node_MergeStmt, *pg.Node_CopyStmt, *pg.Node_ExplainStmt, *pg.Node_DeclareCursorStmt,
-		*pg.Node_CreateTableAsStmt:
+		*pg.Node_CreateTableAsStmt, *pg.Node_RefreshMatViewStmt:
 		return true
 	}
 	return false
@@ -189,7 +191,11 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 					add(t, false)
 				}
 				if readers != nil {
-					readers.targets(r, n.Schemaname, n.Relname, false, add)
+					readers.targets(r, n.Schemaname, n.Relname, readRel, add)
+				}
+			case *pg.RefreshMatViewStmt:
+				if readers != nil && n.Relation != nil {
+					readers.targets(r, n.Relation.Schemaname, n.Relation.Relname, readRefresh, add)
 				}
 			case *pg.FuncCall:
 				if readers != nil && len(n.Funcname) > 0 {
@@ -197,7 +203,7 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 					if len(n.Funcname) > 1 {
 						schema = n.Funcname[len(n.Funcname)-2].GetString_().GetSval()
 					}
-					readers.targets(r, schema, n.Funcname[len(n.Funcname)-1].GetString_().GetSval(), true, add)
+					readers.targets(r, schema, n.Funcname[len(n.Funcname)-1].GetString_().GetSval(), readFunc, add)
 				}
 			}
 			return true

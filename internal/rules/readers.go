@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Reads that reach a lock-fenced table without naming it (through a view
@@ -27,13 +28,37 @@ type Reader struct {
 	// named a lock (the body was not proven to read it: lock: required
 	// does not apply).
 	Function bool
+	// Refresh: Schema.Name is a materialized view whose query reads
+	// Target: REFRESH MATERIALIZED VIEW of it registers (a read of it
+	// reads what the last refresh stored, and does not).
+	Refresh bool
+}
+
+// readerKind is what names a Reader: a relation in a statement, a
+// function call, a materialized view's REFRESH.
+type readerKind uint8
+
+const (
+	readRel readerKind = iota
+	readFunc
+	readRefresh
+	readKinds
+)
+
+func (x Reader) kind() readerKind {
+	switch {
+	case x.Function:
+		return readFunc
+	case x.Refresh:
+		return readRefresh
+	}
+	return readRel
 }
 
 // Readers finds the statements that read through Reader relations. It is
 // safe for concurrent use.
 type Readers struct {
-	byRel    map[string][]Reader // relations, by name
-	byFunc   map[string][]Reader // functions, by name
+	by       [readKinds]map[string][]Reader // by kind, by name
 	names    nameGate            // the relations' names
 	nonASCII bool                // a name has a byte >= 0x80
 	// verdicts caches the decisions DecideFor makes with the set, for the
@@ -51,17 +76,18 @@ func NewReaders(list []Reader) *Readers {
 	if len(list) == 0 {
 		return nil
 	}
-	s := &Readers{byRel: make(map[string][]Reader), byFunc: make(map[string][]Reader)}
+	s := &Readers{}
+	for k := range s.by {
+		s.by[k] = make(map[string][]Reader)
+	}
+	seen := map[string]bool{}
 	for _, x := range list {
-		by := s.byRel
-		if x.Function {
-			by = s.byFunc
-		}
-		if len(s.byRel[x.Name]) == 0 && len(s.byFunc[x.Name]) == 0 {
+		if !seen[x.Name] {
+			seen[x.Name] = true
 			s.names.add(x.Name)
 			s.nonASCII = s.nonASCII || strings.ContainsFunc(x.Name, func(c rune) bool { return c >= 0x80 })
 		}
-		by[x.Name] = append(by[x.Name], x)
+		s.by[x.kind()][x.Name] = append(s.by[x.kind()][x.Name], x)
 	}
 	return s
 }
@@ -73,7 +99,8 @@ func (s *Readers) MayApply(sql string) bool {
 	if s == nil {
 		return false
 	}
-	return s.names.mayName(sql) || strings.IndexByte(sql, '&') >= 0 && (&Rules{}).unicodeEscape(sql)
+	return s.names.mayName(sql) || strings.IndexByte(sql, '&') >= 0 && (&Rules{}).unicodeEscape(sql) ||
+		mayHideName(sql)
 }
 
 // applies reports whether DecideFor must look at sql with s, for a
@@ -155,6 +182,9 @@ func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 	if err != nil {
 		return refuse(d.Tables, "fenceproxy: cannot parse a statement that may read a lock-fenced table through a view or parent", err.Error(), "")
 	}
+	if e := s.ddlRefusal(r, sql, tree); e != nil {
+		return Decision{Action: Refuse, Err: e, Tables: []string{e.Table}}
+	}
 	uses := r.lockUses(tree, s)
 	if uses == nil {
 		return d
@@ -166,21 +196,155 @@ func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 	return r.withLock(d, final, tree.Version, uses)
 }
 
-// targets calls add for each table of r, with lock fencing, that a
-// relation (or, function, a function) named schema.name (schema "": any)
-// of the set reaches; optional says whether the reader is a function.
-func (s *Readers) targets(r *Rules, schema, name string, function bool, add func(t *tableRule, optional bool)) {
-	by := s.byRel
-	if function {
-		by = s.byFunc
+// ddlRefusal refuses what would read a lock-fenced table of r through
+// one of the set's relations or functions later, where no statement the
+// proxy decides names it: stored code (CREATE FUNCTION, DO) that mentions
+// one, as stored code that mentions the table is refused; and a view, a
+// rule, a row security policy or a trigger whose definition reads one
+// (through the proxy, where a statement right after it, or later in its
+// transaction, would read through it before the proxy learns of it from
+// the catalog). Run on a direct connection, they are learned from the
+// catalog instead.
+func (s *Readers) ddlRefusal(r *Rules, sql string, tree *pg.ParseResult) *Error {
+	var out *Error
+	for _, raw := range tree.Stmts {
+		walkMessages(raw.ProtoReflect(), func(m protoreflect.Message) bool {
+			if out != nil {
+				return false
+			}
+			var parts []protoreflect.Message
+			what := ""
+			switch n := m.Interface().(type) {
+			case *pg.CreateFunctionStmt, *pg.DoStmt:
+				text := stmtText(sql, raw)
+				byRel := s.codeReaders(r)
+				if f, ok := m.Interface().(*pg.CreateFunctionStmt); ok && len(f.Funcname) > 0 {
+					// Its own name: a function replaced (CREATE OR
+					// REPLACE) is checked by what its new body names.
+					delete(byRel, f.Funcname[len(f.Funcname)-1].GetString_().GetSval())
+				}
+				out = storedCodeRefusal(byRel, codeNames(byRel), m.Interface(), text, "reads lock-fenced table %s without naming it")
+				if out != nil {
+					out.Hint = "Name the lock-fenced table in the statements the proxy sees, or create the code on a direct connection: the proxy then learns it from the catalog, and statements that call a function of it register."
+				}
+				return false
+			case *pg.ViewStmt:
+				what, parts = "CREATE VIEW", []protoreflect.Message{n.Query.ProtoReflect()}
+			case *pg.RuleStmt:
+				what = "CREATE RULE"
+				parts = append(parts, n.WhereClause.ProtoReflect())
+				for _, a := range n.Actions {
+					parts = append(parts, a.ProtoReflect())
+				}
+			case *pg.CreatePolicyStmt:
+				what, parts = "CREATE POLICY", []protoreflect.Message{n.Qual.ProtoReflect(), n.WithCheck.ProtoReflect()}
+			case *pg.AlterPolicyStmt:
+				what, parts = "ALTER POLICY", []protoreflect.Message{n.Qual.ProtoReflect(), n.WithCheck.ProtoReflect()}
+			case *pg.CreateTrigStmt:
+				what, parts = "CREATE TRIGGER", []protoreflect.Message{n.WhenClause.ProtoReflect()}
+				if x := s.first(r, n.Funcname, readFunc); x != nil {
+					out = readerDDLError(what, x)
+				}
+			default:
+				return true
+			}
+			for _, part := range parts {
+				walkMessages(part, func(m protoreflect.Message) bool {
+					var x *Reader
+					switch n := m.Interface().(type) {
+					case *pg.RangeVar:
+						x = s.first(r, []*pg.Node{pg.MakeStrNode(n.Schemaname), pg.MakeStrNode(n.Relname)}, readRel)
+					case *pg.FuncCall:
+						x = s.first(r, n.Funcname, readFunc)
+					}
+					if x != nil && out == nil {
+						out = readerDDLError(what, x)
+					}
+					return out == nil
+				})
+			}
+			return false
+		})
 	}
-	for _, x := range by[name] {
-		if schema != "" && schema != x.Schema {
+	return out
+}
+
+// readerDDLError is ddlRefusal's refusal of DDL what, which reads x.
+func readerDDLError(what string, x *Reader) *Error {
+	kind := "relation"
+	if x.Function {
+		kind = "function"
+	}
+	return &Error{
+		Code: CodeRefused,
+		Message: fmt.Sprintf("fenceproxy: %s that reads %s %s, which reads lock-fenced table %s, is not allowed through the proxy",
+			what, kind, quoteIdent(x.Schema)+"."+quoteIdent(x.Name), x.Target),
+		Detail: "A statement right after it, or later in its transaction, could read the table through it before the proxy learns of it, and register no lock.",
+		Hint:   "Run it on a direct connection to PostgreSQL: the proxy learns it from the catalog, and statements that read through it register.",
+		Table:  x.Target,
+	}
+}
+
+// first returns the first reader of kind k named by name (a qualified
+// name's list of strings; its schema "" or absent: any) that reaches a
+// lock-fenced table of r; nil if none.
+func (s *Readers) first(r *Rules, name []*pg.Node, k readerKind) *Reader {
+	if len(name) == 0 {
+		return nil
+	}
+	var schema string
+	if len(name) > 1 {
+		schema = name[len(name)-2].GetString_().GetSval()
+	}
+	rel := name[len(name)-1].GetString_().GetSval()
+	by := s.by[k]
+	for i, x := range by[rel] {
+		if sameSchema(schema, x.Schema) && r.lockFenced(x.Target) {
+			return &by[rel][i]
+		}
+	}
+	return nil
+}
+
+// codeReaders returns the set's relations and functions that reach a
+// lock-fenced table of r, as paths for storedCodeRefusal.
+func (s *Readers) codeReaders(r *Rules) map[string][]Indirect {
+	out := map[string][]Indirect{}
+	for _, by := range s.by {
+		for name, xs := range by {
+			for _, x := range xs {
+				if r.lockFenced(x.Target) {
+					out[name] = append(out[name], Indirect{Schema: x.Schema, Name: x.Name, Target: x.Target,
+						Via: x.Name + " reads " + x.Target})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// lockFenced reports whether the table of display name target has lock
+// fencing in r.
+func (r *Rules) lockFenced(target string) bool {
+	for _, t := range r.tables {
+		if t.display == target && t.lock != lockOff {
+			return true
+		}
+	}
+	return false
+}
+
+// targets calls add for each table of r, with lock fencing, that a
+// reader of kind k named schema.name (schema "": any) of the set
+// reaches; optional says whether the reader is a function.
+func (s *Readers) targets(r *Rules, schema, name string, k readerKind, add func(t *tableRule, optional bool)) {
+	for _, x := range s.by[k][name] {
+		if !sameSchema(schema, x.Schema) {
 			continue
 		}
 		for _, t := range r.tables {
 			if t.display == x.Target && t.lock != lockOff {
-				add(t, function)
+				add(t, k == readFunc)
 			}
 		}
 	}

@@ -25,6 +25,7 @@ func TestReadersDecide(t *testing.T) {
 		{Schema: "public", Name: "notes_v", Target: "public.notes"}, // lock: off
 		{Schema: "s", Name: "aud_v", Target: "public.aud"},
 		{Schema: "public", Name: "read_jobs", Target: "public.jobs", Function: true},
+		{Schema: "public", Name: "mv", Target: "public.acct", Refresh: true},
 	})
 	s := rules.Session{Lexing: utf8, Readers: readers}
 	for _, c := range []struct {
@@ -50,7 +51,6 @@ func TestReadersDecide(t *testing.T) {
 		// A rewrite of a row-fenced table that reads through a reader.
 		{"UPDATE public.acct SET n = (SELECT max(n) FROM jobs_parent) WHERE id = 1", rules.Rewrite, []int{0}, true, false},
 		{"COPY (SELECT * FROM acct_v) TO STDOUT", rules.Forward, []int{0}, false, false},
-		{"CREATE VIEW w AS SELECT * FROM acct_v", rules.Forward, nil, false, false}, // DDL reads nothing
 		// A function that may read jobs (lock: required) registers, but
 		// does not require a lock.
 		{"SELECT read_jobs()", rules.Forward, []int{0}, false, false},
@@ -59,6 +59,10 @@ func TestReadersDecide(t *testing.T) {
 		{"SELECT other.read_jobs()", rules.Forward, nil, false, false},
 		{"SELECT * FROM read_jobs", rules.Forward, nil, false, false}, // a relation of that name
 		{"SELECT read_jobs(); SELECT * FROM jobs_parent", rules.Forward, []int{0, 2}, true, false},
+		// A materialized view's refresh reads acct; a read of it does not.
+		{"REFRESH MATERIALIZED VIEW mv", rules.Forward, []int{0}, false, false},
+		{"REFRESH MATERIALIZED VIEW CONCURRENTLY public.mv WITH DATA", rules.Forward, []int{0}, false, false},
+		{"SELECT * FROM mv", rules.Forward, nil, false, false},
 	} {
 		d, final, ok := r.DecideFor(s, c.sql)
 		if !ok || final {
@@ -142,5 +146,59 @@ func TestReadersDecide(t *testing.T) {
 	// A Unicode escape may spell a reader's name.
 	if d, _, _ := r.DecideFor(s, `SELECT * FROM U&"acct\005fv"`); d.Lock == nil {
 		t.Errorf("Unicode escape: no registration (%+v)", d)
+	}
+}
+
+// TestReadersDDL: through the proxy, stored code that mentions a reader,
+// and a view, rule, policy or trigger whose definition reads one, are
+// refused (they would read the table later with nothing registering
+// before the proxy learns of them); what reads none runs.
+func TestReadersDDL(t *testing.T) {
+	r := mustCompile(t, rules.Config{CacheSize: rules.DefaultCacheSize, Tables: []rules.Table{
+		{Table: "public.acct"},
+		{Table: "public.notes", Lock: rules.LockOff},
+	}})
+	s := rules.Session{Lexing: utf8, Readers: rules.NewReaders([]rules.Reader{
+		{Schema: "public", Name: "acct_v", Target: "public.acct"},
+		{Schema: "pg_temp_3", Name: "tv", Target: "public.acct"},
+		{Schema: "public", Name: "read_acct", Target: "public.acct", Function: true},
+		{Schema: "public", Name: "notes_v", Target: "public.notes"},
+	})}
+	for _, c := range []struct {
+		sql     string
+		refused bool
+	}{
+		{"CREATE VIEW w AS SELECT * FROM acct_v", true},
+		{"CREATE TEMP VIEW w AS SELECT id FROM plain WHERE EXISTS (SELECT FROM public.acct_v)", true},
+		{"CREATE VIEW w AS SELECT read_acct()", true},
+		{"CREATE OR REPLACE VIEW w AS SELECT * FROM plain", false},
+		{"CREATE VIEW w AS SELECT * FROM notes_v", false}, // notes has no lock fencing
+		{"CREATE VIEW w AS SELECT * FROM other.acct_v", false},
+		{"CREATE FUNCTION f() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM acct_v$$", true},
+		{"CREATE FUNCTION f() RETURNS bigint LANGUAGE sql AS $$SELECT read_acct()$$", true},
+		{"CREATE FUNCTION f() RETURNS bigint LANGUAGE plpgsql AS $$BEGIN RETURN (SELECT count(*) FROM pg_temp.tv); END$$", true},
+		{`CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$BEGIN EXECUTE E'SELECT * FROM acct\x5fv'; END$$`, true},
+		{"CREATE OR REPLACE FUNCTION read_acct() RETURNS bigint LANGUAGE sql AS $$SELECT 1$$", false},
+		{"CREATE FUNCTION f() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM plain$$", false},
+		{"DO $$BEGIN PERFORM * FROM acct_v; END$$", true},
+		{"DO $$BEGIN PERFORM 1; END$$", false},
+		{"CREATE RULE r AS ON UPDATE TO src DO INSTEAD SELECT * FROM acct_v", true},
+		{"CREATE POLICY p ON plain USING (EXISTS (SELECT FROM acct_v))", true},
+		{"ALTER POLICY p ON plain USING (read_acct() > 0)", true},
+		{"CREATE POLICY p ON plain USING (true)", false},
+		{"CREATE TRIGGER t AFTER INSERT ON plain FOR EACH ROW EXECUTE FUNCTION read_acct()", true},
+		{"CREATE TRIGGER t AFTER INSERT ON plain FOR EACH ROW EXECUTE FUNCTION audit_row()", false},
+	} {
+		d, _, _ := r.DecideFor(s, c.sql)
+		if refused := d.Action == rules.Refuse; refused != c.refused {
+			t.Errorf("%q: refused %v, want %v (%+v)", c.sql, refused, c.refused, d.Err)
+		} else if refused && (d.Err.Code != rules.CodeRefused || d.Err.Table != "public.acct") {
+			t.Errorf("%q: %+v", c.sql, d.Err)
+		}
+	}
+	// pg_temp names the session's temporary schema, pg_temp_N in the
+	// catalog: reads through it register.
+	if d, _, _ := r.DecideFor(s, "SELECT * FROM pg_temp.tv"); d.Lock == nil {
+		t.Errorf("pg_temp.tv: no registration (%+v)", d)
 	}
 }
