@@ -210,9 +210,9 @@ type pathRel struct {
 	// actions, its row security policies, its triggers' functions, its
 	// columns' defaults and check constraints.
 	alsoReads, alsoCalls []uint32
-	base        uint32         // auto-updatable views: the FROM relation
-	baseInh     bool           // ... without ONLY
-	referenced  []*pathFK      // foreign keys referencing this relation
+	base                 uint32    // auto-updatable views: the FROM relation
+	baseInh              bool      // ... without ONLY
+	referenced           []*pathFK // foreign keys referencing this relation
 	// beforeUpdate: a BEFORE UPDATE row trigger may change the key of a
 	// row whatever the UPDATE sets, so its ON UPDATE actions are reached
 	// by any UPDATE (pathEdge.cols is left empty).
@@ -265,9 +265,9 @@ type pathGraph struct {
 	protected map[uint32]bool
 	// matviews are the materialized views (readers only: REFRESH reads
 	// their query), kept out of rels, which the paths search.
-	matviews  []*pathRel
-	version   int // server_version_num
-	edgeMemo  map[pathState][]pathEdge
+	matviews []*pathRel
+	version  int // server_version_num
+	edgeMemo map[pathState][]pathEdge
 	// pessimistic: edges as if every rule were enabled and none replaced
 	// the write, and every view had INSTEAD OF triggers and were
 	// auto-updatable over its FROM relation (latentPaths).

@@ -59,8 +59,8 @@ func (x Reader) kind() readerKind {
 // safe for concurrent use.
 type Readers struct {
 	by       [readKinds]map[string][]Reader // by kind, by name
-	names    nameGate            // the relations' names
-	nonASCII bool                // a name has a byte >= 0x80
+	names    nameGate                       // the relations' names
+	nonASCII bool                           // a name has a byte >= 0x80
 	// verdicts caches the decisions DecideFor makes with the set, for the
 	// rule sets of one root (a reload starts another cache).
 	verdicts atomic.Pointer[readerVerdicts]
