@@ -205,14 +205,9 @@ type pathRel struct {
 	triggers    []*pathTrigger // INSTEAD OF triggers
 	reads       []uint32       // views: relations read
 	calls       []uint32       // views: user functions called (readers)
-	// alsoReads and alsoCalls: what a statement naming the relation may
-	// read and call besides a view's query (readers): its rules'
-	// actions, its row security policies, its triggers' functions, its
-	// columns' defaults and check constraints.
-	alsoReads, alsoCalls []uint32
-	base                 uint32    // auto-updatable views: the FROM relation
-	baseInh              bool      // ... without ONLY
-	referenced           []*pathFK // foreign keys referencing this relation
+	base        uint32         // auto-updatable views: the FROM relation
+	baseInh     bool           // ... without ONLY
+	referenced  []*pathFK      // foreign keys referencing this relation
 	// beforeUpdate: a BEFORE UPDATE row trigger may change the key of a
 	// row whatever the UPDATE sets, so its ON UPDATE actions are reached
 	// by any UPDATE (pathEdge.cols is left empty).
@@ -220,6 +215,11 @@ type pathRel struct {
 	// generatedFrom maps each stored generated column to the columns its
 	// expression reads.
 	generatedFrom map[string][]string
+	// alsoReads and alsoCalls: what a statement naming the relation may
+	// read and call besides a view's query (readers): its rules'
+	// actions, its row security policies, its triggers' functions, its
+	// columns' defaults and check constraints.
+	alsoReads, alsoCalls []uint32
 }
 
 // pathRule is a rewrite rule other than a view's SELECT rule.
