@@ -31,6 +31,12 @@ type Reader struct {
 	// table: REFRESH MATERIALIZED VIEW of it reads the table (a read of
 	// it does not).
 	Refresh bool
+	// Maybe: a statement naming the relation may read the table, but
+	// not surely: through a function's call, or what only some
+	// statements evaluate (its rules' actions, its policies, triggers,
+	// defaults and constraints). Lock fencing registers for it, and does
+	// not require a lock (lock: required) for it. Functions are Maybe.
+	Maybe bool
 }
 
 // Relation returns Schema.Name for display, quoted as Target is.
@@ -297,6 +303,7 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 		// functions calling functions, views calling functions, functions
 		// reading views).
 		called := map[uint32]bool{}
+		maybe := map[uint32]bool{} // in reach, but not surely (Reader.Maybe)
 		for grew := true; grew; {
 			grew = false
 			for _, f := range funcs {
@@ -307,8 +314,15 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 				}
 			}
 			for x, r := range g.rels {
-				if !reach[x] && readsAny(r, reach, called) {
+				switch {
+				case (!reach[x] || maybe[x]) && r.kind == 'v' && slices.ContainsFunc(r.reads, func(y uint32) bool { return reach[y] && !maybe[y] }):
+					// Its query reads the table's rows.
 					addRel(x)
+					delete(maybe, x)
+					grew = true
+				case !reach[x] && readsAny(r, reach, called):
+					addRel(x)
+					maybe[x] = true
 					grew = true
 				}
 			}
@@ -317,17 +331,18 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 		for x := range reach {
 			if x != oid {
 				r := g.rels[x]
-				out = append(out, Reader{Schema: r.schema, Name: r.name, Target: target})
+				out = append(out, Reader{Schema: r.schema, Name: r.name, Target: target, Maybe: maybe[x]})
 			}
 		}
 		for _, f := range funcs {
 			if called[f.oid] {
-				out = append(out, Reader{Schema: f.schema, Name: f.name, Target: target, Function: true})
+				out = append(out, Reader{Schema: f.schema, Name: f.name, Target: target, Function: true, Maybe: true})
 			}
 		}
 		for _, m := range g.matviews {
 			if readsAny(m, reach, called) {
-				out = append(out, Reader{Schema: m.schema, Name: m.name, Target: target, Refresh: true})
+				out = append(out, Reader{Schema: m.schema, Name: m.name, Target: target, Refresh: true,
+					Maybe: !slices.ContainsFunc(m.reads, func(y uint32) bool { return reach[y] && !maybe[y] })})
 			}
 		}
 	}

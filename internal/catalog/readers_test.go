@@ -94,18 +94,24 @@ func TestReaders(t *testing.T) {
 			got = append(got, "REFRESH "+r.Relation()+" -> "+r.Target)
 			continue
 		}
+		if r.Maybe {
+			got = append(got, r.Relation()+" ?-> "+r.Target)
+			continue
+		}
 		got = append(got, r.Relation()+" -> "+r.Target)
 	}
+	// "?->": Maybe (a statement naming it may read the table, through
+	// a function, a rule, a policy, a trigger or a default).
 	want := []string{
 		"public.acct_high -> public.acct",
 		"public.acct_high_a -> public.acct",
 		"public.acct_low -> public.acct",
 		"public.agg -> public.acct",
 		"public.cte -> public.acct",
-		"public.dflt -> public.acct",
+		"public.dflt ?-> public.acct",
 		"public.fa() -> public.acct",
 		"public.fb() -> public.acct",
-		"public.fv -> public.acct",
+		"public.fv ?-> public.acct",
 		"public.inh_child -> public.inh",
 		"public.inh_parent -> public.inh",
 		// Over ONLY inh_parent, which holds none of inh's rows: listed all
@@ -114,11 +120,11 @@ func TestReaders(t *testing.T) {
 		"REFRESH public.mat -> public.acct",
 		"REFRESH public.mv -> public.acct",
 		"public.other2 -> public.inh",
-		"public.pol -> public.acct",
+		"public.pol ?-> public.acct",
 		"public.root -> public.acct",
-		"public.src -> public.acct",
+		"public.src ?-> public.acct",
 		"public.sub -> public.acct",
-		"public.trg -> public.acct",
+		"public.trg ?-> public.acct",
 		"public.trg_f() -> public.acct",
 		"public.v2 -> public.acct",
 		"s.fc() -> public.acct",

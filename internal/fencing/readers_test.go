@@ -97,15 +97,19 @@ func TestReadThroughReaders(t *testing.T) {
 
 // TestReadThroughRequired: jobs has lock: required, so a read of it
 // through a view in a session that names no lock fails with FP002, as a
-// read of jobs does; with a lock it registers. A function that reads it
-// registers too, but does not require a lock (its body is not parsed).
+// read of jobs does; with a lock it registers. A function that reads it,
+// and a table whose trigger reads it, register too, but do not require a
+// lock (the function's body is not parsed; the trigger fires on writes).
 func TestReadThroughRequired(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p, specs := raProxyFor(t, hijackRules)
 	db, d := rvSetupDB(t, specs, "rdrreq")
 	execDirect(t, d, "INSERT INTO jobs VALUES (1, 'queued'); CREATE VIEW jobs_v AS SELECT * FROM jobs; "+
-		"CREATE FUNCTION jobs_state(bigint) RETURNS text LANGUAGE sql STABLE AS $$SELECT state FROM jobs WHERE id = $1$$")
+		"CREATE FUNCTION jobs_state(bigint) RETURNS text LANGUAGE sql STABLE AS $$SELECT state FROM jobs WHERE id = $1$$; "+
+		"CREATE TABLE jlog (id bigint); "+
+		"CREATE FUNCTION jlog_f() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM count(*) FROM jobs; RETURN NEW; END$$; "+
+		"CREATE TRIGGER jlog_t BEFORE INSERT ON jlog FOR EACH ROW EXECUTE FUNCTION jlog_f()")
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
 		anon := readerSession(t, p, db, "", "", mode)
 		var s string
@@ -128,6 +132,18 @@ func TestReadThroughRequired(t *testing.T) {
 		}
 		if w := lockWatermark(t, d, "J"); w != 8 {
 			t.Errorf("%v: watermark after the function's call %d, want 8", mode, w)
+		}
+		// jlog's trigger reads jobs: its writes register, and do not
+		// require a lock.
+		if _, err := anon.Exec(ctxT(t), "INSERT INTO jlog VALUES ($1)", 1); err != nil {
+			t.Errorf("%v: insert into jlog without a lock: %v", mode, err)
+		}
+		last := readerSession(t, p, db, "J", "9", mode)
+		if _, err := last.Exec(ctxT(t), "INSERT INTO jlog VALUES ($1)", 2); err != nil {
+			t.Errorf("%v: insert into jlog with a lock: %v", mode, err)
+		}
+		if w := lockWatermark(t, d, "J"); w != 9 {
+			t.Errorf("%v: watermark after the insert into jlog %d, want 9", mode, w)
 		}
 		execDirect(t, d, "DELETE FROM fenceproxy.locks WHERE name = 'J'")
 	}

@@ -32,6 +32,11 @@ type Reader struct {
 	// Target: REFRESH MATERIALIZED VIEW of it registers (a read of it
 	// reads what the last refresh stored, and does not).
 	Refresh bool
+	// Maybe: a statement naming it may read Target, but not surely
+	// (through a function, the relation's rules, policies, triggers or
+	// defaults): it registers, but only in a session that named a lock
+	// (lock: required does not apply). Function implies it.
+	Maybe bool
 }
 
 // readerKind is what names a Reader: a relation in a statement, a
@@ -299,12 +304,19 @@ func (s *Readers) first(r *Rules, name []*pg.Node, k readerKind) *Reader {
 	rel := name[len(name)-1].GetString_().GetSval()
 	by := s.by[k]
 	for i, x := range by[rel] {
-		if sameSchema(schema, x.Schema) && r.lockFenced(x.Target) {
+		if sameSchema(schema, x.Schema) && r.lockFenced(x.Target) && x.refusesDDL() {
 			return &by[rel][i]
 		}
 	}
 	return nil
 }
+
+// refusesDDL reports whether DDL through the proxy that reads x (or
+// code that mentions it) is refused (ddlRefusal): x is a function, or a
+// relation whose reads surely reach its target. A relation that reaches
+// it only maybe (a table whose trigger reads it, say) does not refuse a
+// view over it, which would not fire the trigger.
+func (x Reader) refusesDDL() bool { return x.Function || !x.Maybe }
 
 // codeReaders returns the set's relations and functions that reach a
 // lock-fenced table of r, as paths for storedCodeRefusal.
@@ -313,7 +325,7 @@ func (s *Readers) codeReaders(r *Rules) map[string][]Indirect {
 	for _, by := range s.by {
 		for name, xs := range by {
 			for _, x := range xs {
-				if r.lockFenced(x.Target) {
+				if r.lockFenced(x.Target) && x.refusesDDL() {
 					out[name] = append(out[name], Indirect{Schema: x.Schema, Name: x.Name, Target: x.Target,
 						Via: x.Name + " reads " + x.Target})
 				}
@@ -336,7 +348,8 @@ func (r *Rules) lockFenced(target string) bool {
 
 // targets calls add for each table of r, with lock fencing, that a
 // reader of kind k named schema.name (schema "": any) of the set
-// reaches; optional says whether the reader is a function.
+// reaches; optional says whether it reaches it only maybe
+// (Reader.Maybe).
 func (s *Readers) targets(r *Rules, schema, name string, k readerKind, add func(t *tableRule, optional bool)) {
 	for _, x := range s.by[k][name] {
 		if !sameSchema(schema, x.Schema) {
@@ -344,7 +357,7 @@ func (s *Readers) targets(r *Rules, schema, name string, k readerKind, add func(
 		}
 		for _, t := range r.tables {
 			if t.display == x.Target && t.lock != lockOff {
-				add(t, k == readFunc)
+				add(t, k == readFunc || x.Maybe)
 			}
 		}
 	}

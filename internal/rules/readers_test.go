@@ -26,6 +26,7 @@ func TestReadersDecide(t *testing.T) {
 		{Schema: "s", Name: "aud_v", Target: "public.aud"},
 		{Schema: "public", Name: "read_jobs", Target: "public.jobs", Function: true},
 		{Schema: "public", Name: "mv", Target: "public.acct", Refresh: true},
+		{Schema: "public", Name: "trg_jobs", Target: "public.jobs", Maybe: true},
 	})
 	s := rules.Session{Lexing: utf8, Readers: readers}
 	for _, c := range []struct {
@@ -63,6 +64,9 @@ func TestReadersDecide(t *testing.T) {
 		{"REFRESH MATERIALIZED VIEW mv", rules.Forward, []int{0}, false, false},
 		{"REFRESH MATERIALIZED VIEW CONCURRENTLY public.mv WITH DATA", rules.Forward, []int{0}, false, false},
 		{"SELECT * FROM mv", rules.Forward, nil, false, false},
+		// A relation that may read jobs (its trigger, say): registers,
+		// not required.
+		{"INSERT INTO trg_jobs VALUES (1)", rules.Forward, []int{0}, false, false},
 	} {
 		d, final, ok := r.DecideFor(s, c.sql)
 		if !ok || final {
@@ -163,6 +167,7 @@ func TestReadersDDL(t *testing.T) {
 		{Schema: "pg_temp_3", Name: "tv", Target: "public.acct"},
 		{Schema: "public", Name: "read_acct", Target: "public.acct", Function: true},
 		{Schema: "public", Name: "notes_v", Target: "public.notes"},
+		{Schema: "public", Name: "trg_acct", Target: "public.acct", Maybe: true},
 	})}
 	for _, c := range []struct {
 		sql     string
@@ -188,6 +193,9 @@ func TestReadersDDL(t *testing.T) {
 		{"CREATE POLICY p ON plain USING (true)", false},
 		{"CREATE TRIGGER t AFTER INSERT ON plain FOR EACH ROW EXECUTE FUNCTION read_acct()", true},
 		{"CREATE TRIGGER t AFTER INSERT ON plain FOR EACH ROW EXECUTE FUNCTION audit_row()", false},
+		// A table whose trigger reads acct: a view over it reads none.
+		{"CREATE VIEW w AS SELECT * FROM trg_acct", false},
+		{"CREATE FUNCTION f() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM trg_acct$$", false},
 	} {
 		d, _, _ := r.DecideFor(s, c.sql)
 		if refused := d.Action == rules.Refuse; refused != c.refused {
