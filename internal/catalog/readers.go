@@ -91,13 +91,23 @@ func Paths(ctx context.Context, conn *pgx.Conn, written, read []Rel) (Reach, err
 // readExtrasSQL lists the node trees that a statement naming a relation
 // may evaluate besides a view's query, by relation: row security
 // policies' expressions, column defaults (stored generated columns
-// included) and check constraints. Rules' actions are read with the
-// rules (loadRewrites), triggers' functions by triggerCallsSQL.
+// included) and check constraints, those of the domains of its columns,
+// rules' conditions and triggers' WHEN conditions. Rules' actions are
+// read with the rules (loadRewrites), triggers' functions by
+// triggerCallsSQL.
 const readExtrasSQL = `
 	SELECT polrelid, polqual::text FROM pg_catalog.pg_policy WHERE polqual IS NOT NULL
 	UNION ALL SELECT polrelid, polwithcheck::text FROM pg_catalog.pg_policy WHERE polwithcheck IS NOT NULL
 	UNION ALL SELECT adrelid, adbin::text FROM pg_catalog.pg_attrdef
-	UNION ALL SELECT conrelid, conbin::text FROM pg_catalog.pg_constraint WHERE contype = 'c' AND conrelid <> 0`
+	UNION ALL SELECT conrelid, conbin::text FROM pg_catalog.pg_constraint WHERE contype = 'c' AND conrelid <> 0
+	UNION ALL SELECT a.attrelid, t.typdefaultbin::text
+		FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+		WHERE t.typtype = 'd' AND t.typdefaultbin IS NOT NULL AND a.attnum > 0 AND NOT a.attisdropped
+	UNION ALL SELECT a.attrelid, c.conbin::text
+		FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_constraint c ON c.contypid = a.atttypid
+		WHERE c.contype = 'c' AND a.attnum > 0 AND NOT a.attisdropped
+	UNION ALL SELECT ev_class, ev_qual::text FROM pg_catalog.pg_rewrite WHERE ev_type <> '1' AND ev_qual::text <> '<>'
+	UNION ALL SELECT tgrelid, tgqual::text FROM pg_catalog.pg_trigger WHERE tgqual IS NOT NULL AND NOT tgisinternal`
 
 // triggerCallsSQL lists the user triggers' functions by relation.
 const triggerCallsSQL = `SELECT tgrelid, tgfoid FROM pg_catalog.pg_trigger WHERE NOT tgisinternal AND tgfoid >= 16384`
@@ -176,30 +186,50 @@ func (g *pathGraph) loadReadExtras(ctx context.Context, q Querier) error {
 	return rows.Err()
 }
 
-// pathFunc is a user function, with the words of its body.
+// pathFunc is a user function, aggregate or operator: what a statement
+// names to run it, the words of its body, and the functions it calls
+// without naming them in its body (an argument's default, an aggregate's
+// support functions, an operator's function).
 type pathFunc struct {
 	oid          uint32
 	schema, name string
-	words        []string // ASCII-lowered, each once
+	body         string   // the source, for names that are not words
+	words        []string // ASCII-lowered, each once (bodyWords)
+	calls        []uint32
+	// anyName: the body holds a Unicode escape (U&"…"), which may spell
+	// any name.
+	anyName bool
 }
 
 // functionsSQL lists the user functions and procedures whose bodies the
 // server keeps as text (SQL, PL/pgSQL and the other procedural
 // languages), with PostgreSQL 14's SQL-standard bodies (BEGIN ATOMIC)
-// printed, outside fenceproxy's own schema.
+// printed, and their arguments' defaults, outside fenceproxy's own
+// schema; then the user aggregates with their support functions, and
+// the user operators with theirs.
 func functionsSQL(version int) string {
 	body := "p.prosrc"
 	if version >= 140000 {
 		body = "coalesce(p.prosrc, '') || ' ' || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')"
 	}
 	return `
-		SELECT p.oid, n.nspname, p.proname, ` + body + `
+		SELECT p.oid, n.nspname, p.proname, ` + body + `, coalesce(p.proargdefaults::text, ''), '{}'::oid[]
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		JOIN pg_catalog.pg_language l ON l.oid = p.prolang
-		WHERE p.oid >= 16384 AND l.lanname NOT IN ('c', 'internal') AND n.nspname <> 'fenceproxy'`
+		WHERE p.oid >= 16384 AND l.lanname NOT IN ('c', 'internal') AND n.nspname <> 'fenceproxy'
+		UNION ALL
+		SELECT p.oid, n.nspname, p.proname, '', '',
+			ARRAY[a.aggtransfn::oid, a.aggfinalfn::oid, a.aggcombinefn::oid, a.aggmtransfn::oid, a.aggminvtransfn::oid, a.aggmfinalfn::oid]
+		FROM pg_catalog.pg_aggregate a JOIN pg_catalog.pg_proc p ON p.oid = a.aggfnoid
+		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		WHERE p.oid >= 16384
+		UNION ALL
+		SELECT o.oid, n.nspname, o.oprname, '', '', ARRAY[o.oprcode::oid]
+		FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
+		WHERE o.oid >= 16384`
 }
 
-// loadFunctions reads the user functions and the words of their bodies.
+// loadFunctions reads the user functions, aggregates and operators.
 func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, error) {
 	rows, err := q.Query(ctx, functionsSQL(version))
 	if err != nil {
@@ -209,11 +239,29 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 	var out []*pathFunc
 	for rows.Next() {
 		f := &pathFunc{}
-		var body string
-		if err := rows.Scan(&f.oid, &f.schema, &f.name, &body); err != nil {
+		var defaults string
+		var calls []uint32
+		if err := rows.Scan(&f.oid, &f.schema, &f.name, &f.body, &defaults, &calls); err != nil {
 			return nil, err
 		}
-		f.words = bodyWords(body)
+		f.words = bodyWords(f.body)
+		f.anyName = hasUnicodeEscape(f.body)
+		for _, c := range calls {
+			if c >= firstNormalOID && !slices.Contains(f.calls, c) {
+				f.calls = append(f.calls, c)
+			}
+		}
+		if defaults != "" {
+			tree, err := parseNodeTree(defaults)
+			if err != nil {
+				return nil, fmt.Errorf("argument defaults of %s: %w", pathRelName(f.schema, f.name), err)
+			}
+			tree.walk("FUNCEXPR", func(fn *pgNode) {
+				if id := fn.field("funcid").oid(); id >= firstNormalOID && !slices.Contains(f.calls, id) {
+					f.calls = append(f.calls, id)
+				}
+			})
+		}
 		out = append(out, f)
 	}
 	return out, rows.Err()
@@ -221,10 +269,18 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 
 // bodyWords returns the words of a function's body, ASCII-lowered, each
 // once: the maximal runs of letters, digits, underscores and bytes >=
-// 0x80 ('$' ends one, as it closes a dollar-quoted string).
+// 0x80 ('$' ends one, as it closes a dollar-quoted string); of a word
+// longer than the 63 bytes PostgreSQL keeps of an identifier, also its
+// first 60 to 63 bytes (it truncates at a character's boundary).
 func bodyWords(body string) []string {
 	seen := map[string]bool{}
 	var out []string
+	add := func(w string) {
+		if !seen[w] {
+			seen[w] = true
+			out = append(out, w)
+		}
+	}
 	for i := 0; i < len(body); {
 		if !bodyWordByte(body[i]) {
 			i++
@@ -236,15 +292,39 @@ func bodyWords(body string) []string {
 		}
 		w := sqllex.Fold(body[i:j])
 		i = j
-		if !seen[w] {
-			seen[w] = true
-			out = append(out, w)
+		add(w)
+		for k := maxIdentBytes; k >= maxIdentBytes-3 && k < len(w); k-- {
+			add(w[:k])
 		}
 	}
 	return out
 }
 
+// maxIdentBytes is the longest identifier PostgreSQL keeps.
+const maxIdentBytes = 63
+
 func bodyWordByte(c byte) bool { return c != '$' && sqllex.IsIdentCont(c) }
+
+// wordName reports whether name (ASCII-lowered) is one word of bodyWords.
+func wordName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if !bodyWordByte(name[i]) {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// hasUnicodeEscape reports whether s holds U&" or U&' (ASCII case
+// ignored).
+func hasUnicodeEscape(s string) bool {
+	for i := 0; i+2 < len(s); i++ {
+		if (s[i] == 'u' || s[i] == 'U') && s[i+1] == '&' && (s[i+2] == '"' || s[i+2] == '\'') {
+			return true
+		}
+	}
+	return false
+}
 
 // readers finds, for each of tables, the relations whose reads reach its
 // rows:
@@ -252,99 +332,38 @@ func bodyWordByte(c byte) bool { return c != '$' && sqllex.IsIdentCont(c) }
 //   - its descendants (inheritance children and partitions, all levels),
 //     whose rows are its rows, and every ancestor of it or of one of
 //     them: a read of an ancestor without ONLY reads its descendants;
-//   - every view that reads one of those relations or the table, or
-//     another such view, anywhere in its query (FROM lists, joins,
-//     subqueries, CTEs), or calls a function below. A view reading a
-//     parent with ONLY is listed too: registering for it costs a
-//     statement, missing one would let a stale holder through;
-//   - every function of funcs whose body holds, as a word, the name of
-//     the table, of one of those relations, or of another such function
-//     (a name in a comment or a string counts: the body is not parsed,
-//     and dynamic SQL is text).
+//   - every view whose query reads one of those relations or the table,
+//     or another such view, anywhere (FROM lists, joins, subqueries,
+//     CTEs). A view reading a parent with ONLY is listed too:
+//     registering for it costs a statement, missing one would let a
+//     stale holder through;
+//   - Maybe, every relation that a statement naming it may read through
+//     otherwise: a view calling a function below or reading a Maybe
+//     relation, a relation whose rules, policies, triggers, defaults or
+//     constraints (its columns' domains' too) read one or call one;
+//   - every function of funcs whose body holds, as a word (or, for a
+//     name that is not one, as a substring), the name of the table, of
+//     one of those relations, or of another such function, or whose
+//     body holds a Unicode escape; every function, aggregate or operator
+//     that calls one (argument defaults, support functions); functions
+//     are Maybe (a name in a comment or a string counts: the body is
+//     not parsed, and dynamic SQL is text);
+//   - a materialized view whose query reads one of them (REFRESH).
 //
-// Not found: materialized views (a read of one reads what its last
-// refresh stored), functions whose body computes the name, and foreign
-// tables whose server is this database. The table itself is not listed.
-// The result is sorted by Schema, Name, Function and Target.
+// Not found: a read of a materialized view (it reads what its last
+// refresh stored), bodies that compute the name, casts' functions,
+// event triggers, and foreign tables whose server is this database. The
+// table itself is not listed. The result is sorted by Schema, Name, kind
+// and Target.
 func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
+	ix := g.readerIndex(funcs)
 	var out []Reader
 	for _, t := range tables {
 		oid, ok := g.byName[t]
 		if !ok {
 			continue
 		}
-		reach := map[uint32]bool{oid: true}
-		names := map[string]bool{}
-		addRel := func(x uint32) {
-			reach[x] = true
-			names[sqllex.Fold(g.rels[x].name)] = true
-		}
-		addRel(oid)
-		// Descendants, then ancestors of every one of them.
-		rows := []uint32{oid}
-		for i := 0; i < len(rows); i++ {
-			for _, c := range g.rels[rows[i]].children {
-				if !reach[c] {
-					addRel(c)
-					rows = append(rows, c)
-				}
-			}
-		}
-		up := slices.Clone(rows)
-		for i := 0; i < len(up); i++ {
-			for _, p := range g.rels[up[i]].parents {
-				if !reach[p] {
-					addRel(p)
-					up = append(up, p)
-				}
-			}
-		}
-		// Views and functions, to a fixed point (views over views,
-		// functions calling functions, views calling functions, functions
-		// reading views).
-		called := map[uint32]bool{}
-		maybe := map[uint32]bool{} // in reach, but not surely (Reader.Maybe)
-		for grew := true; grew; {
-			grew = false
-			for _, f := range funcs {
-				if !called[f.oid] && slices.ContainsFunc(f.words, func(w string) bool { return names[w] }) {
-					called[f.oid] = true
-					names[sqllex.Fold(f.name)] = true
-					grew = true
-				}
-			}
-			for x, r := range g.rels {
-				switch {
-				case (!reach[x] || maybe[x]) && r.kind == 'v' && slices.ContainsFunc(r.reads, func(y uint32) bool { return reach[y] && !maybe[y] }):
-					// Its query reads the table's rows.
-					addRel(x)
-					delete(maybe, x)
-					grew = true
-				case !reach[x] && readsAny(r, reach, called):
-					addRel(x)
-					maybe[x] = true
-					grew = true
-				}
-			}
-		}
-		target := g.rels[oid].display
-		for x := range reach {
-			if x != oid {
-				r := g.rels[x]
-				out = append(out, Reader{Schema: r.schema, Name: r.name, Target: target, Maybe: maybe[x]})
-			}
-		}
-		for _, f := range funcs {
-			if called[f.oid] {
-				out = append(out, Reader{Schema: f.schema, Name: f.name, Target: target, Function: true, Maybe: true})
-			}
-		}
-		for _, m := range g.matviews {
-			if readsAny(m, reach, called) {
-				out = append(out, Reader{Schema: m.schema, Name: m.name, Target: target, Refresh: true,
-					Maybe: !slices.ContainsFunc(m.reads, func(y uint32) bool { return reach[y] && !maybe[y] })})
-			}
-		}
+		out = append(out, g.readersOf(oid, funcs, ix)...)
 	}
 	slices.SortFunc(out, func(a, b Reader) int {
 		if c := strings.Compare(a.Schema, b.Schema); c != 0 {
@@ -361,6 +380,168 @@ func (g *pathGraph) readers(tables []Rel, funcs []*pathFunc) []Reader {
 	return slices.Compact(out)
 }
 
+// readerIndex is what readersOf follows, by what is reached.
+type readerIndex struct {
+	viewsReading map[uint32][]uint32    // relation → views whose query reads it
+	alsoReading  map[uint32][]uint32    // relation → relations that read it otherwise (alsoReads)
+	relsCalling  map[uint32][]uint32    // function → relations calling it (calls, alsoCalls)
+	funcsCalling map[uint32][]*pathFunc // function → functions calling it (pathFunc.calls)
+	byWord       map[string][]*pathFunc // body word → functions
+	anyName      []*pathFunc            // pathFunc.anyName
+}
+
+func (g *pathGraph) readerIndex(funcs []*pathFunc) *readerIndex {
+	ix := &readerIndex{viewsReading: map[uint32][]uint32{}, alsoReading: map[uint32][]uint32{}, relsCalling: map[uint32][]uint32{},
+		funcsCalling: map[uint32][]*pathFunc{}, byWord: map[string][]*pathFunc{}}
+	for x, r := range g.rels {
+		if r.kind == 'v' {
+			for _, y := range r.reads {
+				ix.viewsReading[y] = append(ix.viewsReading[y], x)
+			}
+			for _, f := range r.calls {
+				ix.relsCalling[f] = append(ix.relsCalling[f], x)
+			}
+		}
+		for _, y := range r.alsoReads {
+			ix.alsoReading[y] = append(ix.alsoReading[y], x)
+		}
+		for _, f := range r.alsoCalls {
+			ix.relsCalling[f] = append(ix.relsCalling[f], x)
+		}
+	}
+	for _, f := range funcs {
+		for _, w := range f.words {
+			ix.byWord[w] = append(ix.byWord[w], f)
+		}
+		for _, c := range f.calls {
+			ix.funcsCalling[c] = append(ix.funcsCalling[c], f)
+		}
+		if f.anyName {
+			ix.anyName = append(ix.anyName, f)
+		}
+	}
+	return ix
+}
+
+// readersOf is readers for the table oid: a search from it, each
+// relation and function taken once (a relation twice when it is found
+// surely after maybe).
+func (g *pathGraph) readersOf(oid uint32, funcs []*pathFunc, ix *readerIndex) []Reader {
+	const maybe, sure = 1, 2
+	state := map[uint32]int{} // relation → maybe or sure
+	called := map[uint32]bool{}
+	var rels []uint32
+	var fns []*pathFunc
+	setRel := func(x uint32, s int) {
+		if state[x] < s {
+			state[x] = s
+			rels = append(rels, x)
+		}
+	}
+	reachFunc := func(f *pathFunc) {
+		if !called[f.oid] {
+			called[f.oid] = true
+			fns = append(fns, f)
+		}
+	}
+	byOID := map[uint32]*pathFunc{}
+	for _, f := range funcs {
+		byOID[f.oid] = f
+	}
+	// A name reached: the functions whose body names it.
+	named := map[string]bool{}
+	nameReached := func(name string) {
+		n := sqllex.Fold(name)
+		if named[n] {
+			return
+		}
+		named[n] = true
+		if wordName(n) {
+			for _, f := range ix.byWord[n] {
+				reachFunc(f)
+			}
+			return
+		}
+		doubled := strings.ReplaceAll(n, `"`, `""`)
+		for _, f := range funcs {
+			if sqllex.IndexFold(f.body, n) >= 0 || sqllex.IndexFold(f.body, doubled) >= 0 {
+				reachFunc(f)
+			}
+		}
+	}
+	// The table, its descendants, and the ancestors of each of them.
+	down := []uint32{oid}
+	seen := map[uint32]bool{oid: true}
+	for i := 0; i < len(down); i++ {
+		for _, c := range g.rels[down[i]].children {
+			if !seen[c] {
+				seen[c] = true
+				down = append(down, c)
+			}
+		}
+	}
+	up := slices.Clone(down)
+	for i := 0; i < len(up); i++ {
+		for _, p := range g.rels[up[i]].parents {
+			if !seen[p] {
+				seen[p] = true
+				up = append(up, p)
+			}
+		}
+	}
+	for _, x := range up {
+		setRel(x, sure)
+	}
+	for _, f := range ix.anyName {
+		reachFunc(f)
+	}
+	for len(rels) > 0 || len(fns) > 0 {
+		if n := len(rels); n > 0 {
+			x := rels[n-1]
+			rels = rels[:n-1]
+			s := state[x]
+			nameReached(g.rels[x].name)
+			for _, y := range ix.viewsReading[x] {
+				setRel(y, s)
+			}
+			for _, y := range ix.alsoReading[x] {
+				setRel(y, maybe)
+			}
+			continue
+		}
+		f := fns[len(fns)-1]
+		fns = fns[:len(fns)-1]
+		nameReached(f.name)
+		for _, y := range ix.relsCalling[f.oid] {
+			setRel(y, maybe)
+		}
+		for _, c := range ix.funcsCalling[f.oid] {
+			reachFunc(c)
+		}
+	}
+	target := g.rels[oid].display
+	var out []Reader
+	for x, s := range state {
+		if x != oid {
+			r := g.rels[x]
+			out = append(out, Reader{Schema: r.schema, Name: r.name, Target: target, Maybe: s == maybe})
+		}
+	}
+	for fo := range called {
+		if f := byOID[fo]; f != nil {
+			out = append(out, Reader{Schema: f.schema, Name: f.name, Target: target, Function: true, Maybe: true})
+		}
+	}
+	for _, m := range g.matviews {
+		surely := slices.ContainsFunc(m.reads, func(y uint32) bool { return state[y] == sure })
+		if surely || slices.ContainsFunc(m.reads, func(y uint32) bool { return state[y] != 0 }) ||
+			slices.ContainsFunc(m.calls, func(y uint32) bool { return called[y] }) {
+			out = append(out, Reader{Schema: m.schema, Name: m.name, Target: target, Refresh: true, Maybe: !surely})
+		}
+	}
+	return out
+}
+
 // readerKind orders relations, functions and materialized views.
 func readerKind(x Reader) int {
 	switch {
@@ -370,13 +551,4 @@ func readerKind(x Reader) int {
 		return 2
 	}
 	return 0
-}
-
-// readsAny reports whether r's own query (a view's, a materialized
-// view's) or what a statement naming it evaluates (alsoReads, alsoCalls)
-// reads a relation of reach or calls a function of called.
-func readsAny(r *pathRel, reach, called map[uint32]bool) bool {
-	in := func(m map[uint32]bool) func(uint32) bool { return func(x uint32) bool { return m[x] } }
-	return slices.ContainsFunc(r.reads, in(reach)) || slices.ContainsFunc(r.alsoReads, in(reach)) ||
-		slices.ContainsFunc(r.calls, in(called)) || slices.ContainsFunc(r.alsoCalls, in(called))
 }

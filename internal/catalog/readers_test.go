@@ -3,6 +3,7 @@ package catalog_test
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fenceproxy/fenceproxy/internal/catalog"
@@ -155,6 +156,56 @@ func TestReaders(t *testing.T) {
 		}
 		if n == 0 {
 			t.Errorf("%s reads no row of %s", r.Relation(), r.Target)
+		}
+	}
+}
+
+// TestReadersCode: functions found through what calls them without
+// naming them in a body (operators, aggregates, argument defaults) and
+// through names the word scan must read as PostgreSQL does; relations
+// through domain defaults, rule conditions and trigger conditions.
+func TestReadersCode(t *testing.T) {
+	db := newDatabase(t)
+	conn := connect(t, db)
+	long := strings.Repeat("x", 60) + "_vw" // 63 bytes
+	execSQL(t, conn, `
+		CREATE TABLE acct (id bigint, payload text);
+		CREATE VIEW "the view" AS SELECT * FROM acct;
+		CREATE VIEW `+long+` AS SELECT * FROM acct;
+		CREATE FUNCTION peek(bigint) RETURNS text LANGUAGE sql STABLE AS $$SELECT payload FROM acct WHERE id = $1$$;
+		CREATE FUNCTION peek2(a bigint, b bigint) RETURNS bigint LANGUAGE sql AS $$SELECT length(peek(a))::bigint$$;
+		CREATE OPERATOR ### (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = peek2);
+		CREATE FUNCTION peek_sf(s bigint, v bigint) RETURNS bigint LANGUAGE sql AS $$SELECT s + length(peek(v))$$;
+		CREATE AGGREGATE peek_agg(bigint) (SFUNC = peek_sf, STYPE = bigint, INITCOND = '0');
+		CREATE FUNCTION with_default(x text DEFAULT peek(3)) RETURNS text LANGUAGE sql AS 'SELECT x';
+		CREATE FUNCTION quoted() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM "the view"$$;
+		CREATE FUNCTION escaped() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM U&"\0061cct"$$;
+		CREATE FUNCTION truncated() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM `+long+`qq$$;
+		CREATE FUNCTION unrelated() RETURNS bigint LANGUAGE sql AS $$SELECT 1$$;
+		CREATE DOMAIN snapd AS text DEFAULT peek(3);
+		CREATE TABLE snaps (id int, v snapd);
+		CREATE TABLE gate (id int);
+		CREATE RULE gate_r AS ON UPDATE TO gate WHERE (SELECT payload FROM acct WHERE id = 3) = 'c' DO INSTEAD NOTHING;
+		CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;
+		CREATE TABLE wtab (id bigint);
+		CREATE TRIGGER wtab_t BEFORE INSERT ON wtab FOR EACH ROW WHEN (peek(NEW.id) = 'c') EXECUTE FUNCTION skip_row();`)
+	reach, err := catalog.Paths(t.Context(), conn, nil, []catalog.Rel{{Schema: "public", Name: "acct"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range reach.Readers {
+		got[r.Name] = true
+	}
+	for _, name := range []string{"the view", long, "peek", "peek2", "###", "peek_sf", "peek_agg", "with_default",
+		"quoted", "escaped", "truncated", "snaps", "gate", "wtab"} {
+		if !got[name] {
+			t.Errorf("%s: not a reader of acct", name)
+		}
+	}
+	for _, name := range []string{"unrelated", "skip_row"} {
+		if got[name] {
+			t.Errorf("%s: listed as a reader of acct", name)
 		}
 	}
 }

@@ -162,7 +162,8 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 		if p := stmt.GetPrepareStmt(); p != nil && p.Query != nil {
 			stmt, prepare = p.Query, true
 		}
-		if stmt == nil || !dataStatement(stmt) {
+		do := readers != nil && stmt.GetDoStmt() != nil
+		if stmt == nil || !dataStatement(stmt) && !do {
 			continue
 		}
 		var u *lockUse
@@ -181,7 +182,15 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 				u.required = u.required || required
 			}
 		}
+		if do {
+			// A DO block runs now: one whose code names a reader, as a
+			// word, registers (maybe: its code is not parsed).
+			readers.codeTargets(r, codeBody(stmt.GetDoStmt(), ""), add)
+		}
 		walkMessages(stmt.ProtoReflect(), func(m protoreflect.Message) bool {
+			if do {
+				return false
+			}
 			switch n := m.Interface().(type) {
 			case *pg.RangeVar:
 				for _, t := range r.byRel[n.Relname] {
@@ -198,12 +207,19 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 					readers.targets(r, n.Relation.Schemaname, n.Relation.Relname, readRefresh, add)
 				}
 			case *pg.FuncCall:
-				if readers != nil && len(n.Funcname) > 0 {
-					var schema string
-					if len(n.Funcname) > 1 {
-						schema = n.Funcname[len(n.Funcname)-2].GetString_().GetSval()
-					}
-					readers.targets(r, schema, n.Funcname[len(n.Funcname)-1].GetString_().GetSval(), readFunc, add)
+				if readers != nil {
+					readers.funcTargets(r, n.Funcname, add)
+				}
+			case *pg.A_Expr:
+				// An operator runs its function.
+				if readers != nil {
+					readers.funcTargets(r, n.Name, add)
+				}
+			case *pg.ColumnRef:
+				// t.f, where f is a function taking t's row type, calls
+				// it (attribute notation).
+				if readers != nil && len(n.Fields) > 1 {
+					readers.targets(r, "", n.Fields[len(n.Fields)-1].GetString_().GetSval(), readFunc, add)
 				}
 			}
 			return true

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Reads that reach a lock-fenced table without naming it (through a view
@@ -179,6 +178,11 @@ func (s *Readers) decide(r *Rules, sql string, d Decision) Decision {
 // withReads is decide without the cache.
 func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 	if r.tooLarge(sql) || (&Rules{}).tooDeep(sql) != nil {
+		if !s.names.mayName(sql) {
+			// Looked at for an escape or a DO block only (mayHideName),
+			// as the rule sets do for a text that names no table.
+			return d
+		}
 		return refuse(d.Tables, "fenceproxy: statement too large or too deeply nested to check for reads of lock-fenced tables through views or parents",
 			fmt.Sprintf("fenceproxy checks such statements up to %d bytes (max_check_bytes) and %d levels of nesting.", r.maxCheck, maxNestingEstimate),
 			"Send it in smaller statements, or name the lock-fenced table in a statement of its own first.")
@@ -186,9 +190,6 @@ func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 	tree, err := pg.Parse(sql)
 	if err != nil {
 		return refuse(d.Tables, "fenceproxy: cannot parse a statement that may read a lock-fenced table through a view or parent", err.Error(), "")
-	}
-	if e := s.ddlRefusal(r, sql, tree); e != nil {
-		return Decision{Action: Refuse, Err: e, Tables: []string{e.Table}}
 	}
 	uses := r.lockUses(tree, s)
 	if uses == nil {
@@ -201,149 +202,39 @@ func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 	return r.withLock(d, final, tree.Version, uses)
 }
 
-// ddlRefusal refuses what would read a lock-fenced table of r through
-// one of the set's relations or functions later, where no statement the
-// proxy decides names it: stored code (CREATE FUNCTION, DO) that mentions
-// one, as stored code that mentions the table is refused; and a view, a
-// rule, a row security policy or a trigger whose definition reads one
-// (through the proxy, where a statement right after it, or later in its
-// transaction, would read through it before the proxy learns of it from
-// the catalog). Run on a direct connection, they are learned from the
-// catalog instead.
-func (s *Readers) ddlRefusal(r *Rules, sql string, tree *pg.ParseResult) *Error {
-	var out *Error
-	for _, raw := range tree.Stmts {
-		walkMessages(raw.ProtoReflect(), func(m protoreflect.Message) bool {
-			if out != nil {
-				return false
-			}
-			var parts []protoreflect.Message
-			what := ""
-			switch n := m.Interface().(type) {
-			case *pg.CreateFunctionStmt, *pg.DoStmt:
-				text := stmtText(sql, raw)
-				byRel := s.codeReaders(r)
-				if f, ok := m.Interface().(*pg.CreateFunctionStmt); ok && len(f.Funcname) > 0 {
-					// Its own name: a function replaced (CREATE OR
-					// REPLACE) is checked by what its new body names.
-					delete(byRel, f.Funcname[len(f.Funcname)-1].GetString_().GetSval())
-				}
-				out = storedCodeRefusal(byRel, codeNames(byRel), m.Interface(), text, "reads lock-fenced table %s without naming it")
-				if out != nil {
-					out.Hint = "Name the lock-fenced table in the statements the proxy sees, or create the code on a direct connection: the proxy then learns it from the catalog, and statements that call a function of it register."
-				}
-				return false
-			case *pg.ViewStmt:
-				what, parts = "CREATE VIEW", []protoreflect.Message{n.Query.ProtoReflect()}
-			case *pg.RuleStmt:
-				what = "CREATE RULE"
-				parts = append(parts, n.WhereClause.ProtoReflect())
-				for _, a := range n.Actions {
-					parts = append(parts, a.ProtoReflect())
-				}
-			case *pg.CreatePolicyStmt:
-				what, parts = "CREATE POLICY", []protoreflect.Message{n.Qual.ProtoReflect(), n.WithCheck.ProtoReflect()}
-			case *pg.AlterPolicyStmt:
-				what, parts = "ALTER POLICY", []protoreflect.Message{n.Qual.ProtoReflect(), n.WithCheck.ProtoReflect()}
-			case *pg.CreateTrigStmt:
-				what, parts = "CREATE TRIGGER", []protoreflect.Message{n.WhenClause.ProtoReflect()}
-				if x := s.first(r, n.Funcname, readFunc); x != nil {
-					out = readerDDLError(what, x)
-				}
-			default:
-				return true
-			}
-			for _, part := range parts {
-				walkMessages(part, func(m protoreflect.Message) bool {
-					var x *Reader
-					switch n := m.Interface().(type) {
-					case *pg.RangeVar:
-						x = s.first(r, []*pg.Node{pg.MakeStrNode(n.Schemaname), pg.MakeStrNode(n.Relname)}, readRel)
-					case *pg.FuncCall:
-						x = s.first(r, n.Funcname, readFunc)
-					}
-					if x != nil && out == nil {
-						out = readerDDLError(what, x)
-					}
-					return out == nil
-				})
-			}
-			return false
-		})
-	}
-	return out
-}
-
-// readerDDLError is ddlRefusal's refusal of DDL what, which reads x.
-func readerDDLError(what string, x *Reader) *Error {
-	kind := "relation"
-	if x.Function {
-		kind = "function"
-	}
-	return &Error{
-		Code: CodeRefused,
-		Message: fmt.Sprintf("fenceproxy: %s that reads %s %s, which reads lock-fenced table %s, is not allowed through the proxy",
-			what, kind, quoteIdent(x.Schema)+"."+quoteIdent(x.Name), x.Target),
-		Detail: "A statement right after it, or later in its transaction, could read the table through it before the proxy learns of it, and register no lock.",
-		Hint:   "Run it on a direct connection to PostgreSQL: the proxy learns it from the catalog, and statements that read through it register.",
-		Table:  x.Target,
-	}
-}
-
-// first returns the first reader of kind k named by name (a qualified
-// name's list of strings; its schema "" or absent: any) that reaches a
-// lock-fenced table of r; nil if none.
-func (s *Readers) first(r *Rules, name []*pg.Node, k readerKind) *Reader {
+// funcTargets is targets for a function or operator named by the
+// qualified name name (a list of strings).
+func (s *Readers) funcTargets(r *Rules, name []*pg.Node, add func(t *tableRule, optional bool)) {
 	if len(name) == 0 {
-		return nil
+		return
 	}
 	var schema string
 	if len(name) > 1 {
 		schema = name[len(name)-2].GetString_().GetSval()
 	}
-	rel := name[len(name)-1].GetString_().GetSval()
-	by := s.by[k]
-	for i, x := range by[rel] {
-		if sameSchema(schema, x.Schema) && r.lockFenced(x.Target) && x.refusesDDL() {
-			return &by[rel][i]
-		}
-	}
-	return nil
+	s.targets(r, schema, name[len(name)-1].GetString_().GetSval(), readFunc, add)
 }
 
-// refusesDDL reports whether DDL through the proxy that reads x (or
-// code that mentions it) is refused (ddlRefusal): x is a function, or a
-// relation whose reads surely reach its target. A relation that reaches
-// it only maybe (a table whose trigger reads it, say) does not refuse a
-// view over it, which would not fire the trigger.
-func (x Reader) refusesDDL() bool { return x.Function || !x.Maybe }
-
-// codeReaders returns the set's relations and functions that reach a
-// lock-fenced table of r, as paths for storedCodeRefusal.
-func (s *Readers) codeReaders(r *Rules) map[string][]Indirect {
-	out := map[string][]Indirect{}
-	for _, by := range s.by {
-		for name, xs := range by {
+// codeTargets calls add, optional, for each table of r with lock
+// fencing that a reader named in code (a DO block's) reaches: a name as
+// a word of it (ASCII case ignored), or any reader where the code holds
+// an escape that may spell one (a backslash, a Unicode escape).
+func (s *Readers) codeTargets(r *Rules, code string, add func(t *tableRule, optional bool)) {
+	all := strings.IndexByte(code, '\\') >= 0 || (&Rules{}).unicodeEscape(code)
+	for k := range s.by {
+		for name, xs := range s.by[k] {
+			if !all && !mentionsWord(code, asciiLower(name)) && !(strings.Contains(name, `"`) && mentionsWord(code, asciiLower(strings.ReplaceAll(name, `"`, `""`)))) {
+				continue
+			}
 			for _, x := range xs {
-				if r.lockFenced(x.Target) && x.refusesDDL() {
-					out[name] = append(out[name], Indirect{Schema: x.Schema, Name: x.Name, Target: x.Target,
-						Via: x.Name + " reads " + x.Target})
+				for _, t := range r.tables {
+					if t.display == x.Target && t.lock != lockOff {
+						add(t, true)
+					}
 				}
 			}
 		}
 	}
-	return out
-}
-
-// lockFenced reports whether the table of display name target has lock
-// fencing in r.
-func (r *Rules) lockFenced(target string) bool {
-	for _, t := range r.tables {
-		if t.display == target && t.lock != lockOff {
-			return true
-		}
-	}
-	return false
 }
 
 // targets calls add for each table of r, with lock fencing, that a

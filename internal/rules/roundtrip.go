@@ -67,7 +67,10 @@ func canonical(dst, src []byte, md protoreflect.MessageDescriptor) ([]byte, bool
 // tree cannot preserve.
 func isPosition(fd protoreflect.FieldDescriptor) bool {
 	switch fd.Name() {
-	case "location", "stmt_location", "stmt_len":
+	case "location", "stmt_location", "stmt_len",
+		// pg_query 6's other positions (DefElem's argument, NOTIFY's
+		// payload, a name, a subscription's connection string).
+		"arg_location", "payload_location", "name_location", "conninfo_location":
 		return true
 	}
 	return false
