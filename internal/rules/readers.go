@@ -10,15 +10,17 @@ import (
 
 // Reads that reach a lock-fenced table without naming it (through a view
 // over it, its partitioned or inheritance parent, one of its partitions
-// or children) register the session's lock as a read of the table does:
-// otherwise a newer holder whose first statements read only through such
-// a relation would leave the watermark where it was, and a stale holder's
-// later writes would land. The relations come from each database's
-// catalog (catalog.Reader); DecideFor adds their registrations to the
-// rule set's decision.
+// or children, a function whose body names it, a table whose rules,
+// policies, triggers or defaults read it, a materialized view's refresh)
+// register the session's lock as a read of the table does: otherwise a
+// newer holder whose first statements read only through such a relation
+// would leave the watermark where it was, and a stale holder's later
+// writes would land. The readers come from each database's catalog
+// (catalog.Reader); DecideFor adds their registrations to the rule set's
+// decision.
 
-// Reader is a relation whose reads reach a protected table's rows
-// without naming the table.
+// Reader is a relation or function whose reads reach a protected table's
+// rows without naming the table.
 type Reader struct {
 	Schema, Name string // exact names of the relation a statement names
 	Target       string // the protected table reached, display form
