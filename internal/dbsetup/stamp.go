@@ -74,6 +74,8 @@ func (c *Checker) wait(ctx context.Context, database string, ask bool) error {
 		case <-ended:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-c.ctx.Done():
+			return ErrNotChecked // closed: no run will end
 		}
 		c.mu.Lock()
 	}
