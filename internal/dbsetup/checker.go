@@ -317,6 +317,10 @@ func (c *Checker) run(database string, d *checkedDB) {
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", p.Relation()),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
 		}
+		if n := len(reach.Readers); n > 0 {
+			log.Info("database check: relations and functions whose reads reach a lock-fenced table; statements that read through them register the lock",
+				zap.Int("readers", n))
+		}
 		d.endedAt = time.Now()
 		if err != nil {
 			d.failedAt = d.endedAt
