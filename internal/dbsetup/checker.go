@@ -71,11 +71,22 @@ type checkedDB struct {
 	asked, ran uint64
 	ended      chan struct{}
 	stamps     *stampReader
+	// periodic: a run is due at UnwatchedRecheck (the database has no
+	// catalog watch); quiet: the run asked for is that one, which logs
+	// only what changed.
+	periodic, quiet bool
 }
 
 // minRecheckInterval spaces the runs Recheck starts: the errors that call
 // for one come from statements, which a client can repeat (or forge).
 const minRecheckInterval = time.Second
+
+// UnwatchedRecheck is how often a database without the catalog watch is
+// checked again: no notification tells the proxy of a view, rule, parent
+// or foreign key created there on another connection, so its paths (and
+// the relations reads go through) are read again this often. A variable
+// for tests.
+var UnwatchedRecheck = time.Minute
 
 // NewChecker returns a Checker that opens its connections with connect
 // (given a context bounded by the check's timeout) and logs to log. m may be
@@ -281,10 +292,17 @@ func (c *Checker) run(database string, d *checkedDB) {
 		c.mu.Lock()
 		specs, opts := c.specs, c.opts
 		asked := d.asked
+		quiet, prev := d.quiet, d.result
+		d.quiet = false
 		c.mu.Unlock()
 
 		rep, reach, watched, stamp, err := c.checkOnce(database, specs, opts)
 		indirect := reach.Paths
+		// A periodic run logs only what changed.
+		same := quiet && err == nil && sameProblems(prev.Problems, rep.Problems) &&
+			slices.EqualFunc(prev.Indirect, indirect, func(a, b catalog.IndirectPath) bool {
+				return a.Relation() == b.Relation() && a.Target == b.Target && a.Kind == b.Kind && a.Via == b.Via && slices.Equal(a.Ops, b.Ops)
+			}) && slices.Equal(prev.Readers, reach.Readers)
 		var byTable map[string][]Problem
 		switch {
 		case err != nil && c.ctx.Err() != nil:
@@ -297,10 +315,12 @@ func (c *Checker) run(database string, d *checkedDB) {
 			byTable = map[string][]Problem{}
 			for _, p := range rep.Problems {
 				byTable[p.Table] = append(byTable[p.Table], p)
-				log.Warn("database check: problem", zap.String("table", p.Table),
-					zap.String("problem", p.Description), zap.String("fix", p.Fix))
+				if !same {
+					log.Warn("database check: problem", zap.String("table", p.Table),
+						zap.String("problem", p.Description), zap.String("fix", p.Fix))
+				}
 			}
-			if len(rep.Problems) == 0 {
+			if len(rep.Problems) == 0 && !same {
 				log.Info("database check passed")
 			}
 		}
@@ -311,13 +331,13 @@ func (c *Checker) run(database string, d *checkedDB) {
 		close(d.ended)
 		d.ended = make(chan struct{})
 		for _, p := range indirect {
-			if len(p.Ops) == 0 {
-				continue // DDL only (a guarded target)
+			if len(p.Ops) == 0 || same {
+				continue // DDL only (a guarded target), or logged before
 			}
 			log.Info("database check: writes through this relation reach a protected table; they are refused", zap.String("relation", p.Relation()),
 				zap.String("table", p.Target), zap.Strings("ops", p.Ops), zap.String("via", p.Via))
 		}
-		if n := len(reach.Readers); n > 0 {
+		if n := len(reach.Readers); n > 0 && !same {
 			log.Info("database check: relations and functions whose reads reach a lock-fenced table; statements that read through them register the lock",
 				zap.Int("readers", n))
 		}
@@ -340,11 +360,48 @@ func (c *Checker) run(database string, d *checkedDB) {
 		again := d.again && c.ctx.Err() == nil
 		d.again = false
 		d.running = again
+		if err == nil && !watched && !d.periodic && c.ctx.Err() == nil {
+			c.schedulePeriodicLocked(database, d)
+		}
 		c.mu.Unlock()
 		if !again {
 			return
 		}
 	}
+}
+
+// sameProblems reports whether a run found the problems the run before
+// found (by table and description).
+func sameProblems(before map[string][]Problem, now []Problem) bool {
+	n := 0
+	for _, ps := range before {
+		n += len(ps)
+	}
+	if n != len(now) {
+		return false
+	}
+	for _, p := range now {
+		if !slices.ContainsFunc(before[p.Table], func(q Problem) bool { return q.Description == p.Description }) {
+			return false
+		}
+	}
+	return true
+}
+
+// schedulePeriodicLocked asks for a quiet run of database (which has no
+// catalog watch) in UnwatchedRecheck, unless one is due already.
+func (c *Checker) schedulePeriodicLocked(database string, d *checkedDB) {
+	d.periodic = true
+	time.AfterFunc(UnwatchedRecheck, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		d.periodic = false
+		if c.ctx.Err() != nil || d.result.Watched {
+			return
+		}
+		d.quiet = true
+		c.askLocked(database, d)
+	})
 }
 
 // checkOnce connects to database and runs Check, then finds the indirect

@@ -25,7 +25,10 @@ type checkResult struct {
 type resultMetrics chan checkResult
 
 func (m resultMetrics) CheckResult(database string, problems int, known bool) {
-	m <- checkResult{database, problems, known}
+	select {
+	case m <- checkResult{database, problems, known}:
+	default: // full: a test that reads no more (a periodic run must not block Close)
+	}
 }
 
 func nextResult(t *testing.T, m resultMetrics) checkResult {
@@ -192,4 +195,50 @@ func TestCheckerRecheck(t *testing.T) {
 func raisers(c *dbsetup.Checker, db string) bool {
 	r, _ := c.Result(db)
 	return r.Raisers
+}
+
+// TestCheckerUnwatchedRecheck: a database without the catalog watch is
+// checked again every UnwatchedRecheck, so a view created there on
+// another connection shows in the paths and the readers; a run that
+// finds nothing new logs nothing. (Not parallel: it shortens the
+// interval for every checker.)
+func TestCheckerUnwatchedRecheck(t *testing.T) {
+	old := dbsetup.UnwatchedRecheck
+	dbsetup.UnwatchedRecheck = 100 * time.Millisecond
+	defer func() { dbsetup.UnwatchedRecheck = old }()
+	db := newDatabase(t)
+	conn := connect(t, db)
+	execSQL(t, conn, "CREATE TABLE acct (id int PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0)")
+	sp := specs(t, rules.Table{Table: "public.acct"})
+	core, logs := observer.New(zapcore.InfoLevel)
+	c := dbsetup.NewChecker(func(ctx context.Context, database string) (*pgx.Conn, error) {
+		return pgx.Connect(ctx, shared.Cluster.SuperuserDSN(database))
+	}, zap.New(core), nil)
+	defer c.Close()
+	c.Reload(sp)
+	c.Ensure(db)
+	if err := c.Wait(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	if res, known := c.Result(db); !known || res.Watched || len(res.Indirect) != 0 || len(res.Readers) != 0 {
+		t.Fatalf("first check: known %v, %+v", known, res)
+	}
+	n := logs.Len()
+	time.Sleep(500 * time.Millisecond) // several quiet runs
+	if m := logs.Len(); m != n {
+		t.Errorf("quiet runs logged %d lines: %v", m-n, logs.All()[n:])
+	}
+	execSQL(t, conn, "CREATE VIEW acct_v AS SELECT * FROM acct")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		res, _ := c.Result(db)
+		if len(res.Indirect) > 0 && len(res.Readers) > 0 {
+			if res.Indirect[0].Name != "acct_v" || res.Readers[0].Name != "acct_v" {
+				t.Errorf("paths %+v, readers %+v", res.Indirect, res.Readers)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acct_v not found by a periodic check: %+v", res)
+		}
+	}
 }
