@@ -389,10 +389,13 @@ func sameProblems(before map[string][]Problem, now []Problem) bool {
 }
 
 // schedulePeriodicLocked asks for a quiet run of database (which has no
-// catalog watch) in UnwatchedRecheck, unless one is due already.
+// catalog watch) in UnwatchedRecheck, unless one is due already; where
+// the Checker has checked more than 100 databases, in as many times
+// UnwatchedRecheck as it has hundreds, so that the runs stay under about
+// two a second.
 func (c *Checker) schedulePeriodicLocked(database string, d *checkedDB) {
 	d.periodic = true
-	time.AfterFunc(UnwatchedRecheck, func() {
+	time.AfterFunc(UnwatchedRecheck*time.Duration(1+len(c.dbs)/100), func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		d.periodic = false
