@@ -11,10 +11,11 @@ import (
 	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
-// Reader is a relation whose reads reach a table's rows without naming
-// the table: a view that reads it (or reads another such relation), an
-// inheritance or partitioned ancestor of it, or a descendant of it (a
-// descendant's rows are the table's rows). Lock fencing registers the
+// Reader is a relation or function whose reads reach a table's rows
+// without naming the table (readers lists the kinds): a view that reads
+// it, an ancestor or descendant of it, a function whose body names it, a
+// relation whose rules, policies, triggers or defaults read it, a
+// materialized view whose refresh does. Lock fencing registers the
 // session's lock for a statement that names one, as for one that names
 // the table.
 type Reader struct {
