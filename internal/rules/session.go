@@ -20,9 +20,10 @@ type Session struct {
 	// Hold: it has the cheaper lock registration of objects version 6:
 	// registrations call it (Hold).
 	Hold bool
-	// Readers: the database's relations whose reads reach a protected
-	// table without naming it (views over it, its parents and children):
-	// a statement that names one registers the session's lock for the
+	// Readers: the database's relations and functions whose reads reach
+	// a protected table without naming it (views over it, its parents
+	// and children, functions whose body names it...: Reader): a
+	// statement that names one registers the session's lock for the
 	// tables it reaches, as one that names them does. nil: none.
 	Readers *Readers
 	// Quick: answer only what costs no parse of the rule set's decision
