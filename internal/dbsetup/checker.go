@@ -360,7 +360,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		again := d.again && c.ctx.Err() == nil
 		d.again = false
 		d.running = again
-		if err == nil && !watched && !d.periodic && c.ctx.Err() == nil {
+		if err == nil && !watched && !d.periodic && c.ctx.Err() == nil && len(applying(specs, database)) > 0 {
 			c.schedulePeriodicLocked(database, d)
 		}
 		c.mu.Unlock()
