@@ -72,6 +72,13 @@ func raProxy(t *testing.T) (*proxytest.Proxy, []rules.TableSpec) {
 // raProxyFor is raProxy enforcing cfg.
 func raProxyFor(t *testing.T, cfg rules.Config) (*proxytest.Proxy, []rules.TableSpec) {
 	t.Helper()
+	pol, specs := raPolicy(t, cfg)
+	return startProxy(t, pol), specs
+}
+
+// raPolicy is raProxyFor's policy, with its checker and audit listener.
+func raPolicy(t *testing.T, cfg rules.Config) (*policy.Policy, []rules.TableSpec) {
+	t.Helper()
 	checker, specs := startChecker(t, cfg)
 	rs, err := rules.Compile(cfg)
 	if err != nil {
@@ -87,7 +94,7 @@ func raProxyFor(t *testing.T, cfg rules.Config) (*proxytest.Proxy, []rules.Table
 	})
 	t.Cleanup(aud.Close)
 	pol = policy.New(rs, false, policy.Options{Checks: checker, Auditor: aud})
-	return startProxy(t, pol), specs
+	return pol, specs
 }
 
 // raPid is the backend pid of c's session.
