@@ -268,52 +268,19 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 	return out, rows.Err()
 }
 
-// bodyWords returns the words of a function's body, ASCII-lowered, each
-// once: the maximal runs of letters, digits, underscores and bytes >=
-// 0x80 ('$' ends one, as it closes a dollar-quoted string); of a word
-// longer than the 63 bytes PostgreSQL keeps of an identifier, also its
-// first 60 to 63 bytes (it truncates at a character's boundary).
+// bodyWords returns the words of a function's body (sqllex.Words),
+// ASCII-lowered, each once.
 func bodyWords(body string) []string {
 	seen := map[string]bool{}
 	var out []string
-	add := func(w string) {
-		if !seen[w] {
+	sqllex.Words(body, func(w string) bool {
+		if w = sqllex.Fold(w); !seen[w] {
 			seen[w] = true
 			out = append(out, w)
 		}
-	}
-	for i := 0; i < len(body); {
-		if !bodyWordByte(body[i]) {
-			i++
-			continue
-		}
-		j := i + 1
-		for j < len(body) && bodyWordByte(body[j]) {
-			j++
-		}
-		w := sqllex.Fold(body[i:j])
-		i = j
-		add(w)
-		for k := maxIdentBytes; k >= maxIdentBytes-3 && k < len(w); k-- {
-			add(w[:k])
-		}
-	}
+		return false
+	})
 	return out
-}
-
-// maxIdentBytes is the longest identifier PostgreSQL keeps.
-const maxIdentBytes = 63
-
-func bodyWordByte(c byte) bool { return c != '$' && sqllex.IsIdentCont(c) }
-
-// wordName reports whether name (ASCII-lowered) is one word of bodyWords.
-func wordName(name string) bool {
-	for i := 0; i < len(name); i++ {
-		if !bodyWordByte(name[i]) {
-			return false
-		}
-	}
-	return name != ""
 }
 
 // hasUnicodeEscape reports whether s holds U&" or U&' (ASCII case
@@ -457,7 +424,7 @@ func (g *pathGraph) readersOf(oid uint32, funcs []*pathFunc, ix *readerIndex) []
 			return
 		}
 		named[n] = true
-		if wordName(n) {
+		if sqllex.IsWord(n) {
 			for _, f := range ix.byWord[n] {
 				reachFunc(f)
 			}

@@ -21,14 +21,10 @@ type nameGate struct {
 	needles []string            // the other names, ASCII-lowered, and with "" for "
 }
 
-// maxIdentBytes is the longest identifier PostgreSQL keeps (NAMEDATALEN -
-// 1): a longer one is truncated to it, at a character boundary.
-const maxIdentBytes = 63
-
 // add adds a relation's exact name.
 func (g *nameGate) add(name string) {
 	n := asciiLower(name)
-	if n != "" && len(n) <= maxIdentBytes && !strings.ContainsFunc(n, func(r rune) bool { return r < 0x80 && !wordByte(byte(r)) }) {
+	if len(n) <= sqllex.MaxIdentBytes && sqllex.IsWord(n) {
 		if g.words == nil {
 			g.words = make(map[string]struct{})
 		}
@@ -42,35 +38,13 @@ func (g *nameGate) add(name string) {
 }
 
 // mayName reports whether sql holds one of the names, ASCII case ignored:
-// as a word, or a word that PostgreSQL truncates to it, for the names
-// made of identifier bytes; as a substring for the others.
+// as a word, or a word that PostgreSQL truncates to it (sqllex.Words),
+// for the names made of word bytes; as a substring for the others.
 func (g *nameGate) mayName(sql string) bool {
 	if len(g.words) > 0 {
-		var buf [maxIdentBytes]byte
-		for i := 0; i < len(sql); {
-			if !wordByte(sql[i]) {
-				i++
-				continue
-			}
-			j := i + 1
-			for j < len(sql) && wordByte(sql[j]) {
-				j++
-			}
-			w := sql[i:j]
-			i = j
-			if len(w) > maxIdentBytes {
-				// Truncated at a character boundary: up to three bytes
-				// of a UTF-8 character may go too.
-				for k := maxIdentBytes; k >= maxIdentBytes-3; k-- {
-					if g.hasWord(w[:k], &buf) {
-						return true
-					}
-				}
-				continue
-			}
-			if g.hasWord(w, &buf) {
-				return true
-			}
+		var buf [sqllex.MaxIdentBytes]byte
+		if sqllex.Words(sql, func(w string) bool { return g.hasWord(w, &buf) }) {
+			return true
 		}
 	}
 	for _, n := range g.needles {
@@ -81,15 +55,12 @@ func (g *nameGate) mayName(sql string) bool {
 	return false
 }
 
-// hasWord looks w (at most maxIdentBytes) up in words, ASCII-lowered in buf.
-func (g *nameGate) hasWord(w string, buf *[maxIdentBytes]byte) bool {
+// hasWord looks w (at most MaxIdentBytes) up in words, ASCII-lowered in
+// buf.
+func (g *nameGate) hasWord(w string, buf *[sqllex.MaxIdentBytes]byte) bool {
 	for k := 0; k < len(w); k++ {
 		buf[k] = lowerASCII(w[k])
 	}
 	_, ok := g.words[string(buf[:len(w)])]
 	return ok
 }
-
-// wordByte reports whether c continues a word of mayName: an identifier
-// byte other than '$'.
-func wordByte(c byte) bool { return c != '$' && sqllex.IsIdentCont(c) }

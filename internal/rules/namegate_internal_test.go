@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 func TestNameGate(t *testing.T) {
 	var g nameGate
-	long := strings.Repeat("p", maxIdentBytes)
+	long := strings.Repeat("p", sqllex.MaxIdentBytes)
 	for _, n := range []string{"acct_v", "Mixed", "with space", `q"uote`, "pay$ments", long, "vé"} {
 		g.add(n)
 	}

@@ -110,3 +110,56 @@ func SkipDollar(sql string, i int) int {
 	}
 	return j + 1 + end + len(delim)
 }
+
+// MaxIdentBytes is the longest identifier PostgreSQL keeps (NAMEDATALEN
+// - 1); a longer one is truncated to it at a character's boundary.
+const MaxIdentBytes = 63
+
+// IsWordByte reports whether c continues a word of Words: an identifier
+// byte other than '$', which continues an unquoted identifier but also
+// closes a dollar-quoted body ($$SELECT * FROM v$$).
+func IsWordByte(c byte) bool { return c != '$' && IsIdentCont(c) }
+
+// IsWord reports whether s is one word of Words: not empty, and made of
+// word bytes only.
+func IsWord(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !IsWordByte(s[i]) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// Words calls fn with each word of s that may name a relation or a
+// function: each maximal run of word bytes (an unquoted identifier, a
+// quoted one's body, a name in a function's body) of at most
+// MaxIdentBytes, and, for a longer one, its first MaxIdentBytes down to
+// MaxIdentBytes-3 bytes (what the server may truncate it to). It stops
+// at the first call that returns true, and reports whether one did.
+func Words(s string, fn func(w string) bool) bool {
+	for i := 0; i < len(s); {
+		if !IsWordByte(s[i]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(s) && IsWordByte(s[j]) {
+			j++
+		}
+		w := s[i:j]
+		i = j
+		if len(w) <= MaxIdentBytes {
+			if fn(w) {
+				return true
+			}
+			continue
+		}
+		for k := MaxIdentBytes; k >= MaxIdentBytes-3; k-- {
+			if fn(w[:k]) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,6 +1,7 @@
 package sqllex_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/fenceproxy/fenceproxy/internal/sqllex"
@@ -30,5 +31,27 @@ func TestSkips(t *testing.T) {
 	}
 	if !sqllex.IsIdentStart(0x80) || sqllex.IsIdentStart('1') || !sqllex.IsIdentCont('$') || !sqllex.IsSpace('\v') {
 		t.Error("character classes")
+	}
+}
+
+func TestWords(t *testing.T) {
+	long := strings.Repeat("x", sqllex.MaxIdentBytes+2)
+	var got []string
+	sqllex.Words(`SELECT * FROM "the view", s.acct_v$x $$BEGIN t1;END$$ vé `+long, func(w string) bool {
+		got = append(got, w)
+		return false
+	})
+	want := []string{"SELECT", "FROM", "the", "view", "s", "acct_v", "x", "BEGIN", "t1", "END", "vé",
+		long[:63], long[:62], long[:61], long[:60]}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("words %q, want %q", got, want)
+	}
+	if !sqllex.Words("a b c", func(w string) bool { return w == "b" }) || sqllex.Words("a b c", func(string) bool { return false }) {
+		t.Error("Words does not report the stop")
+	}
+	for s, want := range map[string]bool{"acct_v": true, "vé": true, "": false, "a b": false, "pay$ments": false, `q"`: false} {
+		if sqllex.IsWord(s) != want {
+			t.Errorf("IsWord(%q) = %v", s, !want)
+		}
 	}
 }
