@@ -105,9 +105,9 @@ func rrRound(t *testing.T, p *proxytest.Proxy, db string, d, stale *pgx.Conn, mo
 	return r
 }
 
-// rrJudge fails t where the property broke after a read that ran, and
-// skips it as a HOLE where the read did not register and the stale write
-// landed.
+// rrJudge fails t where the property broke after a read that ran (a
+// read that registered nothing and let the stale write land included:
+// rrKnownHole skips the documented ones).
 func rrJudge(t *testing.T, what string, r rrResult) {
 	t.Helper()
 	switch {
@@ -117,13 +117,28 @@ func rrJudge(t *testing.T, what string, r rrResult) {
 			t.Errorf("%s: and acct changed:%s", what, r.diff)
 		}
 	case r.mark != 42 && r.changed:
-		t.Skipf("HOLE: %s: the newer holder's read registered nothing (watermark %d) and the stale UPDATE landed (%v):%s", what, r.mark, r.staleErr, r.diff)
+		t.Errorf("HOLE: %s: the newer holder's read registered nothing (watermark %d) and the stale UPDATE landed (%v):%s", what, r.mark, r.staleErr, r.diff)
 	case r.mark != 42:
 		t.Errorf("%s: watermark %d after the newer holder's read, want 42 (stale UPDATE: %v)", what, r.mark, r.staleErr)
 	case rvCode(r.staleErr) != "FP001" || r.changed:
 		t.Errorf("%s: stale UPDATE after the newer holder's read: %v, want FP001%s", what, r.staleErr, r.diff)
 	}
 }
+
+// rrKnownHole skips t where r shows the documented hole why (the read
+// registered nothing and the stale write landed); otherwise it is
+// rrJudge.
+func rrKnownHole(t *testing.T, what string, r rrResult, why string) {
+	t.Helper()
+	if r.readErr == nil && r.mark != 42 && r.changed {
+		t.Skipf("HOLE (documented: %s): %s: watermark %d, the stale UPDATE landed (%v):%s", why, what, r.mark, r.staleErr, r.diff)
+	}
+	rrJudge(t, what, r)
+}
+
+// rrCreatedWindow is the documented hole of objects created through the
+// proxy and read through at once.
+const rrCreatedWindow = "an object created through the proxy counts once the proxy has learned of it from the catalog"
 
 // rrStale opens the stale holder's session (41) and registers it.
 func rrStale(t *testing.T, p *proxytest.Proxy, db string, mode pgx.QueryExecMode) *pgx.Conn {
@@ -243,33 +258,35 @@ func TestReviewReadersStoredCode(t *testing.T) {
 	for _, k := range []struct {
 		name string
 		read func(c *pgx.Conn) error
+		hole string // documented
 	}{
-		{"DO block", rrSimpleRead("DO $$DECLARE x text; BEGIN SELECT payload INTO x FROM exists_v; RAISE NOTICE 'read %', x; END$$")},
+		{"DO block", rrSimpleRead("DO $$DECLARE x text; BEGIN SELECT payload INTO x FROM exists_v; RAISE NOTICE 'read %', x; END$$"), ""},
 		{"function created through the proxy, called at once", func(c *pgx.Conn) error {
 			if err := mpSimple(c, "CREATE FUNCTION rr_f() RETURNS text LANGUAGE sql AS $$SELECT payload FROM public.exists_v$$"); err != nil {
 				return err
 			}
 			return mpSimple(c, "SELECT rr_f()")
-		}},
+		}, rrCreatedWindow},
 		{"function, called once the proxy has seen it", func(c *pgx.Conn) error {
 			if err := mpSimple(c, "CREATE FUNCTION rr_g() RETURNS text LANGUAGE sql AS $$SELECT payload FROM public.exists_v$$"); err != nil {
 				return err
 			}
 			rrSeen(t, p, db, d)
 			return mpSimple(c, "SELECT rr_g()")
-		}},
+		}, ""},
 		{"temporary function, called once the proxy has seen it", func(c *pgx.Conn) error {
 			if err := mpSimple(c, "CREATE FUNCTION pg_temp.rr_h() RETURNS text LANGUAGE sql AS $$SELECT payload FROM public.exists_v$$"); err != nil {
 				return err
 			}
 			rrSeen(t, p, db, d)
 			return mpSimple(c, "SELECT pg_temp.rr_h()")
-		}},
+		}, ""},
 	} {
 		t.Run(k.name, func(t *testing.T) {
 			r := rrRound(t, p, db, d, stale, pgx.QueryExecModeSimpleProtocol, k.read)
-			if rvCode(r.readErr) == "FP003" {
-				return // refused as stored code naming acct is
+			if k.hole != "" {
+				rrKnownHole(t, k.name+" reading the read-only view exists_v", r, k.hole)
+				return
 			}
 			rrJudge(t, k.name+" reading the read-only view exists_v", r)
 		})
@@ -322,7 +339,7 @@ func TestReviewReadersCatalogChanges(t *testing.T) {
 		if rvCode(r.readErr) == "FP003" {
 			return
 		}
-		rrJudge(t, "CREATE TEMP VIEW ...; SELECT ... FROM tv", r)
+		rrKnownHole(t, "CREATE TEMP VIEW ...; SELECT ... FROM tv", r, rrCreatedWindow)
 	})
 
 	// The same with a view created in one Query and read in the next,
@@ -341,7 +358,7 @@ func TestReviewReadersCatalogChanges(t *testing.T) {
 		if rvCode(r.readErr) == "FP003" {
 			return
 		}
-		rrJudge(t, "CREATE VIEW made_here (through the proxy); SELECT ... FROM made_here", r)
+		rrKnownHole(t, "CREATE VIEW made_here (through the proxy); SELECT ... FROM made_here", r, rrCreatedWindow)
 	})
 
 	// A temporary view created through the proxy, read once the proxy has
