@@ -242,3 +242,34 @@ func TestCheckerUnwatchedRecheck(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckerWaitEndsOnClose: a wait for a run asked while another ran
+// ends when the checker closes (no run will end it then), not at its own
+// deadline.
+func TestCheckerWaitEndsOnClose(t *testing.T) {
+	connecting := make(chan struct{}, 1)
+	c := dbsetup.NewChecker(func(ctx context.Context, database string) (*pgx.Conn, error) {
+		connecting <- struct{}{}
+		<-ctx.Done() // the first run stays connecting until Close
+		return nil, ctx.Err()
+	}, nil, nil)
+	c.Reload(nil)
+	c.Ensure("db")
+	<-connecting
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done <- c.WaitFresh(ctx, "db") // asks for a second run
+	}()
+	time.Sleep(100 * time.Millisecond)
+	c.Close()
+	select {
+	case err := <-done:
+		if err != dbsetup.ErrNotChecked {
+			t.Errorf("WaitFresh after Close: %v, want ErrNotChecked", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitFresh still waiting 10s after Close")
+	}
+}
