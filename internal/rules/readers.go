@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // Reads that reach a lock-fenced table without naming it (through a view
@@ -65,6 +67,7 @@ func (x Reader) kind() readerKind {
 // safe for concurrent use.
 type Readers struct {
 	by       [readKinds]map[string][]Reader // by kind, by name
+	byWord   map[string][]Reader            // of all kinds, by ASCII-lowered name (codeTargets)
 	names    nameGate                       // the relations' names
 	nonASCII bool                           // a name has a byte >= 0x80
 	// verdicts caches the decisions DecideFor makes with the set, for the
@@ -82,7 +85,7 @@ func NewReaders(list []Reader) *Readers {
 	if len(list) == 0 {
 		return nil
 	}
-	s := &Readers{}
+	s := &Readers{byWord: map[string][]Reader{}}
 	for k := range s.by {
 		s.by[k] = make(map[string][]Reader)
 	}
@@ -94,6 +97,7 @@ func NewReaders(list []Reader) *Readers {
 			s.nonASCII = s.nonASCII || strings.ContainsFunc(x.Name, func(c rune) bool { return c >= 0x80 })
 		}
 		s.by[x.kind()][x.Name] = append(s.by[x.kind()][x.Name], x)
+		s.byWord[asciiLower(x.Name)] = append(s.byWord[asciiLower(x.Name)], x)
 	}
 	return s
 }
@@ -219,22 +223,32 @@ func (s *Readers) funcTargets(r *Rules, name []*pg.Node, add func(t *tableRule, 
 
 // codeTargets calls add, optional, for each table of r with lock
 // fencing that a reader named in code (a DO block's) reaches: a name as
-// a word of it (ASCII case ignored), or any reader where the code holds
-// an escape that may spell one (a backslash, a Unicode escape).
+// one of its words (sqllex.Words, ASCII case ignored) or, for a name that
+// is no word, as a substring; or any reader where the code holds an
+// escape that may spell one (a backslash, a Unicode escape).
 func (s *Readers) codeTargets(r *Rules, code string, add func(t *tableRule, optional bool)) {
-	all := strings.IndexByte(code, '\\') >= 0 || (&Rules{}).unicodeEscape(code)
-	for k := range s.by {
-		for name, xs := range s.by[k] {
-			if !all && !mentionsWord(code, asciiLower(name)) && !(strings.Contains(name, `"`) && mentionsWord(code, asciiLower(strings.ReplaceAll(name, `"`, `""`)))) {
-				continue
-			}
-			for _, x := range xs {
-				for _, t := range r.tables {
-					if t.display == x.Target && t.lock != lockOff {
-						add(t, true)
-					}
+	reach := func(xs []Reader) {
+		for _, x := range xs {
+			for _, t := range r.tables {
+				if t.display == x.Target && t.lock != lockOff {
+					add(t, true)
 				}
 			}
+		}
+	}
+	if strings.IndexByte(code, '\\') >= 0 || (&Rules{}).unicodeEscape(code) {
+		for _, xs := range s.byWord {
+			reach(xs)
+		}
+		return
+	}
+	sqllex.Words(code, func(w string) bool {
+		reach(s.byWord[asciiLower(w)])
+		return false
+	})
+	for _, n := range s.names.needles {
+		if indexFoldASCII(code, n) >= 0 {
+			reach(s.byWord[strings.ReplaceAll(n, `""`, `"`)])
 		}
 	}
 }

@@ -168,6 +168,7 @@ func TestReadersCode(t *testing.T) {
 		{Schema: "public", Name: "read_acct", Target: "public.acct", Function: true, Maybe: true},
 		{Schema: "public", Name: "###", Target: "public.acct", Function: true, Maybe: true},
 		{Schema: "public", Name: "notes_v", Target: "public.notes"},
+		{Schema: "public", Name: "the view", Target: "public.acct"},
 	})}
 	for _, c := range []struct {
 		sql      string
@@ -181,6 +182,8 @@ func TestReadersCode(t *testing.T) {
 		{`DO $$BEGIN EXECUTE E'SELECT * FROM acct\x5fv'; END$$`, true},
 		{"DO $$BEGIN PERFORM * FROM notes_v; END$$", false}, // notes has no lock fencing
 		{"DO $$BEGIN PERFORM 1; END$$", false},
+		{`DO $$BEGIN PERFORM * FROM "the view"; END$$`, true},
+		{`DO $$BEGIN PERFORM * FROM "the other view"; END$$`, false},
 		{"SELECT 3::bigint ### 0::bigint", true},
 		{"SELECT 3::bigint OPERATOR(public.###) 0::bigint", true},
 		{"SELECT p.read_acct FROM plain p", true},
