@@ -70,6 +70,34 @@ func stmtKinds(t *testing.T, sql string) []string {
 	return out
 }
 
+// checkLockCall reports what is wrong with d's registration for sql:
+// calls are the indexes of the registration statements in its Query
+// (nil: none expected), required whether it is. It reports whether d
+// has a registration to look at further.
+func checkLockCall(t *testing.T, sql string, d rules.Decision, calls []int, required bool) bool {
+	t.Helper()
+	if calls == nil {
+		if d.Lock != nil {
+			t.Errorf("%q: unexpected registration %+v", sql, d.Lock)
+		}
+		return false
+	}
+	if d.Lock == nil {
+		t.Errorf("%q: no registration", sql)
+		return false
+	}
+	if !slices.Equal(d.Lock.Calls, calls) || d.Lock.Required != required {
+		t.Errorf("%q: calls %v required %v, want %v %v", sql, d.Lock.Calls, d.Lock.Required, calls, required)
+	}
+	kinds := stmtKinds(t, d.Lock.Query)
+	for _, i := range calls {
+		if i >= len(kinds) || !strings.Contains(kinds[i], "call_stmt") {
+			t.Errorf("%q: statement %d of %q is %v, want a CALL", sql, i, d.Lock.Query, kinds)
+		}
+	}
+	return true
+}
+
 func TestLockDecisions(t *testing.T) {
 	r := lockRulesT(t, "")
 	for _, c := range []struct {
@@ -99,24 +127,8 @@ func TestLockDecisions(t *testing.T) {
 			t.Errorf("%q: action %v, want %v (%+v)", c.sql, d.Action, c.action, d.Err)
 			continue
 		}
-		if c.calls == nil {
-			if d.Lock != nil {
-				t.Errorf("%q: unexpected registration %+v", c.sql, d.Lock)
-			}
+		if !checkLockCall(t, c.sql, d, c.calls, c.required) {
 			continue
-		}
-		if d.Lock == nil {
-			t.Errorf("%q: no registration", c.sql)
-			continue
-		}
-		if !slices.Equal(d.Lock.Calls, c.calls) || d.Lock.Required != c.required {
-			t.Errorf("%q: calls %v required %v, want %v %v", c.sql, d.Lock.Calls, d.Lock.Required, c.calls, c.required)
-		}
-		kinds := stmtKinds(t, d.Lock.Query)
-		for _, i := range c.calls {
-			if i >= len(kinds) || !strings.Contains(kinds[i], "call_stmt") {
-				t.Errorf("%q: statement %d of %q is %v, want a CALL", c.sql, i, d.Lock.Query, kinds)
-			}
 		}
 		sent := d.SQL
 		if d.Action == rules.Forward {
