@@ -1,7 +1,6 @@
 package rules_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
