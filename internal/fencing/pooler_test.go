@@ -53,17 +53,24 @@ var poolerIgnored = []string{"options", "extra_float_digits", "fence.token", "fe
 // (PgBouncer's pool is per user and database).
 const poolerRole = "fp_pooler_role"
 
-func startPoolerEnv(t *testing.T) *poolerEnv {
+// startPoolerBouncer starts the transaction-mode PgBouncer of the
+// pooler tests, for postgres and poolerRole (created if need be).
+func startPoolerBouncer(t *testing.T) *pgbouncer.Server {
 	t.Helper()
 	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END$$`); err != nil {
 		t.Fatal(err)
 	}
-	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
+	return pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
 		PoolMode:                "transaction",
 		PoolSize:                poolerPoolSize,
 		IgnoreStartupParameters: poolerIgnored,
 		Users:                   []string{"postgres", poolerRole},
 	})
+}
+
+func startPoolerEnv(t *testing.T) *poolerEnv {
+	t.Helper()
+	b := startPoolerBouncer(t)
 	rs, err := rules.Compile(lockRules)
 	if err != nil {
 		t.Fatal(err)

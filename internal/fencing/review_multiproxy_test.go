@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
-	"github.com/fenceproxy/fenceproxy/internal/pgbouncer"
 	"github.com/fenceproxy/fenceproxy/internal/policy"
 	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
@@ -792,15 +791,7 @@ func TestReviewMultiProxyRollout(t *testing.T) {
 func TestReviewMultiProxyPooler(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END$$`); err != nil {
-		t.Fatal(err)
-	}
-	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
-		PoolMode:                "transaction",
-		PoolSize:                poolerPoolSize,
-		IgnoreStartupParameters: poolerIgnored,
-		Users:                   []string{"postgres", poolerRole},
-	})
+	b := startPoolerBouncer(t)
 	p1, _ := mpStart(t, lockRules, b.Addr())
 	p2, _ := mpStart(t, lockRules, b.Addr())
 	pe1 := &poolerEnv{bouncer: b, proxy: p1.Proxy}
