@@ -51,7 +51,7 @@ type benchRun struct {
 // pgbench's TPS leaves out: a slight overstatement).
 func interleaved(pgbench, mode string, clients int, d time.Duration, runs []benchRun) ([]result, error) {
 	all := make([][]result, len(runs))
-	cpu := make([]int64, len(runs))
+	cpu := make([]float64, len(runs))
 	txns := make([]float64, len(runs))
 	for round := range max(1, *reps) {
 		for j := range runs {
@@ -69,7 +69,7 @@ func interleaved(pgbench, mode string, clients int, d time.Duration, runs []benc
 				}
 			}
 			pid, hasPid := pids[r.port]
-			var before int64
+			var before float64
 			if hasPid {
 				before, _ = procCPU(pid)
 			}
@@ -82,7 +82,7 @@ func interleaved(pgbench, mode string, clients int, d time.Duration, runs []benc
 				cpu[i] += after - before
 				txns[i] += res.tps * d.Seconds()
 				if res.tps > 0 {
-					res.cpuPerTx = float64(after-before) / (res.tps * d.Seconds())
+					res.cpuPerTx = (after - before) / (res.tps * d.Seconds())
 				}
 			}
 			all[i] = append(all[i], res)
@@ -100,7 +100,7 @@ func interleaved(pgbench, mode string, clients int, d time.Duration, runs []benc
 			out[i].maxCPUPerTx = max(out[i].maxCPUPerTx, r.cpuPerTx)
 		}
 		if txns[i] > 0 {
-			out[i].cpuPerTx = float64(cpu[i]) / txns[i]
+			out[i].cpuPerTx = cpu[i] / txns[i]
 		}
 	}
 	return out, nil
