@@ -246,7 +246,7 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 			return nil, err
 		}
 		f.words = bodyWords(f.body)
-		f.anyName = hasUnicodeEscape(f.body)
+		f.anyName = sqllex.HasUnicodeEscape(f.body)
 		for _, c := range calls {
 			if c >= firstNormalOID && !slices.Contains(f.calls, c) {
 				f.calls = append(f.calls, c)
@@ -281,17 +281,6 @@ func bodyWords(body string) []string {
 		return false
 	})
 	return out
-}
-
-// hasUnicodeEscape reports whether s holds U&" or U&' (ASCII case
-// ignored).
-func hasUnicodeEscape(s string) bool {
-	for i := 0; i+2 < len(s); i++ {
-		if (s[i] == 'u' || s[i] == 'U') && s[i+1] == '&' && (s[i+2] == '"' || s[i+2] == '\'') {
-			return true
-		}
-	}
-	return false
 }
 
 // readers finds, for each of tables, the relations whose reads reach its

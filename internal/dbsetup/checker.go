@@ -226,6 +226,14 @@ type Result struct {
 	// the proxy cannot see, so the proxy applies the session's values to
 	// every statement that may write (proxy.Policy.SettingsEverywhere).
 	Guarded bool
+	// SettingsRead: code in the database may read the fence settings
+	// (catalog.SettingsReaders; true where the check could not tell), so
+	// every statement that reads or writes a protected table gets the
+	// session's values applied on the server, even one whose fences carry
+	// the token (proxy.Policy.CodeReadsSettings). SettingsReaders names
+	// some of that code, for the log.
+	SettingsRead    bool
+	SettingsReaders []string
 }
 
 // Result returns what the last check of database found. known is false
@@ -296,13 +304,13 @@ func (c *Checker) run(database string, d *checkedDB) {
 		d.quiet = false
 		c.mu.Unlock()
 
-		rep, reach, watched, stamp, err := c.checkOnce(database, specs, opts)
+		rep, reach, watched, stamp, sr, err := c.checkOnce(database, specs, opts)
 		indirect := reach.Paths
 		// A periodic run logs only what changed.
 		same := quiet && err == nil && sameProblems(prev.Problems, rep.Problems) &&
 			slices.EqualFunc(prev.Indirect, indirect, func(a, b catalog.IndirectPath) bool {
 				return a.Relation() == b.Relation() && a.Target == b.Target && a.Kind == b.Kind && a.Via == b.Via && slices.Equal(a.Ops, b.Ops)
-			}) && slices.Equal(prev.Readers, reach.Readers)
+			}) && slices.Equal(prev.Readers, reach.Readers) && prev.SettingsRead == sr.found
 		var byTable map[string][]Problem
 		switch {
 		case err != nil && c.ctx.Err() != nil:
@@ -326,7 +334,8 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Readers: reach.Readers, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0}
+		d.result = Result{Problems: byTable, Indirect: indirect, Readers: reach.Readers, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0,
+			SettingsRead: err != nil || sr.found, SettingsReaders: sr.names}
 		d.ran = asked
 		close(d.ended)
 		d.ended = make(chan struct{})
@@ -340,6 +349,10 @@ func (c *Checker) run(database string, d *checkedDB) {
 		if n := len(reach.Readers); n > 0 && !same {
 			log.Info("database check: relations and functions whose reads reach a lock-fenced table; statements that read through them register the lock",
 				zap.Int("readers", n))
+		}
+		if err == nil && sr.found && !same {
+			log.Info("database check: code here may read the fence settings; statements on protected tables carry the session's values to the server",
+				zap.Strings("code", sr.names))
 		}
 		d.endedAt = time.Now()
 		if err != nil {
@@ -410,12 +423,12 @@ func (c *Checker) schedulePeriodicLocked(database string, d *checkedDB) {
 // checkOnce connects to database and runs Check, then finds the indirect
 // paths to the tables in mode enforce there, within checkTimeout. watched
 // and stamp are Result's.
-func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, reach catalog.Reach, watched bool, stamp int64, err error) {
+func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts CheckOptions) (rep Report, reach catalog.Reach, watched bool, stamp int64, sr settingsRead, err error) {
 	ctx, cancel := context.WithTimeout(c.ctx, checkTimeout)
 	defer cancel()
 	conn, err := c.connect(ctx, database)
 	if err != nil {
-		return Report{}, catalog.Reach{}, false, 0, err
+		return Report{}, catalog.Reach{}, false, 0, settingsRead{}, err
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -428,14 +441,38 @@ func (c *Checker) checkOnce(database string, specs []rules.TableSpec, opts Check
 	stamp, stampErr := ReadStamp(ctx, conn)
 	rep, err = CheckWith(ctx, conn, specs, opts)
 	if err != nil {
-		return rep, catalog.Reach{}, false, 0, err
+		return rep, catalog.Reach{}, false, 0, settingsRead{}, err
 	}
 	watched = stampErr == nil && rep.Watched && unguardedEnforced(specs, rep.Database, rep.Guarded)
 	if !watched {
 		stamp = 0
 	}
 	reach, err = c.paths(ctx, conn, database, specs, rep)
-	return rep, reach, watched, stamp, err
+	if err != nil {
+		return rep, reach, watched, stamp, settingsRead{}, err
+	}
+	sr, err = settingsReaders(ctx, conn, opts)
+	return rep, reach, watched, stamp, sr, err
+}
+
+// settingsRead is what catalog.SettingsReaders found.
+type settingsRead struct {
+	found bool
+	names []string
+}
+
+// settingsReaders finds the code of the database that may read the
+// fence settings (Result.SettingsRead), naming up to five objects.
+func settingsReaders(ctx context.Context, conn *pgx.Conn, opts CheckOptions) (settingsRead, error) {
+	tok, lk := opts.TokenSetting, opts.LockSetting
+	if tok == "" {
+		tok = rules.DefaultTokenSetting
+	}
+	if lk == "" {
+		lk = rules.DefaultLockSetting
+	}
+	names, found, err := catalog.SettingsReaders(ctx, conn, []string{tok, lk}, 5)
+	return settingsRead{found: found, names: names}, err
 }
 
 // lockCovered reports whether p, a foreign key action or TRUNCATE ...

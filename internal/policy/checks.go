@@ -69,6 +69,9 @@ type dbChecks struct {
 	// guarded: the database guard protects some table here
 	// (SettingsEverywhere).
 	guarded bool
+	// settingsRead: code in the database may read the fence settings, or
+	// the check could not tell (CodeReadsSettings).
+	settingsRead bool
 	// moved: the catalog is known to have changed since stamp (a
 	// notification, a failed in-band check), so writes wait for a stamp
 	// read instead of checking in their own transaction, until results
@@ -144,7 +147,8 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded}
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded,
+		settingsRead: !known || res.SettingsRead}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
 		// last hold while the stamp reads as it did then, and writes are

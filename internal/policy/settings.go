@@ -42,3 +42,20 @@ func (p *Policy) SettingsEverywhere(info *proxy.SessionInfo) bool {
 	r, ok := p.checks.Result(info.Database)
 	return ok && r.Guarded
 }
+
+// CodeReadsSettings implements proxy.Policy: code of the session's
+// database may read the fence settings on the server (a trigger, a
+// default, a function the statement calls: dbsetup.Result.SettingsRead),
+// or the check has not told yet. Where it does not, a statement whose
+// fences carry the token reads no setting, and the session's values need
+// not be applied before it.
+func (p *Policy) CodeReadsSettings(info *proxy.SessionInfo) bool {
+	if p.checks == nil {
+		return true
+	}
+	if st, ok := p.dbStateNow(info.Database); ok {
+		return st == nil || st.settingsRead
+	}
+	r, ok := p.checks.Result(info.Database)
+	return !ok || r.SettingsRead
+}

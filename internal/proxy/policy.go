@@ -140,6 +140,12 @@ type Policy interface {
 	// needs the session's values in this session's database (the database
 	// guard reads them on the server for writes the proxy cannot see).
 	SettingsEverywhere(info *SessionInfo) bool
+	// CodeReadsSettings reports whether code in this session's database
+	// may read the fence settings on the server (a trigger, a default, a
+	// function): where it does not, a simple Query whose fences carry the
+	// session's token and that registers nothing reads no setting, and
+	// goes without the session's values in front of it.
+	CodeReadsSettings(info *SessionInfo) bool
 
 	// Idle is called when the session has no transaction open and nothing
 	// in flight: at a ReadyForQuery with status idle that answers the last
@@ -168,6 +174,7 @@ func (BasePolicy) FenceSettings() (token, lock string)                       { r
 func (BasePolicy) SettingOps(string) (rules.SettingText, error)              { return rules.SettingText{}, nil }
 func (BasePolicy) Idle(*SessionInfo)                                         {}
 func (BasePolicy) SettingsEverywhere(*SessionInfo) bool                      { return false }
+func (BasePolicy) CodeReadsSettings(*SessionInfo) bool                       { return true }
 
 // PreparedOpKind and PreparedOp are the rewriter's: a SQL-level
 // prepared-statement operation of a text (PREPARE, EXECUTE, DEALLOCATE),

@@ -355,20 +355,28 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		useTok = useTok && valid && r.staleAtForLocked(token, tf.StaleTable())
 		r.mu.Unlock()
 		base := sql
+		carried := false // the fences carry the token
 		if d.Action == Rewrite {
 			base = d.SQL
 			if useTok {
 				if s, ok := tf.Fill(base, token); ok {
-					base = s
+					base, carried = s, true
 				}
 			}
 		}
-		*d = rules.Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
-		shifted := []int{0, 1}
-		for _, c := range calls {
-			shifted = append(shifted, c+2)
+		if carried && regLock == nil && len(ops) == 0 && !words.execute && !r.preludeRead(sql) {
+			// Nothing the text runs reads a fence setting (the catalog
+			// check, if any, reads none): it goes without the prelude.
+			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}
+			ft.prelude = false
+		} else {
+			*d = rules.Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
+			shifted := []int{0, 1}
+			for _, c := range calls {
+				shifted = append(shifted, c+2)
+			}
+			calls = shifted
 		}
-		calls = shifted
 	}
 	if d.Action == Refuse {
 		ops = nil

@@ -3,6 +3,8 @@ package proxy
 import (
 	"strings"
 
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
+
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -409,6 +411,29 @@ func (t *tracker) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApp
 	}
 	return out, true
 }
+
+// preludeRead reports whether a simple Query of text on a protected
+// table, whose fences carry the session's token (the token form) and
+// that registers no lock, may still read a fence setting on the server,
+// so that the session's values must go before it: the database guard
+// reads them for every write, code of the database may read them
+// (Policy.CodeReadsSettings), or the text itself may (settingReadWords,
+// or a spelling sqllex.MayName cannot rule out). Where none does, what
+// the server connection carries from another client behind a
+// transaction pooler reaches nothing, and the two statements of the
+// prelude (about a tenth of what the server spends on a fenced UPDATE)
+// are left out.
+func (r *requests) preludeRead(text string) bool {
+	pol := r.srv.opts.Policy
+	if pol.SettingsEverywhere(&r.info) || pol.CodeReadsSettings(&r.info) {
+		return true
+	}
+	return sqllex.MayName(text, r.fence.readWords)
+}
+
+// settingReadWords are the words of a text that may read a setting
+// whatever its name: the functions and the view that read them, and SHOW.
+var settingReadWords = []string{"current_setting", "pg_settings", "pg_show_all_settings", "show"}
 
 // fencedDecision reports whether a text decided d runs something on a
 // protected table that reads the fence settings: a rewrite, a lock

@@ -35,9 +35,12 @@ type fenceSavepoint struct {
 // pend and cur equal sess. In one, pend is the session-level value a
 // commit keeps and cur the value in effect (SET LOCAL changes only cur).
 type fenceRecord struct {
-	on                    bool
-	tokenName             string
-	lockName              string
+	on        bool
+	tokenName string
+	lockName  string
+	// readWords are the words of a text that may read the settings
+	// (preludeRead): their names' first parts and settingReadWords.
+	readWords             []string
 	defaults              fenceValues
 	sess, pend, cur       fenceValues
 	inTx, failed          bool

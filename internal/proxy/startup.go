@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // refuseTimeout bounds the startup exchange with a client that is refused.
@@ -282,6 +284,7 @@ func (s *session) startSession(pkt []byte, deadline time.Time) error {
 		if tok, lk := sp.FenceSettings(); tok != "" && s.ps != nil {
 			f := &s.fence
 			f.on, f.tokenName, f.lockName = true, tok, lk
+			f.readWords = append(sqllex.SettingParts(tok, lk), settingReadWords...)
 			f.defaults, f.startupTok, f.startupLk = startupFenceValues(params, s.whichSetting)
 			f.sess, f.pend, f.cur = f.defaults, f.defaults, f.defaults
 		}

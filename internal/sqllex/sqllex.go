@@ -11,7 +11,10 @@
 // messages (quote.go).
 package sqllex
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // IsSpace reports whether c is white space to PostgreSQL's lexer (space,
 // tab, newline, carriage return, form feed, vertical tab).
@@ -162,4 +165,56 @@ func Words(s string, fn func(w string) bool) bool {
 		}
 	}
 	return false
+}
+
+// MayName reports whether text may spell one of words (each
+// ASCII-lowered): it holds one as a word of Words (ASCII case ignored),
+// a Unicode escape (U&" or U&'), which may spell any name, or a
+// backslash, which an escape string or a string read with
+// standard_conforming_strings off may turn into any character. It reads
+// text as bytes, not as SQL: a word in a comment or a string counts.
+func MayName(text string, words []string) bool {
+	if strings.IndexByte(text, '\\') >= 0 || HasUnicodeEscape(text) {
+		return true
+	}
+	return Words(text, func(w string) bool {
+		for _, x := range words {
+			if len(w) == len(x) && Fold(w) == x {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// HasUnicodeEscape reports whether s holds U&" or U&' (ASCII case
+// ignored): a Unicode-escaped identifier or string, which may spell any
+// name.
+func HasUnicodeEscape(s string) bool {
+	for i := strings.IndexByte(s, '&'); i >= 0; {
+		if i > 0 && (s[i-1] == 'u' || s[i-1] == 'U') && i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\'') {
+			return true
+		}
+		j := strings.IndexByte(s[i+1:], '&')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return false
+}
+
+// SettingParts returns the first parts (before the first dot) of the
+// names of settings, ASCII-lowered, each once: the word any spelling of
+// a custom setting's name in SQL holds ("fence" for fence.token), unless
+// it computes the name or escapes it (MayName).
+func SettingParts(names ...string) []string {
+	var out []string
+	for _, n := range names {
+		first, _, _ := strings.Cut(Fold(n), ".")
+		if first != "" && !slices.Contains(out, first) {
+			out = append(out, first)
+		}
+	}
+	return out
 }
