@@ -14,7 +14,8 @@ import (
 // printed), with their arguments' defaults; views' and materialized
 // views' queries; rules; column defaults and generated columns; check
 // constraints of tables and domains, and domains' defaults; row
-// security policies; triggers' WHEN conditions (their functions are
+// security policies; triggers' definitions, with their WHEN conditions
+// and the arguments their functions read as TG_ARGV (their functions are
 // functions above). Each row is the object's description and its text.
 func settingsCodeSQL(version int) string {
 	body := "p.prosrc"
@@ -60,7 +61,7 @@ func settingsCodeSQL(version int) string {
 		SELECT 'trigger ' || t.tgname || ' on ' || c.oid::pg_catalog.regclass::text, coalesce(pg_catalog.pg_get_triggerdef(t.oid), '')
 		FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE NOT t.tgisinternal AND t.tgqual IS NOT NULL AND n.nspname ` + system
+		WHERE NOT t.tgisinternal AND n.nspname ` + system
 }
 
 // SettingsReaders lists the code of the database that may read one of

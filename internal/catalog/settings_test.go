@@ -52,6 +52,9 @@ func TestSettingsReaders(t *testing.T) {
 		{`CREATE POLICY p ON acct WITH CHECK (current_setting('fence.token', true) IS NOT NULL)`, "policy p on acct"},
 		{`CREATE RULE r AS ON INSERT TO plain_v WHERE current_setting('fence.token', true) IS NULL DO INSTEAD NOTHING`, "rule r on plain_v"},
 		{`CREATE TRIGGER tw BEFORE INSERT ON acct FOR EACH ROW WHEN (current_setting('fence.token', true) IS NULL) EXECUTE FUNCTION keep_fence()`, "trigger tw on acct"},
+		// The name as a trigger argument, which the function reads as
+		// TG_ARGV[0].
+		{`CREATE TRIGGER ta BEFORE INSERT ON acct FOR EACH ROW EXECUTE FUNCTION keep_fence('fence.token')`, "trigger ta on acct"},
 	}
 	for _, c := range cases {
 		execSQL(t, conn, "BEGIN; "+c.sql)
