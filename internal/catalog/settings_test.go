@@ -9,15 +9,16 @@ import (
 )
 
 // TestSettingsReaders: each kind of code that may read fence.token or
-// fence.lock is found, named; code reading other settings, naming the
-// fence column, or in fenceproxy's schema is not.
+// fence.lock is found, named, in whatever schema; code reading other
+// settings, naming the fence column, or fenceproxy's own functions is
+// not.
 func TestSettingsReaders(t *testing.T) {
 	db := newDatabase(t)
 	conn := connect(t, db)
 	settings := []string{"fence.token", "fence.lock"}
 	find := func() ([]string, bool) {
 		t.Helper()
-		names, found, err := catalog.SettingsReaders(context.Background(), conn, settings, 0)
+		names, found, err := catalog.SettingsReaders(context.Background(), conn, settings, []string{"own"}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,6 +44,9 @@ func TestSettingsReaders(t *testing.T) {
 		{`CREATE FUNCTION f4() RETURNS text LANGUAGE plpgsql AS $$BEGIN RETURN current_setting(E'\x66ence.token'); END$$`, "function f4()"},
 		{`CREATE FUNCTION f5() RETURNS text LANGUAGE plpgsql AS $$BEGIN RETURN current_setting(U&'\0066ence.token'); END$$`, "function f5()"},
 		{`CREATE FUNCTION f6() RETURNS text LANGUAGE plpgsql AS $$BEGIN RETURN (SELECT setting FROM pg_settings WHERE name = 'x'); END$$`, "function f6()"},
+		// In fenceproxy's schema or pg_catalog, but not fenceproxy's own.
+		{`CREATE FUNCTION fenceproxy.other() RETURNS text LANGUAGE sql AS $$SELECT current_setting('fence.token', true)$$`, "function fenceproxy.other()"},
+		{`CREATE FUNCTION pg_catalog.mine() RETURNS text LANGUAGE sql AS $$SELECT current_setting('fence.token', true)$$`, "function mine()"},
 		{`CREATE VIEW v AS SELECT current_setting('fence.token', true) AS t`, "view v"},
 		{`CREATE MATERIALIZED VIEW m AS SELECT current_setting('fence.token', true) AS t`, "view m"},
 		{`CREATE TABLE t2 (x text DEFAULT current_setting('fence.lock', true))`, "default of t2"},
@@ -67,7 +71,7 @@ func TestSettingsReaders(t *testing.T) {
 
 	// Other names of the settings: their first parts.
 	execSQL(t, conn, `CREATE FUNCTION g() RETURNS text LANGUAGE sql AS $$SELECT current_setting('myapp.fencing_token')$$`)
-	names, found, err := catalog.SettingsReaders(context.Background(), conn, []string{"myapp.fencing_token", "myapp.lock"}, 0)
+	names, found, err := catalog.SettingsReaders(context.Background(), conn, []string{"myapp.fencing_token", "myapp.lock"}, nil, 0)
 	if err != nil || !found || !slices.Equal(names, []string{"function g()"}) {
 		t.Errorf("settings myapp.*: %q %v %v, want [function g()]", names, found, err)
 	}

@@ -471,7 +471,7 @@ func settingsReaders(ctx context.Context, conn *pgx.Conn, opts CheckOptions) (se
 	if lk == "" {
 		lk = rules.DefaultLockSetting
 	}
-	names, found, err := catalog.SettingsReaders(ctx, conn, []string{tok, lk}, 5)
+	names, found, err := catalog.SettingsReaders(ctx, conn, []string{tok, lk}, ownFunctions, 5)
 	return settingsRead{found: found, names: names}, err
 }
 

@@ -5,6 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -204,3 +207,20 @@ func ReadStamp(ctx context.Context, conn *pgx.Conn) (int64, error) {
 	}
 	return s, nil
 }
+
+// ownFunctions are the names of the functions and procedures setup
+// installs in schema fenceproxy, now or in an earlier version (the SQL
+// files above), which the check of code reading the fence settings
+// leaves out (catalog.SettingsReaders): the proxy knows what they read.
+var ownFunctions = func() []string {
+	re := regexp.MustCompile(`(?i)(?:FUNCTION|PROCEDURE)\s+fenceproxy\.([a-z_0-9]+)\s*\(`)
+	var out []string
+	for _, src := range []string{objectsSQL, registerV1SQL, watchSQL, watchV1SQL, watchV2SQL, watchV3SQL} {
+		for _, m := range re.FindAllStringSubmatch(src, -1) {
+			if n := strings.ToLower(m[1]); !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}()

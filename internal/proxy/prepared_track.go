@@ -364,7 +364,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 				}
 			}
 		}
-		if carried && regLock == nil && len(ops) == 0 && !words.execute && !r.preludeRead(sql) {
+		if carried && (regLock == nil || regLock.Catalog) && len(ops) == 0 && !words.execute && !r.preludeRead(sql, base) {
 			// Nothing the text runs reads a fence setting (the catalog
 			// check, if any, reads none): it goes without the prelude.
 			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}
