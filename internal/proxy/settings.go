@@ -3,11 +3,10 @@ package proxy
 import (
 	"strings"
 
-	"github.com/fenceproxy/fenceproxy/internal/sqllex"
-
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // The session's fence settings (docs/design.md, "The session's fence

@@ -168,7 +168,8 @@ func Words(s string, fn func(w string) bool) bool {
 }
 
 // MayName reports whether text may spell one of words (each
-// ASCII-lowered): it holds one as a word of Words (ASCII case ignored),
+// ASCII-lowered): it holds one as a word of Words (case ignored, Unicode
+// folding included, which only finds more),
 // a Unicode escape (U&" or U&'), which may spell any name, or a
 // backslash, which an escape string or a string read with
 // standard_conforming_strings off may turn into any character. It reads
@@ -179,7 +180,7 @@ func MayName(text string, words []string) bool {
 	}
 	return Words(text, func(w string) bool {
 		for _, x := range words {
-			if len(w) == len(x) && Fold(w) == x {
+			if strings.EqualFold(w, x) {
 				return true
 			}
 		}

@@ -55,3 +55,33 @@ func TestWords(t *testing.T) {
 		}
 	}
 }
+
+// TestMayName: a setting's first name part found as a word in any case,
+// in strings and comments; a longer word holding it is not it; an escape
+// of either kind may spell it.
+func TestMayName(t *testing.T) {
+	words := sqllex.SettingParts("fence.token", "FENCE.lock", "app")
+	if len(words) != 2 || words[0] != "fence" || words[1] != "app" {
+		t.Fatalf("SettingParts = %q, want [fence app]", words)
+	}
+	for _, c := range []struct {
+		text string
+		want bool
+	}{
+		{"UPDATE t SET last_fence = 1", false},
+		{"SELECT current_setting('Fence.Token')", true},
+		{`SELECT "FENCE"`, true},
+		{"/* fence */ UPDATE t SET x = 1", true},
+		{"UPDATE fencing SET x = 1; SELECT fenceproxy.stale_at(1)", false},
+		{"SELECT $$app$$", true},
+		{`SELECT current_setting(U&'\0066ence.token')`, true},
+		{`SELECT current_setting(u&"x")`, true},
+		{"SELECT a&'b'", false},
+		{`SELECT E'\x66ence.token'`, true},
+		{"", false},
+	} {
+		if got := sqllex.MayName(c.text, words); got != c.want {
+			t.Errorf("MayName(%q) = %v, want %v", c.text, got, c.want)
+		}
+	}
+}
