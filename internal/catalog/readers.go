@@ -209,12 +209,8 @@ type pathFunc struct {
 // schema; then the user aggregates with their support functions, and
 // the user operators with theirs.
 func functionsSQL(version int) string {
-	body := "p.prosrc"
-	if version >= 140000 {
-		body = "coalesce(p.prosrc, '') || ' ' || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')"
-	}
 	return `
-		SELECT p.oid, n.nspname, p.proname, ` + body + `, coalesce(p.proargdefaults::text, ''), '{}'::oid[]
+		SELECT p.oid, n.nspname, p.proname, ` + functionBodySQL(version) + `, coalesce(p.proargdefaults::text, ''), '{}'::oid[]
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 		WHERE p.oid >= 16384 AND l.lanname NOT IN ('c', 'internal') AND n.nspname <> 'fenceproxy'
@@ -228,6 +224,16 @@ func functionsSQL(version int) string {
 		SELECT o.oid, n.nspname, o.oprname, '', '', ARRAY[o.oprcode::oid]
 		FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
 		WHERE o.oid >= 16384`
+}
+
+// functionBodySQL is the text of function p's body: its source, and for
+// PostgreSQL 14's SQL-standard bodies (BEGIN ATOMIC), which keep no
+// source, the body printed.
+func functionBodySQL(version int) string {
+	if version >= 140000 {
+		return "coalesce(p.prosrc, '') || ' ' || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')"
+	}
+	return "p.prosrc"
 }
 
 // loadFunctions reads the user functions, aggregates and operators.

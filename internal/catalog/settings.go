@@ -21,13 +21,9 @@ import (
 // functions read as TG_ARGV (their functions are functions above). Each
 // row is the object's description and its text.
 func settingsCodeSQL(version int) string {
-	body := "p.prosrc"
-	if version >= 140000 {
-		body = "coalesce(p.prosrc, '') || ' ' || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')"
-	}
 	return `
 		SELECT 'function ' || p.oid::pg_catalog.regprocedure::text,
-			` + body + ` || ' ' || coalesce(pg_catalog.pg_get_function_arguments(p.oid), '')
+			` + functionBodySQL(version) + ` || ' ' || coalesce(pg_catalog.pg_get_function_arguments(p.oid), '')
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 		WHERE p.oid >= 16384 AND l.lanname NOT IN ('c', 'internal')

@@ -353,6 +353,9 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		pre := r.fence.simplePrelude()
 		token, valid := rules.CanonicalToken(r.fence.cur.token)
 		useTok = useTok && valid && r.staleAtForLocked(token, tf.StaleTable())
+		// No transaction open or pending: nothing later in one may read
+		// what the prelude would set (preludeRead).
+		idle := r.state.txStatus == 'I' && r.state.inFlight == 0 && !r.state.unsynced && !r.state.desync
 		r.mu.Unlock()
 		base := sql
 		carried := false // the fences carry the token
@@ -364,7 +367,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 				}
 			}
 		}
-		if carried && (regLock == nil || regLock.Catalog) && len(ops) == 0 && !words.execute && !r.preludeRead(sql, base) {
+		if carried && (regLock == nil || regLock.Catalog) && len(ops) == 0 && !words.execute && idle && !r.preludeRead(sql, base) {
 			// Nothing the text runs reads a fence setting (the catalog
 			// check, if any, reads none): it goes without the prelude.
 			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}

@@ -418,21 +418,16 @@ func (t *tracker) resolveBindOps(ops []rules.SettingOp, body []byte) ([]fenceApp
 // guard reads them for every write, code of the database may read them
 // (Policy.CodeReadsSettings), the text or what the proxy made of it may
 // (an audit record names the token; settingReadWords, or a spelling
-// sqllex.MayName cannot rule out), or an explicit transaction is open or
-// may be (a value set transaction-locally lasts until its end, and a
-// later statement of it may read it). Where none does, what the server
+// sqllex.MayName cannot rule out). Where none does, and no transaction is
+// open (a value set transaction-locally lasts until its end, and a later
+// statement of it may read it: the caller's test), what the server
 // connection carries from another client behind a transaction pooler
 // reaches nothing, and the two statements of the prelude (about a tenth
 // of what the server spends on a fenced UPDATE) are left out.
 func (r *requests) preludeRead(text, sent string) bool {
 	pol := r.srv.opts.Policy
-	if pol.SettingsEverywhere(&r.info) || pol.CodeReadsSettings(&r.info) {
-		return true
-	}
-	r.mu.Lock()
-	idle := r.state.txStatus == 'I' && r.state.inFlight == 0 && !r.state.unsynced && !r.state.desync
-	r.mu.Unlock()
-	return !idle || sqllex.MayName(text, r.fence.readWords) || sqllex.MayName(sent, r.fence.readWords)
+	return pol.SettingsEverywhere(&r.info) || pol.CodeReadsSettings(&r.info) ||
+		sqllex.MayName(text, r.fence.readWords) || sqllex.MayName(sent, r.fence.readWords)
 }
 
 // settingReadWords are the words of a text that may read a setting
