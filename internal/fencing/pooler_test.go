@@ -70,13 +70,20 @@ func startPoolerBouncer(t *testing.T) *pgbouncer.Server {
 
 func startPoolerEnv(t *testing.T) *poolerEnv {
 	t.Helper()
-	b := startPoolerBouncer(t)
 	rs, err := rules.Compile(lockRules)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startPoolerEnvWith(t, policy.New(rs, false, policy.Options{}))
+}
+
+// startPoolerEnvWith starts the pooler tests' PgBouncer and a proxy in
+// front of it with pol.
+func startPoolerEnvWith(t *testing.T, pol proxy.Policy) *poolerEnv {
+	t.Helper()
+	b := startPoolerBouncer(t)
 	p := proxytest.Start(t, b.Addr(), proxy.Options{
-		Policy: policy.New(rs, false, policy.Options{}),
+		Policy: pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})
 	return &poolerEnv{bouncer: b, proxy: p}

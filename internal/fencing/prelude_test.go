@@ -7,11 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
-	"github.com/fenceproxy/fenceproxy/internal/proxy"
 	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
@@ -85,13 +82,51 @@ func preludeDB(t *testing.T, specs []rules.TableSpec, extra string) (string, *pg
 	return db, d
 }
 
+// preludeSession starts a proxy for cfg with the database check, makes a
+// preludeDB with extra, and connects a session with token 7 (simple
+// protocol, marked by runPid).
+func preludeSession(t *testing.T, cfg rules.Config, extra string) (p *proxytest.Proxy, db string, d, row *pgx.Conn) {
+	t.Helper()
+	pol, specs := raPolicy(t, cfg)
+	p = startProxy(t, pol)
+	db, d = preludeDB(t, specs, extra)
+	return p, db, d, runPid(t, readerSession(t, p, db, "", "7", pgx.QueryExecModeSimpleProtocol))
+}
+
+// checkedPoolerEnv is startPoolerEnv for cfg with the database check and
+// the audit listener (raPolicy).
+func checkedPoolerEnv(t *testing.T, cfg rules.Config) (*poolerEnv, []rules.TableSpec) {
+	t.Helper()
+	pol, specs := raPolicy(t, cfg)
+	return startPoolerEnvWith(t, pol), specs
+}
+
+// noteTokFunc is a trigger function that records the token it reads in
+// table seen; noteTokTrigger fires it on acct; noteTokSchema is all of it.
+const (
+	noteTokFunc    = `CREATE FUNCTION note_tok() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO seen VALUES (current_setting('fence.token', true)); RETURN NEW; END$$`
+	noteTokTrigger = `CREATE TRIGGER acct_seen BEFORE UPDATE ON acct FOR EACH ROW EXECUTE FUNCTION note_tok()`
+	noteTokSchema  = "CREATE TABLE seen (tok text);" + noteTokFunc + ";" + noteTokTrigger
+)
+
+// seenToks reads table seen.
+func seenToks(t *testing.T, d *pgx.Conn) []string {
+	t.Helper()
+	rows, err := d.Query(ctxT(t), "SELECT coalesce(tok, '<null>') FROM seen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func TestPreludeLeftOut(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pol, specs := raPolicy(t, lockRules)
-	p := startProxy(t, pol)
-	db, d := preludeDB(t, specs, "")
-	row := runPid(t, readerSession(t, p, db, "", "7", pgx.QueryExecModeSimpleProtocol))
+	p, db, d, row := preludeSession(t, lockRules, "")
 
 	if sentPrelude(t, d, row, "UPDATE acct SET n = n + 1 WHERE id = 1") {
 		t.Errorf("row fencing, token written in, no code reading the settings: the prelude was sent")
@@ -163,9 +198,7 @@ func TestPreludeCodeReaders(t *testing.T) {
 	pol, specs := raPolicy(t, lockRules)
 	p := startProxy(t, pol)
 	for _, c := range []struct{ name, sql string }{
-		{"trigger function", `CREATE TABLE seen (tok text);
-			CREATE FUNCTION note_tok() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO seen VALUES (current_setting('fence.token', true)); RETURN NEW; END$$;
-			CREATE TRIGGER acct_seen BEFORE UPDATE ON acct FOR EACH ROW EXECUTE FUNCTION note_tok()`},
+		{"trigger function", noteTokSchema},
 		{"column default", `ALTER TABLE notes ADD COLUMN who text DEFAULT current_setting('fence.lock', true)`},
 		{"view", `CREATE VIEW tok_v AS SELECT current_setting('Fence.Token', true) AS tok`},
 		{"policy", `CREATE POLICY p ON jobs USING (current_setting('fence.token', true) IS NOT NULL)`},
@@ -203,12 +236,7 @@ func TestPreludeCodeReaders(t *testing.T) {
 func TestPreludeBehindPooler(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	b := startPoolerBouncer(t)
-	pol, specs := raPolicy(t, lockRules)
-	pe := &poolerEnv{bouncer: b, proxy: proxytest.Start(t, b.Addr(), proxy.Options{
-		Policy: pol,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}
+	pe, specs := checkedPoolerEnv(t, lockRules)
 	mode := pgx.QueryExecModeSimpleProtocol
 
 	t.Run("no code reads the settings", func(t *testing.T) {
@@ -238,26 +266,14 @@ func TestPreludeBehindPooler(t *testing.T) {
 	})
 
 	t.Run("a trigger reads the token", func(t *testing.T) {
-		db, d := preludeDB(t, specs, `
-			CREATE TABLE seen (tok text);
-			CREATE FUNCTION note_tok() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO seen VALUES (current_setting('fence.token', true)); RETURN NEW; END$$;
-			CREATE TRIGGER acct_seen BEFORE UPDATE ON acct FOR EACH ROW EXECUTE FUNCTION note_tok()`)
+		db, d := preludeDB(t, specs, noteTokSchema)
 		poolerReset(t, d)
 		execDirect(t, d, "DELETE FROM seen")
 		pe.pollute(t, db, "43", "X")
 		fresh := pe.session(t, db, mode)
 		mustSend(t, fresh, "SET fence.token = '44'")
 		mustSend(t, fresh, "UPDATE acct SET payload = 'w44' WHERE id = 2")
-		var seen []string
-		rows, err := d.Query(ctxT(t), "SELECT coalesce(tok, '<null>') FROM seen")
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(seen) != 1 || seen[0] != "44" {
+		if seen := seenToks(t, d); len(seen) != 1 || seen[0] != "44" {
 			t.Errorf("the trigger saw %q, want the session's own token [44]", seen)
 		}
 		if r := snapshot(t, d, "acct")[2]; r.Fence != 44 {

@@ -7,11 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/fenceproxy/fenceproxy/internal/proxy"
-	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
@@ -32,10 +28,7 @@ var settingReads = []string{"current_setting", "fenceproxy.stale(", "fenceproxy.
 func TestReviewPreludeProbe(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pol, specs := raPolicy(t, lockRules)
-	p := startProxy(t, pol)
-	db, d := preludeDB(t, specs, "")
-	row := runPid(t, readerSession(t, p, db, "", "7", pgx.QueryExecModeSimpleProtocol))
+	_, _, d, row := preludeSession(t, lockRules, "")
 	for _, stmt := range []string{
 		"UPDATE acct SET n = n + 1 WHERE id = 1",
 		"DELETE FROM acct WHERE id = 99",
@@ -106,10 +99,7 @@ CREATE TABLE seen (tok text);
 func TestReviewPreludeProbeModes(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pol, specs := raPolicy(t, reviewRules)
-	p := startProxy(t, pol)
-	db, d := preludeDB(t, specs, reviewSchema)
-	row := runPid(t, readerSession(t, p, db, "", "7", pgx.QueryExecModeSimpleProtocol))
+	_, _, d, row := preludeSession(t, reviewRules, reviewSchema)
 	for _, stmt := range []string{
 		"UPDATE skipt SET body = 'x' WHERE id = 1",
 		"DELETE FROM skipt WHERE id = 99",
@@ -126,32 +116,6 @@ func TestReviewPreludeProbeModes(t *testing.T) {
 	}
 }
 
-// reviewPooler is fenceproxy → PgBouncer (transaction mode) → PostgreSQL
-// with the database check, for cfg.
-func reviewPooler(t *testing.T, cfg rules.Config) (*poolerEnv, []rules.TableSpec) {
-	t.Helper()
-	b := startPoolerBouncer(t)
-	pol, specs := raPolicy(t, cfg)
-	return &poolerEnv{bouncer: b, proxy: proxytest.Start(t, b.Addr(), proxy.Options{
-		Policy: pol,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
-	})}, specs
-}
-
-// seenToks reads table seen.
-func seenToks(t *testing.T, d *pgx.Conn) []string {
-	t.Helper()
-	rows, err := d.Query(ctxT(t), "SELECT coalesce(tok, '<null>') FROM seen")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // TestReviewPreludeAuditTokenBehindPooler: a table in audit mode. A stale
 // write (token 41 on a row at 42) is let through and recorded with the
 // session's token. The token form's stale branch reads the token for the
@@ -161,7 +125,7 @@ func seenToks(t *testing.T, d *pgx.Conn) []string {
 func TestReviewPreludeAuditTokenBehindPooler(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pe, specs := reviewPooler(t, lockRules)
+	pe, specs := checkedPoolerEnv(t, lockRules)
 	db, d := preludeDB(t, specs, "")
 	execDirect(t, d, "UPDATE aud SET last_fence = 42 WHERE id = 1")
 	// The token by startup parameter, which PgBouncer drops: only the
@@ -214,7 +178,7 @@ func TestReviewPreludeAuditTokenBehindPooler(t *testing.T) {
 func TestReviewPreludeFencesBehindPooler(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pe, specs := reviewPooler(t, reviewRules)
+	pe, specs := checkedPoolerEnv(t, reviewRules)
 	db, d := preludeDB(t, specs, reviewSchema)
 	mode := pgx.QueryExecModeSimpleProtocol
 	before := poolerReset(t, d)
@@ -305,10 +269,7 @@ func withTok(tok string) func(*pgx.ConnConfig) {
 func TestReviewPreludeLockOffKeepsPrelude(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pol, specs := raPolicy(t, lockRules)
-	p := startProxy(t, pol)
-	db, d := preludeDB(t, specs, "")
-	row := runPid(t, readerSession(t, p, db, "", "7", pgx.QueryExecModeSimpleProtocol))
+	_, _, d, row := preludeSession(t, lockRules, "")
 	if sentPrelude(t, d, row, "UPDATE acct SET n = n + 1 WHERE id = 1") {
 		t.Fatalf("control: acct (lock optional) got the prelude")
 	}
@@ -327,7 +288,7 @@ func TestReviewPreludeLockOffKeepsPrelude(t *testing.T) {
 func TestReviewPreludeReaderInExcludedSchema(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pe, specs := reviewPooler(t, lockRules)
+	pe, specs := checkedPoolerEnv(t, lockRules)
 	for _, schema := range []string{"fenceproxy", "pg_catalog"} {
 		t.Run(schema, func(t *testing.T) {
 			db, d := preludeDB(t, specs, `CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -358,7 +319,7 @@ func TestReviewPreludeReaderInExcludedSchema(t *testing.T) {
 func TestReviewPreludeLaterQueryInTransaction(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pe, specs := reviewPooler(t, lockRules)
+	pe, specs := checkedPoolerEnv(t, lockRules)
 	db, d := preludeDB(t, specs, "CREATE TABLE seen (tok text);")
 	poolerReset(t, d)
 	fresh := pe.session(t, db, pgx.QueryExecModeSimpleProtocol, withTok("44"))
@@ -382,7 +343,7 @@ func TestReviewPreludeLaterQueryInTransaction(t *testing.T) {
 func TestReviewPreludeLockSparedBehindPooler(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pe, specs := reviewPooler(t, lockRules)
+	pe, specs := checkedPoolerEnv(t, lockRules)
 	db, d := preludeDB(t, specs, "")
 	before := poolerReset(t, d) // lock L at 42
 	withLock := func(tok string) func(*pgx.ConnConfig) {
@@ -422,15 +383,11 @@ func TestReviewPreludeLockSparedBehindPooler(t *testing.T) {
 func TestReviewPreludeCatalogChange(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pol, specs := raPolicy(t, lockRules)
-	p := startProxy(t, pol)
-	db, d := preludeDB(t, specs, "CREATE TABLE seen (tok text);")
-	row := runPid(t, readerSession(t, p, db, "", "7", pgx.QueryExecModeSimpleProtocol))
+	_, _, d, row := preludeSession(t, lockRules, "CREATE TABLE seen (tok text);")
 	if sentPrelude(t, d, row, "UPDATE acct SET n = n + 1 WHERE id = 1") {
 		t.Fatal("control: prelude sent before the change")
 	}
-	execDirect(t, d, `CREATE FUNCTION note_tok() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO seen VALUES (current_setting('fence.token', true)); RETURN NEW; END$$;
-		CREATE TRIGGER acct_seen BEFORE UPDATE ON acct FOR EACH ROW EXECUTE FUNCTION note_tok()`)
+	execDirect(t, d, noteTokFunc+";"+noteTokTrigger)
 	start := time.Now()
 	without := 0
 	for !sentPrelude(t, d, row, "UPDATE acct SET n = n + 1 WHERE id = 1") {
@@ -456,13 +413,13 @@ func TestReviewPreludeCatalogChange(t *testing.T) {
 func TestReviewPreludeDDLInTransaction(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	pe, specs := reviewPooler(t, lockRules)
+	pe, specs := checkedPoolerEnv(t, lockRules)
 	db, d := preludeDB(t, specs, "CREATE TABLE seen (tok text);")
 	poolerReset(t, d)
 	fresh := pe.session(t, db, pgx.QueryExecModeSimpleProtocol, withTok("44"))
 	pe.pollute(t, db, "43", "X")
 	mustSend(t, fresh, "BEGIN")
-	mustSend(t, fresh, `CREATE FUNCTION note_tok() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO seen VALUES (current_setting('fence.token', true)); RETURN NEW; END$$`)
+	mustSend(t, fresh, noteTokFunc)
 	mustSend(t, fresh, `CREATE TABLE plain (x int)`)
 	mustSend(t, fresh, `CREATE TRIGGER plain_seen BEFORE INSERT ON plain FOR EACH ROW EXECUTE FUNCTION note_tok()`)
 	err := send(t, fresh, "UPDATE acct SET payload = 'w44' WHERE id = 2; INSERT INTO plain VALUES (1)")
