@@ -112,15 +112,7 @@ const (
 // seenToks reads table seen.
 func seenToks(t *testing.T, d *pgx.Conn) []string {
 	t.Helper()
-	rows, err := d.Query(ctxT(t), "SELECT coalesce(tok, '<null>') FROM seen")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testutil.QueryStrings(t, d, "SELECT coalesce(tok, '<null>') FROM seen")
 }
 
 func TestPreludeLeftOut(t *testing.T) {
