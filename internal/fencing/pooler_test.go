@@ -43,6 +43,14 @@ const poolerPoolSize = 2
 type poolerEnv struct {
 	bouncer *pgbouncer.Server
 	proxy   *proxytest.Proxy
+	size    int // the pool's size; 0: poolerPoolSize
+}
+
+func (pe *poolerEnv) poolSize() int {
+	if pe.size == 0 {
+		return poolerPoolSize
+	}
+	return pe.size
 }
 
 // poolerIgnored are the startup parameters PgBouncer accepts and drops:
@@ -57,12 +65,19 @@ const poolerRole = "fp_pooler_role"
 // pooler tests, for postgres and poolerRole (created if need be).
 func startPoolerBouncer(t *testing.T) *pgbouncer.Server {
 	t.Helper()
+	return startPoolerBouncerSized(t, poolerPoolSize)
+}
+
+// startPoolerBouncerSized is startPoolerBouncer with pools of size
+// connections.
+func startPoolerBouncerSized(t *testing.T, size int) *pgbouncer.Server {
+	t.Helper()
 	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END$$`); err != nil {
 		t.Fatal(err)
 	}
 	return pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{
 		PoolMode:                "transaction",
-		PoolSize:                poolerPoolSize,
+		PoolSize:                size,
 		IgnoreStartupParameters: poolerIgnored,
 		Users:                   []string{"postgres", poolerRole},
 	})
@@ -81,12 +96,19 @@ func startPoolerEnv(t *testing.T) *poolerEnv {
 // front of it with pol.
 func startPoolerEnvWith(t *testing.T, pol proxy.Policy) *poolerEnv {
 	t.Helper()
-	b := startPoolerBouncer(t)
+	return startPoolerEnvSized(t, pol, poolerPoolSize)
+}
+
+// startPoolerEnvSized is startPoolerEnvWith with pools of size
+// connections.
+func startPoolerEnvSized(t *testing.T, pol proxy.Policy, size int) *poolerEnv {
+	t.Helper()
+	b := startPoolerBouncerSized(t, size)
 	p := proxytest.Start(t, b.Addr(), proxy.Options{
 		Policy: pol,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("proxy"),
 	})
-	return &poolerEnv{bouncer: b, proxy: p}
+	return &poolerEnv{bouncer: b, proxy: p, size: size}
 }
 
 // poolerModes are the client protocols: simple Query, and the extended
@@ -163,7 +185,7 @@ func (pe *poolerEnv) serverValues(t *testing.T, user, db string) [][2]string {
 	t.Helper()
 	var out [][2]string
 	var conns []*pgx.Conn
-	for range poolerPoolSize {
+	for range pe.poolSize() {
 		c := pe.bouncerDirect(t, user, db)
 		conns = append(conns, c)
 		mustExec(t, c, "BEGIN")
@@ -199,7 +221,7 @@ func (pe *poolerEnv) pollute(t *testing.T, db, tok, lk string) {
 func (pe *poolerEnv) polluteAs(t *testing.T, user, db, tok, lk string) {
 	t.Helper()
 	var cs []*pgx.Conn
-	for range poolerPoolSize {
+	for range pe.poolSize() {
 		c := pe.sessionAs(t, user, db, pgx.QueryExecModeSimpleProtocol)
 		cs = append(cs, c)
 		mustSend(t, c, "BEGIN")

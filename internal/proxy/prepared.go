@@ -77,6 +77,11 @@ type stmtDef struct {
 	// param is the number of the parameter the relay binds the session's
 	// token to (tokenparam.go), 0 when the statement reads the setting.
 	param int
+	// settingFree, with param: neither the client's text nor the
+	// parameter form sent may read a fence setting, but for the stale-row
+	// error's message (paramReads), so that a Bind of it may go without
+	// the session's values (goesBare). False when unknown.
+	settingFree bool
 }
 
 // stmtEntry is what the server may have under one name.

@@ -122,6 +122,12 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 				}
 			}
 			prelude = everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named)
+			if prelude && tok != "" && v.def.settingFree && !everywhere && len(v.def.ops) == 0 && !readsSettings(v.def.lock, named) &&
+				r.goesBare(portal, tok) {
+				// The token is bound, and nothing else reads a setting
+				// (the catalog check, if any, reads none): bare.go.
+				prelude = false
+			}
 		}
 	}
 	if v.def != nil && v.def.param > 0 && tok == "" {

@@ -389,6 +389,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 	if typ == 'Q' && len(ops) > 0 {
 		defs = r.sqlOpDefs(ops, gen)
 	}
+	settingFree := typ == 'P' && param > 0 && d.Action == Rewrite && !r.paramReads(sql, d.SQL)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d.Action != Refuse && r.ps.wouldOverflow(typ, p.Name, ops) {
@@ -431,6 +432,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 			def.preparedForm = preparedForm
 			def.fence = ft.ops
 			def.param = param
+			def.settingFree = settingFree
 		}
 		r.ps.addStmtOp(p.Name, def, p.Name == "", 0, false, 0)
 	}

@@ -430,6 +430,24 @@ func (r *requests) preludeRead(text, sent string) bool {
 		sqllex.MayName(text, r.fence.readWords) || sqllex.MayName(sent, r.fence.readWords)
 }
 
+// paramReads reports whether a statement in the parameter form (text
+// the client's, sent the form) may read a fence setting on the server
+// other than for its stale-row error's message, which the relay fills
+// in where it left the session's values out (goesBare): the text or the
+// form names a setting or a reader of settings (settingReadWords, an
+// audit record's read of the token), once the stale raisers' calls are
+// set aside. A form whose calls are spelt otherwise keeps the setting's
+// name, and counts.
+func (r *requests) paramReads(text, sent string) bool {
+	if sqllex.MayName(text, r.fence.readWords) {
+		return true
+	}
+	for _, raiser := range [...]string{"fenceproxy.stale('", "fenceproxy.stale_b('"} {
+		sent = strings.ReplaceAll(sent, raiser+r.fence.tokenName+"', ", "")
+	}
+	return sqllex.MayName(sent, r.fence.readWords)
+}
+
 // settingReadWords are the words of a text that may read a setting
 // whatever its name: the functions and the view that read them, and SHOW.
 var settingReadWords = []string{"current_setting", "pg_settings", "pg_show_all_settings", "show"}

@@ -38,6 +38,9 @@ type tracker struct {
 	// fenceproxy.stale_at is for: those of the token forms calling it
 	// that were sent and may not be answered yet (staleAtForLocked).
 	staleAt staleAtContext
+	// bare is the token of the last Bind that went without the session's
+	// values (goesBare).
+	bare bareToken
 
 	// lockNamed: the session may have named a lock (Policy.NamesLock),
 	// from its startup parameters or a statement it sent; from then on

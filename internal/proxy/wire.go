@@ -106,6 +106,10 @@ func (m *msgReader) peek(n int) ([]byte, error) {
 	return m.buf[m.r : m.r+n], nil
 }
 
+// unread returns the bytes read and not yet consumed, without reading;
+// they are valid until the next call on m.
+func (m *msgReader) unread() []byte { return m.buf[m.r:m.w] }
+
 // fill reads until at least need bytes (need <= m.size) are buffered.
 func (m *msgReader) fill(need int) error {
 	for empty := 0; m.w-m.r < need; {

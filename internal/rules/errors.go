@@ -131,6 +131,43 @@ func ExpandStaleAt(message, token, table string) (string, bool) {
 	return message[:i] + markerPrefix + markerStale + ":" + token + ":" + rest[:j] + ":" + sized(table) + rest[j:], true
 }
 
+// WithStaleToken returns message, an FP001 error's message, with token
+// in place of the token its stale marker (fenceproxy:stale:<token>:...)
+// carries: the marker of fenceproxy.stale, which reads the token setting,
+// raised where the setting may not hold the token the statement was run
+// with. The setting's text may hold ':', so the marker's end is read from
+// the right: the last split after which a watermark and a sized table end
+// the message. It returns false, and message, when there is no such
+// marker or token is not a canonical token.
+func WithStaleToken(message, token string) (string, bool) {
+	const at = markerPrefix + markerStale + ":"
+	i := strings.Index(message, at)
+	if i < 0 {
+		return message, false
+	}
+	if c, ok := CanonicalToken(token); !ok || c != token {
+		return message, false
+	}
+	rest := message[i+len(at):]
+	for j := len(rest) - 1; j >= 0; j-- {
+		if rest[j] == ':' && staleTail(rest[j+1:]) {
+			return message[:i] + at + token + rest[j:], true
+		}
+	}
+	return message, false
+}
+
+// staleTail reports whether m is "<watermark>:<n>:<table>" and nothing
+// more: the end of a stale marker after its token.
+func staleTail(m string) bool {
+	w, m, ok := cutField(m)
+	if !ok || w != "" && !isDigits(strings.TrimPrefix(w, "-")) {
+		return false
+	}
+	_, rest, ok := cutSized(m)
+	return ok && rest == "" && !strings.HasSuffix(m, ":")
+}
+
 func translateStale(m string) *Error {
 	e := &Error{
 		Code:   CodeStaleToken,

@@ -118,3 +118,33 @@ func TestExpandStaleAt(t *testing.T) {
 		t.Errorf("P0001 with the short marker was translated")
 	}
 }
+
+// TestWithStaleToken: the relay's token in place of the one the stale
+// marker read from the setting, whatever that setting held, and the
+// table's own colons read as the table's.
+func TestWithStaleToken(t *testing.T) {
+	for _, tc := range []struct {
+		msg, token string
+		ok         bool
+		want       string
+	}{
+		{"fenceproxy:stale:43:57:13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark 57)"},
+		{"fenceproxy:stale::57:13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark 57)"},
+		{"fenceproxy:stale:1:9:13:public.config:57:13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark 57)"},
+		{"fenceproxy:stale:x:y::57:13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark 57)"},
+		{"fenceproxy:stale:43::13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark NULL)"},
+		{`fenceproxy:stale:43:-3:12:public."a:b"`, "9", true, `fenceproxy: stale fencing token 9 for table public."a:b" (stored watermark -3)`},
+		{"fenceproxy:stale:43:57:13:public.config", "041", false, "fenceproxy: stale fencing token 43 for table public.config (stored watermark 57)"},
+		{"fenceproxy:stale:43:57:99:public.config", "41", false, "fenceproxy: stale fencing token"},
+		{"fenceproxy:stale_at:57", "41", false, "fenceproxy: stale fencing token"},
+	} {
+		got, ok := rules.WithStaleToken(tc.msg, tc.token)
+		if ok != tc.ok || (!ok && got != tc.msg) {
+			t.Errorf("WithStaleToken(%q, %q) = %q, %v", tc.msg, tc.token, got, ok)
+		}
+		e, translated := rules.TranslateError(rules.CodeStaleToken, got)
+		if !translated || e.Message != tc.want {
+			t.Errorf("%q with %q: %+v, %v; want %q", tc.msg, tc.token, e, translated, tc.want)
+		}
+	}
+}
