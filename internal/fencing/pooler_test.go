@@ -72,7 +72,7 @@ func startPoolerBouncer(t *testing.T) *pgbouncer.Server {
 // connections.
 func startPoolerBouncerSized(t *testing.T, size int) *pgbouncer.Server {
 	t.Helper()
-	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END$$`); err != nil {
+	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END$$`); err != nil {
 		t.Fatal(err)
 	}
 	return pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{

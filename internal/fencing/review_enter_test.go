@@ -95,7 +95,7 @@ func rvErr(err error, db string) string {
 func TestReviewEnterPooler(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
-	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END$$`); err != nil {
+	if err := cluster.ExecDB(ctxT(t), "postgres", `DO $$BEGIN CREATE ROLE `+poolerRole+` LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END$$`); err != nil {
 		t.Fatal(err)
 	}
 	b := pgbouncer.StartOptions(t, cluster.Addr(), pgbouncer.Options{

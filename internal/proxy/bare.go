@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // A Bind without the session's values (docs/design.md, "The session's
@@ -33,17 +35,21 @@ type bareToken struct {
 // goesBare reports whether a Bind of portal, of a statement in the
 // parameter form that reads no setting but for its stale-row error
 // (stmtDef.settingFree), with tok bound, may go without the session's
-// values, and if so records tok for its error (fillBareToken). It may
-// where nothing else can read them: no database guard, no code of the
-// database that may (Policy.CodeReadsSettings), and the statement alone
-// in its implicit transaction: none is open, nothing was sent since the
-// last Sync, and the client's messages already read after the Bind are,
-// up to a Sync, only Describes, Flushes and Executes of the portal
-// (runsAlone). A value set transaction-locally would last until the Sync,
-// where a later statement could read it.
-func (r *requests) goesBare(portal, tok string) bool {
+// values, and if so records tok for its error (fillBareToken). body is
+// the client's Bind. It may where nothing else can read them: no
+// database guard, no code of the database that may
+// (Policy.CodeReadsSettings), no bound value that may name a setting or
+// hold SQL that reads one (a function given the name, query_to_xml given
+// a query: the values are read as the text is, sqllex.MayName), and the
+// statement alone in its implicit transaction: none is open, nothing was
+// sent since the last Sync, and the client's messages already read after
+// the Bind are, up to a Sync, only Describes, Flushes and Executes of the
+// portal (runsAlone). A value set transaction-locally would last until
+// the Sync, where a later statement could read it.
+func (r *requests) goesBare(portal, tok string, body []byte) bool {
 	pol := r.srv.opts.Policy
-	if pol.SettingsEverywhere(&r.info) || pol.CodeReadsSettings(&r.info) || !runsAlone(r.cr.unread(), portal) {
+	if len(body) == 0 || pol.SettingsEverywhere(&r.info) || pol.CodeReadsSettings(&r.info) ||
+		sqllex.MayName(unsafe.String(&body[0], len(body)), r.fence.readWords) || !runsAlone(r.cr.unread(), portal) {
 		return false
 	}
 	r.mu.Lock()

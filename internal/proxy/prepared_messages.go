@@ -123,7 +123,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 			}
 			prelude = everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named)
 			if prelude && tok != "" && v.def.settingFree && !everywhere && len(v.def.ops) == 0 && !readsSettings(v.def.lock, named) &&
-				r.goesBare(portal, tok) {
+				r.goesBare(portal, tok, body) {
 				// The token is bound, and nothing else reads a setting
 				// (the catalog check, if any, reads none): bare.go.
 				prelude = false

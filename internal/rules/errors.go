@@ -135,10 +135,14 @@ func ExpandStaleAt(message, token, table string) (string, bool) {
 // in place of the token its stale marker (fenceproxy:stale:<token>:...)
 // carries: the marker of fenceproxy.stale, which reads the token setting,
 // raised where the setting may not hold the token the statement was run
-// with. The setting's text may hold ':', so the marker's end is read from
-// the right: the last split after which a watermark and a sized table end
-// the message. It returns false, and message, when there is no such
-// marker or token is not a canonical token.
+// with. The token ends at the first ':' where what follows is a
+// watermark and a sized table that end the message (a valid token, an
+// empty or unset setting: the first ':'). Where none does, the setting's
+// text held a ':', and the last ':' after which they do is taken (a
+// table's name may hold what reads as such an end too; a setting and a
+// name both built to mislead may misplace the split, in the message
+// only). It returns false, and message, when there is no such marker or
+// token is not a canonical token.
 func WithStaleToken(message, token string) (string, bool) {
 	const at = markerPrefix + markerStale + ":"
 	i := strings.Index(message, at)
@@ -149,6 +153,9 @@ func WithStaleToken(message, token string) (string, bool) {
 		return message, false
 	}
 	rest := message[i+len(at):]
+	if j := strings.IndexByte(rest, ':'); j >= 0 && staleTail(rest[j+1:]) {
+		return message[:i] + at + token + rest[j:], true
+	}
 	for j := len(rest) - 1; j >= 0; j-- {
 		if rest[j] == ':' && staleTail(rest[j+1:]) {
 			return message[:i] + at + token + rest[j:], true

@@ -134,6 +134,8 @@ func TestWithStaleToken(t *testing.T) {
 		{"fenceproxy:stale:x:y::57:13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark 57)"},
 		{"fenceproxy:stale:43::13:public.config", "41", true, "fenceproxy: stale fencing token 41 for table public.config (stored watermark NULL)"},
 		{`fenceproxy:stale:43:-3:12:public."a:b"`, "9", true, `fenceproxy: stale fencing token 9 for table public."a:b" (stored watermark -3)`},
+		{`fenceproxy:stale:5:7:16:public."t:0:2:y"`, "5", true, `fenceproxy: stale fencing token 5 for table public."t:0:2:y" (stored watermark 7)`},
+		{`fenceproxy:stale:7:99:11:public.acct:42:11:public.acct`, "41", true, "fenceproxy: stale fencing token 41 for table public.acct (stored watermark 42)"},
 		{"fenceproxy:stale:43:57:13:public.config", "041", false, "fenceproxy: stale fencing token 43 for table public.config (stored watermark 57)"},
 		{"fenceproxy:stale:43:57:99:public.config", "41", false, "fenceproxy: stale fencing token"},
 		{"fenceproxy:stale_at:57", "41", false, "fenceproxy: stale fencing token"},
