@@ -311,3 +311,38 @@ func TestBindPreludeBehindPooler(t *testing.T) {
 		}
 	})
 }
+
+// TestBindPreludeUnwatched: in a database without the catalog watch no
+// check goes before a write, so a bare Bind goes alone: the fences carry
+// the token, and a stale write is refused naming its own token.
+func TestBindPreludeUnwatched(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, _ := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := bindDB(t, "")
+	execDirect(t, d, "DROP EVENT TRIGGER fenceproxy_catalog_ddl; DROP EVENT TRIGGER fenceproxy_catalog_drop")
+	row := bindSession(t, p, db, "", "7")
+	alone := func(ran []string) bool {
+		all := strings.Join(ran, "\n")
+		if !strings.Contains(all, "::bigint") {
+			t.Fatalf("the server ran no fenced statement:\n%s", all)
+		}
+		return !strings.Contains(all, "set_config(") && !strings.Contains(all, "fenceproxy.enter(") && !strings.Contains(all, "catalog_at(")
+	}
+	if ran := mustBindRan(t, row, "UPDATE acct SET n = n + 1 WHERE id = $1", 1); !alone(ran) {
+		t.Errorf("unwatched: something went before the Bind:\n%s", strings.Join(ran, "\n"))
+	}
+	if r := snapshot(t, d, "acct")[1]; r.N != 1 || r.Fence != 7 {
+		t.Errorf("row 1 = %+v, want n 1, fence 7", r)
+	}
+	stale := bindSession(t, p, db, "", "5")
+	before := tableText(t, d, "acct")
+	ran, err := bindRan(t, stale, "UPDATE acct SET payload = 'stale' WHERE id = $1", 1)
+	if sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale fencing token 5 ") || !alone(ran) {
+		t.Errorf("stale UPDATE, unwatched: %v (alone: %v), want FP001 for token 5", err, alone(ran))
+	}
+	if after := tableText(t, d, "acct"); after != before {
+		t.Errorf("a stale UPDATE changed acct:\n before %s\n after  %s", before, after)
+	}
+}

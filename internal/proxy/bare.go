@@ -58,6 +58,10 @@ func (r *requests) goesBare(portal, tok string, body []byte) bool {
 		return false
 	}
 	r.bare = bareToken{seg: r.ps.sentSeg, tok: tok}
+	// What runs is a rewritten form, though nothing of the proxy's may go
+	// before it (no catalog check where the watch is not installed): its
+	// errors' positions are not the client's (relayError).
+	r.state.rewrote = true
 	return true
 }
 
