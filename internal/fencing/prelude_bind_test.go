@@ -220,13 +220,9 @@ func TestBindPreludeLeftOut(t *testing.T) {
 // the session's values is want, for up to ten seconds.
 func waitBare(t *testing.T, c *pgx.Conn, want bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for bare(t, mustBindRan(t, c, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("after the catalog change, going without the session's values stays %v", !want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitUntil(t, fmt.Sprintf("after the catalog change, going without the session's values %v", want), func() bool {
+		return bare(t, mustBindRan(t, c, "UPDATE acct SET n = n + 1 WHERE id = $1", 1)) == want
+	})
 }
 
 // TestBindPreludeBehindPooler: fenceproxy → PgBouncer (transaction mode,
@@ -241,26 +237,15 @@ func TestBindPreludeBehindPooler(t *testing.T) {
 	t.Parallel()
 	pol, _ := raPolicy(t, lockRules)
 	pe := startPoolerEnvSized(t, pol, 1)
-	simple := func(c *pgx.Conn, sql string) {
-		t.Helper()
-		if _, err := c.Exec(ctxT(t), sql, pgx.QueryExecModeSimpleProtocol); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
 	session := func(db, tok string) *pgx.Conn {
 		t.Helper()
 		c := pe.session(t, db, pgx.QueryExecModeCacheStatement)
 		if tok != "" {
-			simple(c, "SET fence.token = '"+tok+"'")
+			if _, err := c.Exec(ctxT(t), "SET fence.token = '"+tok+"'", pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatal(err)
+			}
 		}
-		// Every session's named statements share the one server
-		// connection: the pid is asked for in a simple Query.
-		var pid uint32
-		if err := c.QueryRow(ctxT(t), "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
-		sessionPids.Store(c, pid)
-		return c
+		return runPid(t, c)
 	}
 
 	t.Run("no code reads the settings", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package fencing_test
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -40,7 +41,13 @@ func sentText(t *testing.T, d, c *pgx.Conn) string {
 // would make the last text; through PgBouncer it is unknown.
 func runPid(t *testing.T, c *pgx.Conn) *pgx.Conn {
 	t.Helper()
-	sessionPids.Store(c, raPid(t, c))
+	// Asked in a simple Query: a named statement of it would clash with
+	// another session's behind a pooler with one server connection.
+	var pid uint32
+	if err := c.QueryRow(ctxT(t), "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	sessionPids.Store(c, pid)
 	return c
 }
 
@@ -172,10 +179,19 @@ func TestPreludeLeftOut(t *testing.T) {
 // is want, for up to ten seconds.
 func waitPrelude(t *testing.T, d, c *pgx.Conn, want bool) {
 	t.Helper()
+	waitUntil(t, fmt.Sprintf("after the catalog change, the prelude's presence %v", want), func() bool {
+		return sentPrelude(t, d, c, "UPDATE acct SET n = n + 1 WHERE id = 1") == want
+	})
+}
+
+// waitUntil calls cond until it reports true, every 20 ms for up to ten
+// seconds, and fails the test with what if it does not.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for sentPrelude(t, d, c, "UPDATE acct SET n = n + 1 WHERE id = 1") != want {
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("after the catalog change the prelude's presence stays %v", !want)
+			t.Fatalf("%s: not reached in 10 s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -60,12 +59,7 @@ func (e *rbEnv) sess(t *testing.T, tok, lk string) *pgx.Conn {
 			c.RuntimeParams["fence.lock"] = lk
 		}
 	})
-	var pid uint32
-	if err := c.QueryRow(ctxT(t), "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	sessionPids.Store(c, pid)
-	return c
+	return runPid(t, c)
 }
 
 // seen is what the probe tagged tag recorded in seen2.
@@ -123,13 +117,9 @@ func TestReviewBareSettingNameBound(t *testing.T) {
 	if _, err := c.Exec(ctxT(t), "CREATE FUNCTION pg_temp.tokf() RETURNS text LANGUAGE sql STABLE AS $$SELECT current_setting('fence.token', true)$$", pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for bare(t, mustBindRan(t, c, "UPDATE acct SET payload = pg_temp.tokf() WHERE id = $1", 1)) {
-		if time.Now().After(deadline) {
-			t.Fatal("the session's temporary function reading the token: the Binds calling it still go bare after 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitUntil(t, "the session's temporary function reading the token: the Binds calling it keep the session's values", func() bool {
+		return !bare(t, mustBindRan(t, c, "UPDATE acct SET payload = pg_temp.tokf() WHERE id = $1", 1))
+	})
 	if r := snapshot(t, e.d, "acct")[1]; r.Payload != "44" || r.Fence != 44 {
 		t.Errorf("the session's temporary function read %q (row stamped %d), want 44", r.Payload, r.Fence)
 	}
