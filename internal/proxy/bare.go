@@ -4,9 +4,6 @@ import (
 	"encoding/binary"
 	"unsafe"
 
-	"github.com/jackc/pgx/v5/pgproto3"
-
-	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
@@ -22,7 +19,7 @@ import (
 // token setting for its stale-row error's message (fenceproxy.stale):
 // there the server connection's value, which behind a transaction pooler
 // may be another client's, so the relay puts the token it bound in its
-// place (fillBareToken).
+// place (completeStale).
 
 // bareToken is the token of the Bind that went without the session's
 // values, and the segment (sentSeg) of the responses it is for; tok ""
@@ -35,7 +32,7 @@ type bareToken struct {
 // goesBare reports whether a Bind of portal, of a statement in the
 // parameter form that reads no setting but for its stale-row error
 // (stmtDef.settingFree), with tok bound, may go without the session's
-// values, and if so records tok for its error (fillBareToken). body is
+// values, and if so records tok for its error (completeStale). body is
 // the client's Bind. It may where nothing else can read them: no
 // database guard, no code of the database that may
 // (Policy.CodeReadsSettings), no bound value that may name a setting or
@@ -89,22 +86,4 @@ func runsAlone(next []byte, portal string) bool {
 		next = next[1+n:]
 	}
 	return false
-}
-
-// fillBareToken puts the token of the Bind that went without the
-// session's values into a stale-row error of its statement
-// (rules.WithStaleToken): the error arrives before the ReadyForQuery
-// that ends the Bind's segment, and nothing else in the segment raises
-// one.
-func (t *tracker) fillBareToken(e *pgproto3.ErrorResponse) {
-	if e.Code != rules.CodeStaleToken {
-		return
-	}
-	t.mu.Lock()
-	b := t.bare
-	ok := b.tok != "" && t.ps != nil && t.ps.recvSeg == b.seg
-	t.mu.Unlock()
-	if ok {
-		e.Message, _ = rules.WithStaleToken(e.Message, b.tok)
-	}
 }

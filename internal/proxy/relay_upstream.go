@@ -225,8 +225,7 @@ func (s *session) relayError(body []byte) error {
 		out.Severity, out.SeverityUnlocalized = e.Severity, e.SeverityUnlocalized
 		return clientErr(writeMsg(s.cw, &out))
 	}
-	s.fillBareToken(&e)
-	s.expandStaleAt(&e)
+	s.completeStale(&e)
 	if !s.srv.opts.Policy.TranslateError(&s.info, &e) {
 		return clientErr(writeRaw(s.cw, 'E', body))
 	}

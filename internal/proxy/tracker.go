@@ -98,14 +98,26 @@ func (t *tracker) staleAtForLocked(token, table string) bool {
 	return true
 }
 
-// expandStaleAt fills the session's token and table into a stale-row
-// error of fenceproxy.stale_at (rules.ExpandStaleAt).
-func (t *tracker) expandStaleAt(e *pgproto3.ErrorResponse) {
+// completeStale completes a stale-row error of a statement the relay
+// sent: the token and the table a token form's fenceproxy.stale_at
+// leaves out (rules.ExpandStaleAt), or the token fenceproxy.stale read
+// from a setting that a Bind without the session's values did not set
+// (rules.WithStaleToken, bare.go): the error arrives before the
+// ReadyForQuery that ends that Bind's segment, and nothing else in the
+// segment raises one.
+func (t *tracker) completeStale(e *pgproto3.ErrorResponse) {
 	if e.Code != rules.CodeStaleToken {
 		return
 	}
 	t.mu.Lock()
-	at := t.staleAt
+	at, b := t.staleAt, t.bare
+	bare := b.tok != "" && t.ps != nil && t.ps.recvSeg == b.seg
 	t.mu.Unlock()
+	if bare {
+		if m, ok := rules.WithStaleToken(e.Message, b.tok); ok {
+			e.Message = m
+			return
+		}
+	}
 	e.Message, _ = rules.ExpandStaleAt(e.Message, at.token, at.table)
 }
