@@ -244,6 +244,33 @@ func (t *tracker) sameTextRefusal(sql string, ft *fenceText) *rules.Error {
 	return nil
 }
 
+// catalogChecked reports whether d runs the catalog check in the write's
+// transaction, before it (rules.LockCall's Catalog and Pre).
+func catalogChecked(d *rules.Decision) bool {
+	return d.Action != Refuse && d.Lock != nil && (d.Lock.Catalog || d.Lock.Pre != "")
+}
+
+// timeoutBeforeWrite reports whether a statement of the text may change
+// lock_timeout before or in the last statement that may write: one naming
+// a protected table, a write (of a table that may be a path to one), an
+// EXECUTE, or one that calls code (rules.SettingText.LockTimeout; the
+// text was parsed only if it may change a setting at all).
+func (ft *fenceText) timeoutBeforeWrite() bool {
+	last := -1
+	for i := ft.st.Stmts - 1; i >= 0; i-- {
+		if ft.st.Protected[i] || ft.st.Execute[i] || ft.st.Write[i] || ft.st.Calls[i] && !ft.st.Plain[i] {
+			last = i
+			break
+		}
+	}
+	for i := 0; i <= last && i < len(ft.st.LockTimeout); i++ {
+		if ft.st.LockTimeout[i] {
+			return true
+		}
+	}
+	return false
+}
+
 // refuseSameText refuses a statement on a protected table that cannot
 // run in its Query text (sameTextRefusal).
 func refuseSameText(why string) *rules.Error {
@@ -483,6 +510,12 @@ func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql s
 	fenced := fencedDecision(d, words)
 	switch {
 	case refusal != nil:
+	case fenced && catalogChecked(d) && ft.timeoutBeforeWrite():
+		// The check's lock_timeout keeps the write from waiting for an
+		// uncommitted change of the catalog, after which it would run
+		// through whatever path the change opened.
+		refusal = refusePrepared("a statement on a protected table cannot change lock_timeout in a database with the catalog watch: the proxy's catalog check sets it for the write",
+			"Set lock_timeout in a Query of its own, before the write.")
 	case typ == 'Q' && fenced && ft.statementAfterEnd():
 		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
 			"Send the statements after the end of the transaction in a Query of their own.")

@@ -88,6 +88,9 @@ type SettingText struct {
 	// MERGE; Calls[i]: its text calls a function or procedure, or runs
 	// stored code (DO, EXECUTE).
 	Plain, Execute, Write, Calls []bool
+	// LockTimeout[i]: statement i may change lock_timeout
+	// (changesLockTimeout).
+	LockTimeout []bool
 }
 
 // WhichSetting reports which of the fence settings name is (PostgreSQL
@@ -116,13 +119,15 @@ func (r *Rules) SettingOps(sql string) (SettingText, error) {
 		return SettingText{}, err
 	}
 	n := len(tree.Stmts)
-	out := SettingText{Stmts: n, Protected: make([]bool, n), Plain: make([]bool, n), Execute: make([]bool, n), Write: make([]bool, n), Calls: make([]bool, n)}
+	out := SettingText{Stmts: n, Protected: make([]bool, n), Plain: make([]bool, n), Execute: make([]bool, n), Write: make([]bool, n), Calls: make([]bool, n),
+		LockTimeout: make([]bool, n)}
 	for i, raw := range tree.Stmts {
 		if raw.Stmt == nil {
 			continue
 		}
 		out.Protected[i] = r.namesProtected(raw.Stmt)
 		out.Calls[i] = callsCode(raw.Stmt)
+		out.LockTimeout[i] = changesLockTimeout(raw.Stmt)
 		switch raw.Stmt.Node.(type) {
 		case *pg.Node_VariableSetStmt, *pg.Node_TransactionStmt:
 			out.Plain[i] = true
@@ -147,6 +152,34 @@ func callsCode(n *pg.Node) bool {
 		switch m.Interface().(type) {
 		case *pg.FuncCall, *pg.CallStmt, *pg.DoStmt, *pg.ExecuteStmt:
 			found = true
+		}
+		return !found
+	})
+	return found
+}
+
+// changesLockTimeout reports whether n may change lock_timeout, which the
+// catalog check sets for the rest of a write's transaction while a
+// change of the catalog is under way: a SET, SET LOCAL, RESET or SET … TO
+// DEFAULT of it, RESET ALL, DISCARD ALL, or a call of set_config whose
+// name is not a constant naming another setting. Stored code the
+// statement calls is not seen.
+func changesLockTimeout(n *pg.Node) bool {
+	switch s := n.Node.(type) {
+	case *pg.Node_VariableSetStmt:
+		v := s.VariableSetStmt
+		return v.Kind == pg.VariableSetKind_VAR_RESET_ALL || strings.EqualFold(v.Name, "lock_timeout")
+	case *pg.Node_DiscardStmt:
+		return s.DiscardStmt.Target == pg.DiscardMode_DISCARD_ALL
+	}
+	found := false
+	walkMessages(n.ProtoReflect(), func(m protoreflect.Message) bool {
+		if fc, ok := m.Interface().(*pg.FuncCall); ok && isSetConfig(fc) {
+			name, ok := "", len(fc.Args) > 0
+			if ok {
+				name, ok = constText(fc.Args[0])
+			}
+			found = !ok || strings.EqualFold(name, "lock_timeout")
 		}
 		return !found
 	})

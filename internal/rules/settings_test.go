@@ -97,6 +97,35 @@ func TestSettingOpsProtected(t *testing.T) {
 	}
 }
 
+// TestSettingOpsLockTimeout: the statements that may change lock_timeout,
+// whatever the spelling, and those that may not.
+func TestSettingOpsLockTimeout(t *testing.T) {
+	rs := settingRules(t)
+	for sql, want := range map[string]bool{
+		"SET lock_timeout = 0":                         true,
+		"SET LOCAL \"Lock_Timeout\" TO DEFAULT":        true,
+		"RESET lock_timeout":                           true,
+		"RESET ALL":                                    true,
+		"DISCARD ALL":                                  true,
+		"SELECT set_config('LOCK_TIMEOUT', '0', true)": true,
+		"UPDATE config SET payload = 'x' WHERE set_config('lock_timeout', '0', true) IS NOT NULL": true,
+		"UPDATE config SET payload = pg_catalog.set_config($1, '0', true)":                        true,
+		"UPDATE config SET payload = set_config('lock_' || 'timeout', '0', true)":                 true,
+		"SET statement_timeout = 0":                  false,
+		"SELECT set_config('app.tenant', '7', true)": false,
+		"UPDATE config SET payload = 'lock_timeout'": false,
+		"DISCARD PLANS":                              false,
+	} {
+		st, err := rs.SettingOps(sql)
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		if len(st.LockTimeout) != 1 || st.LockTimeout[0] != want {
+			t.Errorf("%s: LockTimeout %v, want %v", sql, st.LockTimeout, want)
+		}
+	}
+}
+
 func TestParseBool(t *testing.T) {
 	for in, want := range map[string]bool{"t": true, "TRUE": true, " yes ": true, "on": true, "1": true, "f": false, "of": false, "off": false, "n": false, "0": false} {
 		if got, ok := rules.ParseBool(in); !ok || got != want {
