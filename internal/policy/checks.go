@@ -305,8 +305,9 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 			st, read = fresh, true
 		}
 		// After a stamp read too: a change may commit before the
-		// statement runs.
-		check = stampCheck{on: inBand, stamp: st.stamp, proc: st.checkProc,
+		// statement runs. A text of several statements gets it in front
+		// of them (frontCheck).
+		check = stampCheck{on: inBand || !prepared && frontCheck(sql), stamp: st.stamp, proc: st.checkProc,
 			enter: st.enter && (st.checkProc == "" || st.checkProc == dbsetup.CatalogCheckProc)}
 	}
 	var e *rules.Error

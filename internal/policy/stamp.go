@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	pg "github.com/pganalyze/pg_query_go/v6"
 	"go.uber.org/zap"
 
 	"github.com/fenceproxy/fenceproxy/internal/catalog"
@@ -230,6 +231,30 @@ func inBandWrite(sql string) bool {
 		}
 	}
 	return true
+}
+
+// frontCheck reports whether the check can go in front of sql, a text
+// inBandWrite rejects, as a statement of its own before the text's: sql
+// holds several statements (PostgreSQL's parser splits it so), which run
+// in one implicit transaction already, so one more in front changes
+// nothing of what they do (a statement that must run outside a
+// transaction block fails there anyway, a procedure or DO block cannot
+// commit, and a BEGIN makes the implicit transaction an explicit one,
+// keeping what the check set). The check's lock_timeout then holds for
+// the text's statements up to a COMMIT or ROLLBACK; the stamp read before
+// the text is forwarded stays, for those after one.
+func frontCheck(sql string) bool {
+	stmts, err := pg.SplitWithParser(sql, true)
+	if err != nil {
+		return false
+	}
+	n := 0
+	for _, s := range stmts {
+		if strings.TrimSpace(s) != "" {
+			n++
+		}
+	}
+	return n > 1
 }
 
 // bumpGeneration makes the relay decide every prepared statement of
