@@ -235,26 +235,30 @@ func inBandWrite(sql string) bool {
 
 // frontCheck reports whether the check can go in front of sql, a text
 // inBandWrite rejects, as a statement of its own before the text's: sql
-// holds several statements (PostgreSQL's parser splits it so), which run
+// holds several statements (as PostgreSQL's parser reads it), which run
 // in one implicit transaction already, so one more in front changes
 // nothing of what they do (a statement that must run outside a
 // transaction block fails there anyway, a procedure or DO block cannot
 // commit, and a BEGIN makes the implicit transaction an explicit one,
 // keeping what the check set). The check's lock_timeout then holds for
 // the text's statements up to a COMMIT or ROLLBACK; the stamp read before
-// the text is forwarded stays, for those after one.
+// the text is forwarded stays, for those after one. A text that begins by
+// ending or rolling back a transaction the session opened before keeps
+// the stamp read alone: a failed check there would abort that
+// transaction instead of ending it as the client asked.
 func frontCheck(sql string) bool {
-	stmts, err := pg.SplitWithParser(sql, true)
-	if err != nil {
+	tree, err := pg.Parse(sql)
+	if err != nil || len(tree.Stmts) < 2 {
 		return false
 	}
-	n := 0
-	for _, s := range stmts {
-		if strings.TrimSpace(s) != "" {
-			n++
+	if ts := tree.Stmts[0].GetStmt().GetTransactionStmt(); ts != nil {
+		switch ts.Kind {
+		case pg.TransactionStmtKind_TRANS_STMT_BEGIN, pg.TransactionStmtKind_TRANS_STMT_START, pg.TransactionStmtKind_TRANS_STMT_SAVEPOINT:
+		default:
+			return false
 		}
 	}
-	return n > 1
+	return true
 }
 
 // bumpGeneration makes the relay decide every prepared statement of
