@@ -514,7 +514,7 @@ func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql s
 		// The check's lock_timeout keeps the write from waiting for an
 		// uncommitted change of the catalog, after which it would run
 		// through whatever path the change opened.
-		refusal = refusePrepared("a statement on a protected table cannot change lock_timeout in a database with the catalog watch: the proxy's catalog check sets it for the write",
+		refusal = refusePrepared("a write cannot change lock_timeout in its own Query in a database with the catalog watch: the proxy's catalog check sets it, so that the write cannot wait for an uncommitted change of the catalog and then run through a path it opened",
 			"Set lock_timeout in a Query of its own, before the write.")
 	case typ == 'Q' && fenced && ft.statementAfterEnd():
 		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
