@@ -199,17 +199,16 @@ func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
 }
 
 // inBandWrite reports whether the check can run just before sql without
-// changing what sql does: sql is one statement (no semicolon but a final
-// one) that begins with one of the keywords below, none of which
-// statements that must run outside a transaction block (VACUUM, CREATE
-// INDEX CONCURRENTLY, ...) or that end or control transactions (COMMIT,
-// a CALL or DO that commits) begin with. It is conservative: a text it
-// rejects is checked by a stamp read before it is forwarded instead.
+// changing what sql does: sql is one statement (no semicolon but at its
+// end, where only spaces, comments and semicolons may follow) that
+// begins, after spaces, comments and semicolons, with one of the keywords
+// below, none of which statements that must run outside a transaction
+// block (VACUUM, CREATE INDEX CONCURRENTLY, ...) or that end or control
+// transactions (COMMIT, a CALL or DO that commits) begin with. It is
+// conservative: a text it rejects is checked by a stamp read before it is
+// forwarded instead (and, with several statements, frontCheck).
 func inBandWrite(sql string) bool {
-	i := 0
-	for i < len(sql) && sqllex.IsSpace(sql[i]) {
-		i++
-	}
+	i := skipFiller(sql, 0)
 	j := i
 	for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
 		j++
@@ -217,20 +216,30 @@ func inBandWrite(sql string) bool {
 	switch w := sql[i:j]; {
 	case strings.EqualFold(w, "update"), strings.EqualFold(w, "insert"), strings.EqualFold(w, "delete"),
 		strings.EqualFold(w, "merge"), strings.EqualFold(w, "with"), strings.EqualFold(w, "select"),
-		strings.EqualFold(w, "truncate"):
+		strings.EqualFold(w, "truncate"), strings.EqualFold(w, "explain"):
 	default:
 		return false
 	}
 	k := strings.IndexByte(sql[j:], ';')
-	if k < 0 {
-		return true
-	}
-	for _, c := range []byte(sql[j+k+1:]) {
-		if !sqllex.IsSpace(c) {
-			return false
+	return k < 0 || skipFiller(sql, j+k) == len(sql)
+}
+
+// skipFiller returns the index of the first byte of sql at or after i
+// that is not a space, a semicolon or in a comment.
+func skipFiller(sql string, i int) int {
+	for i < len(sql) {
+		switch c := sql[i]; {
+		case sqllex.IsSpace(c) || c == ';':
+			i++
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			i = sqllex.SkipLineComment(sql, i)
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			i = sqllex.SkipBlockComment(sql, i)
+		default:
+			return i
 		}
 	}
-	return true
+	return i
 }
 
 // frontCheck reports whether the check can go in front of sql, a text
@@ -258,7 +267,27 @@ func frontCheck(sql string) bool {
 			return false
 		}
 	}
+	for _, raw := range tree.Stmts {
+		if setsTransaction(raw.GetStmt()) {
+			return false
+		}
+	}
 	return true
+}
+
+// setsTransaction reports whether n sets what must be set before a
+// transaction's first query (PostgreSQL's 25001 otherwise), which a check
+// in front would be: a BEGIN or START TRANSACTION with modes, SET
+// TRANSACTION (ISOLATION LEVEL, READ ONLY, SNAPSHOT, ...) or a SET of a
+// transaction_* setting.
+func setsTransaction(n *pg.Node) bool {
+	if ts := n.GetTransactionStmt(); ts != nil {
+		return len(ts.Options) > 0
+	}
+	if v := n.GetVariableSetStmt(); v != nil {
+		return v.Kind == pg.VariableSetKind_VAR_SET_MULTI || strings.HasPrefix(strings.ToLower(v.Name), "transaction_")
+	}
+	return false
 }
 
 // bumpGeneration makes the relay decide every prepared statement of

@@ -192,6 +192,28 @@ func (ft *fenceText) statementAfterEnd() bool {
 	return false
 }
 
+// writeAfterEnd reports whether a statement that may write a table itself
+// follows, in the text, a COMMIT, ROLLBACK, ROLLBACK TO or PREPARE
+// TRANSACTION: the catalog check in front of the text (and the
+// lock_timeout it may set) does not hold past one.
+func (ft *fenceText) writeAfterEnd() bool {
+	end := -1
+	for _, op := range ft.st.Ops {
+		switch op.Kind {
+		case rules.TxCommit, rules.TxRollback, rules.TxRollbackTo, rules.TxPrepare:
+			if end < 0 {
+				end = op.Stmt
+			}
+		}
+	}
+	for i := end + 1; end >= 0 && i < len(ft.st.MayWrite); i++ {
+		if ft.st.MayWrite[i] {
+			return true
+		}
+	}
+	return false
+}
+
 // sameTextRefusal refuses a Query text in which a statement on a
 // protected table (or an EXECUTE) follows, in the same text, a statement
 // after which the server's fence settings may not be the record's: the
@@ -244,6 +266,10 @@ func (t *tracker) sameTextRefusal(sql string, ft *fenceText) *rules.Error {
 	return nil
 }
 
+// timeoutWords are the words of a text that may change lock_timeout
+// without a SET or a set_config (rules.SettingText.LockTimeout).
+var timeoutWords = []string{"lock_timeout", "pg_settings"}
+
 // catalogChecked reports whether d runs the catalog check in the write's
 // transaction, before it (rules.LockCall's Catalog and Pre).
 func catalogChecked(d *rules.Decision) bool {
@@ -251,14 +277,13 @@ func catalogChecked(d *rules.Decision) bool {
 }
 
 // timeoutBeforeWrite reports whether a statement of the text may change
-// lock_timeout before or in the last statement that may write: one naming
-// a protected table, a write (of a table that may be a path to one), an
-// EXECUTE, or one that calls code (rules.SettingText.LockTimeout; the
-// text was parsed only if it may change a setting at all).
+// lock_timeout before or in the last statement that may write a table
+// itself (rules.SettingText's LockTimeout and MayWrite; a read, FOR
+// UPDATE too, waits for a lock but writes through no path).
 func (ft *fenceText) timeoutBeforeWrite() bool {
 	last := -1
 	for i := ft.st.Stmts - 1; i >= 0; i-- {
-		if ft.st.Protected[i] || ft.st.Execute[i] || ft.st.Write[i] || ft.st.Calls[i] && !ft.st.Plain[i] {
+		if ft.st.MayWrite[i] {
 			last = i
 			break
 		}
@@ -508,6 +533,14 @@ func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql s
 	var refusal *rules.Error
 	*ft, refusal = r.fenceOps(sql, lex)
 	fenced := fencedDecision(d, words)
+	if refusal == nil && fenced && ft.st.Stmts == 0 && catalogChecked(d) &&
+		(sqllex.ContainsAnyWordFold(sql, timeoutWords) || sqllex.HasUnicodeEscape(sql)) {
+		// Not parsed for the fence settings, but it may change
+		// lock_timeout all the same (an UPDATE of pg_settings).
+		if st, panicked, err := r.settingOps(sql); !panicked && err == nil {
+			ft.st = st
+		}
+	}
 	switch {
 	case refusal != nil:
 	case fenced && catalogChecked(d) && ft.timeoutBeforeWrite():
@@ -516,6 +549,9 @@ func (r *requests) fenceDecide(typ byte, d *rules.Decision, ft *fenceText, sql s
 		// through whatever path the change opened.
 		refusal = refusePrepared("a write cannot change lock_timeout in its own Query in a database with the catalog watch: the proxy's catalog check sets it, so that the write cannot wait for an uncommitted change of the catalog and then run through a path it opened",
 			"Set lock_timeout in a Query of its own, before the write.")
+	case typ == 'Q' && fenced && catalogChecked(d) && ft.writeAfterEnd():
+		refusal = refusePrepared("a write follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query, in a database with the catalog watch: the proxy's catalog check in front of the Query does not hold past it",
+			"Send the statements after the end of the transaction in a Query of their own.")
 	case typ == 'Q' && fenced && ft.statementAfterEnd():
 		refusal = refusePrepared("a statement on a protected table follows a COMMIT, ROLLBACK or ROLLBACK TO in the same Query",
 			"Send the statements after the end of the transaction in a Query of their own.")

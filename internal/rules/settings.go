@@ -89,8 +89,9 @@ type SettingText struct {
 	// stored code (DO, EXECUTE).
 	Plain, Execute, Write, Calls []bool
 	// LockTimeout[i]: statement i may change lock_timeout
-	// (changesLockTimeout).
-	LockTimeout []bool
+	// (changesLockTimeout); MayWrite[i]: it may write a table itself
+	// (writesTable).
+	LockTimeout, MayWrite []bool
 }
 
 // WhichSetting reports which of the fence settings name is (PostgreSQL
@@ -120,7 +121,7 @@ func (r *Rules) SettingOps(sql string) (SettingText, error) {
 	}
 	n := len(tree.Stmts)
 	out := SettingText{Stmts: n, Protected: make([]bool, n), Plain: make([]bool, n), Execute: make([]bool, n), Write: make([]bool, n), Calls: make([]bool, n),
-		LockTimeout: make([]bool, n)}
+		LockTimeout: make([]bool, n), MayWrite: make([]bool, n)}
 	for i, raw := range tree.Stmts {
 		if raw.Stmt == nil {
 			continue
@@ -128,6 +129,7 @@ func (r *Rules) SettingOps(sql string) (SettingText, error) {
 		out.Protected[i] = r.namesProtected(raw.Stmt)
 		out.Calls[i] = callsCode(raw.Stmt)
 		out.LockTimeout[i] = changesLockTimeout(raw.Stmt)
+		out.MayWrite[i] = writesTable(raw.Stmt)
 		switch raw.Stmt.Node.(type) {
 		case *pg.Node_VariableSetStmt, *pg.Node_TransactionStmt:
 			out.Plain[i] = true
@@ -161,9 +163,10 @@ func callsCode(n *pg.Node) bool {
 // changesLockTimeout reports whether n may change lock_timeout, which the
 // catalog check sets for the rest of a write's transaction while a
 // change of the catalog is under way: a SET, SET LOCAL, RESET or SET … TO
-// DEFAULT of it, RESET ALL, DISCARD ALL, or a call of set_config whose
-// name is not a constant naming another setting. Stored code the
-// statement calls is not seen.
+// DEFAULT of it, RESET ALL, DISCARD ALL, a call of set_config whose name
+// is not a constant naming another setting, or an UPDATE of pg_settings
+// (its rule calls set_config). Stored code the statement calls, and views
+// over pg_settings, are not seen.
 func changesLockTimeout(n *pg.Node) bool {
 	switch s := n.Node.(type) {
 	case *pg.Node_VariableSetStmt:
@@ -174,12 +177,35 @@ func changesLockTimeout(n *pg.Node) bool {
 	}
 	found := false
 	walkMessages(n.ProtoReflect(), func(m protoreflect.Message) bool {
+		if u, ok := m.Interface().(*pg.UpdateStmt); ok && u.Relation != nil && strings.EqualFold(u.Relation.Relname, "pg_settings") {
+			// pg_settings' rule turns an UPDATE of it into set_config.
+			found = true
+		}
 		if fc, ok := m.Interface().(*pg.FuncCall); ok && isSetConfig(fc) {
 			name, ok := "", len(fc.Args) > 0
 			if ok {
 				name, ok = constText(fc.Args[0])
 			}
 			found = !ok || strings.EqualFold(name, "lock_timeout")
+		}
+		return !found
+	})
+	return found
+}
+
+// writesTable reports whether n may write a table itself: an INSERT,
+// UPDATE, DELETE or MERGE anywhere in it (a CTE, EXPLAIN ANALYZE's
+// statement, COPY's query), COPY … FROM, TRUNCATE, or code it runs
+// (EXECUTE, CALL, DO). A function called in a query is not counted.
+func writesTable(n *pg.Node) bool {
+	found := false
+	walkMessages(n.ProtoReflect(), func(m protoreflect.Message) bool {
+		switch x := m.Interface().(type) {
+		case *pg.InsertStmt, *pg.UpdateStmt, *pg.DeleteStmt, *pg.MergeStmt, *pg.TruncateStmt,
+			*pg.ExecuteStmt, *pg.CallStmt, *pg.DoStmt:
+			found = true
+		case *pg.CopyStmt:
+			found = x.IsFrom
 		}
 		return !found
 	})
@@ -372,8 +398,10 @@ func (r *Rules) setConfigOps(i int, n *pg.Node) []SettingOp {
 }
 
 func isSetConfig(fc *pg.FuncCall) bool {
+	// Up to three parts: PostgreSQL accepts the current database's name
+	// before the schema's (db.pg_catalog.set_config).
 	names := fc.Funcname
-	if len(names) == 0 || len(names) > 2 {
+	if len(names) == 0 || len(names) > 3 {
 		return false
 	}
 	return names[len(names)-1].GetString_().GetSval() == "set_config"

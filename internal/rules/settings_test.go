@@ -111,10 +111,14 @@ func TestSettingOpsLockTimeout(t *testing.T) {
 		"UPDATE config SET payload = 'x' WHERE set_config('lock_timeout', '0', true) IS NOT NULL": true,
 		"UPDATE config SET payload = pg_catalog.set_config($1, '0', true)":                        true,
 		"UPDATE config SET payload = set_config('lock_' || 'timeout', '0', true)":                 true,
-		"SET statement_timeout = 0":                  false,
-		"SELECT set_config('app.tenant', '7', true)": false,
-		"UPDATE config SET payload = 'lock_timeout'": false,
-		"DISCARD PLANS":                              false,
+		"SET statement_timeout = 0":                                        false,
+		"SELECT set_config('app.tenant', '7', true)":                       false,
+		"UPDATE config SET payload = 'lock_timeout'":                       false,
+		"DISCARD PLANS":                                                    false,
+		"UPDATE pg_settings SET setting = '0' WHERE name = 'lock_timeout'": true,
+		"WITH u AS (UPDATE pg_catalog.pg_settings SET setting = '0' WHERE name = 'lock_' || 'timeout' RETURNING 1) SELECT * FROM u": true,
+		"UPDATE config SET payload = (SELECT setting FROM pg_settings WHERE name = 'fence.token')":                                  false,
+		"UPDATE config SET payload = 'x' WHERE postgres.pg_catalog.set_config('lock_timeout', '0', true) IS NOT NULL":               true,
 	} {
 		st, err := rs.SettingOps(sql)
 		if err != nil {
@@ -122,6 +126,34 @@ func TestSettingOpsLockTimeout(t *testing.T) {
 		}
 		if len(st.LockTimeout) != 1 || st.LockTimeout[0] != want {
 			t.Errorf("%s: LockTimeout %v, want %v", sql, st.LockTimeout, want)
+		}
+	}
+}
+
+// TestSettingOpsMayWrite: the statements that may write a table
+// themselves, where the write is.
+func TestSettingOpsMayWrite(t *testing.T) {
+	rs := settingRules(t)
+	for sql, want := range map[string]bool{
+		"UPDATE config SET payload = 'x'":                              true,
+		"WITH d AS (DELETE FROM config RETURNING id) SELECT id FROM d": true,
+		"EXPLAIN ANALYZE DELETE FROM config":                           true,
+		"COPY (DELETE FROM config RETURNING id) TO STDOUT":             true,
+		"COPY config FROM STDIN":                                       true,
+		"TRUNCATE config":                                              true,
+		"EXECUTE s1(1)":                                                true,
+		"CALL p()":                                                     true,
+		"SELECT payload FROM config WHERE id = 1 FOR UPDATE":           false,
+		"SELECT payload FROM config WHERE payload <> 'update'":         false,
+		"COPY config TO STDOUT":                                        false,
+		"SELECT count(*) FROM config":                                  false,
+	} {
+		st, err := rs.SettingOps(sql)
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		if len(st.MayWrite) != 1 || st.MayWrite[0] != want {
+			t.Errorf("%s: MayWrite %v, want %v", sql, st.MayWrite, want)
 		}
 	}
 }
