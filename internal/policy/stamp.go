@@ -155,8 +155,24 @@ func (c stampCheck) call() string {
 	if proc == "" {
 		proc = dbsetup.CatalogCheckProc
 	}
-	return "CALL " + proc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
+	// The stamp moves only when the catalog does: the text built last
+	// serves the next writes (one entry, shared by the databases).
+	if l := lastCall.Load(); l != nil && l.stamp == c.stamp && l.proc == proc {
+		return l.text
+	}
+	text := "CALL " + proc + "(" + strconv.FormatInt(c.stamp, 10) + ")"
+	lastCall.Store(&checkCall{stamp: c.stamp, proc: proc, text: text})
+	return text
 }
+
+// checkCall is a check's statement for a stamp and procedure.
+type checkCall struct {
+	stamp      int64
+	proc, text string
+}
+
+// lastCall is the check's statement built last (stampCheck.call).
+var lastCall atomic.Pointer[checkCall]
 
 // firstCall lists the check as the first statement of a Query; the relay
 // only reads it.
@@ -429,8 +445,8 @@ func equalPaths(a, b []catalog.IndirectPath) bool {
 // statement. In a comment, a literal or a quoted name they only cost a
 // stamp read.
 func mayWrite(sql string) bool {
-	return scanWords(sql, func(w []byte) bool {
-		switch string(w) { // no allocation: the conversion is only compared
+	return scanWords(sql, func(w [8]byte, n int) bool {
+		switch string(w[:n]) { // no allocation: the conversion is only compared
 		case "insert", "update", "delete", "merge", "copy", "truncate", "execute":
 			return true
 		}
@@ -440,13 +456,14 @@ func mayWrite(sql string) bool {
 
 // hasWord reports whether sql holds word (lower case) as a word.
 func hasWord(sql, word string) bool {
-	return scanWords(sql, func(w []byte) bool { return string(w) == word })
+	return scanWords(sql, func(w [8]byte, n int) bool { return string(w[:n]) == word })
 }
 
 // scanWords calls match with each word of sql of 4 to 8 ASCII letters,
-// lowered, until it returns true. A word is a run of identifier bytes
+// lowered (its first n bytes; passed by value, so that nothing of it
+// escapes to the heap), until it returns true. A word is a run of identifier bytes
 // (letters, digits, _, $, bytes >= 0x80): "updated_at" is not "update".
-func scanWords(sql string, match func([]byte) bool) bool {
+func scanWords(sql string, match func(w [8]byte, n int) bool) bool {
 	var buf [8]byte
 	for i := 0; i < len(sql); {
 		if !sqllex.IsIdentCont(sql[i]) {
@@ -470,7 +487,7 @@ func scanWords(sql string, match func([]byte) bool) bool {
 				}
 				buf[k] = c
 			}
-			if ok && match(buf[:n]) {
+			if ok && match(buf, n) {
 				return true
 			}
 		}

@@ -350,7 +350,9 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		// staleAtForLocked).
 		useTok := d.Action == Rewrite && tf != nil && len(ft.ops) == 0
 		r.mu.Lock()
-		pre := r.fence.simplePrelude()
+		// The prelude's values, read with the rest: it is built only
+		// where it goes.
+		tokenName, lockName, cur := r.fence.tokenName, r.fence.lockName, r.fence.cur
 		token, valid := rules.CanonicalToken(r.fence.cur.token)
 		useTok = useTok && valid && r.staleAtForLocked(token, tf.StaleTable())
 		// No transaction open or pending: nothing later in one may read
@@ -373,7 +375,7 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}
 			ft.prelude = false
 		} else {
-			*d = rules.Decision{Action: Rewrite, SQL: pre + base, Tables: d.Tables, Lock: d.Lock}
+			*d = rules.Decision{Action: Rewrite, SQL: simplePrelude(tokenName, lockName, cur) + base, Tables: d.Tables, Lock: d.Lock}
 			shifted := []int{0, 1}
 			for _, c := range calls {
 				shifted = append(shifted, c+2)

@@ -459,20 +459,17 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 	default:
 		return fmt.Errorf("proxy: unknown policy action %d", d.Action)
 	}
-	var msg encoder
 	if typ == 'Q' {
-		msg = &pgproto3.Query{String: out}
-	} else {
-		oids := p.ParameterOIDs
-		switch {
-		case d.Action == Refuse:
-			oids = nil
-		case param > 0:
-			oids = tokenOIDs(oids, param)
-		}
-		msg = &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}
+		return upstreamErr(writeQuery(r.uw, out))
 	}
-	if err := writeMsg(r.uw, msg); err != nil {
+	oids := p.ParameterOIDs
+	switch {
+	case d.Action == Refuse:
+		oids = nil
+	case param > 0:
+		oids = tokenOIDs(oids, param)
+	}
+	if err := writeMsg(r.uw, &pgproto3.Parse{Name: p.Name, Query: out, ParameterOIDs: oids}); err != nil {
 		return upstreamErr(err)
 	}
 	return nil

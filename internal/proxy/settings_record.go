@@ -178,7 +178,9 @@ func (f *fenceRecord) ready(status byte) {
 }
 
 // simplePrelude is the text put before a simple Query's text on a
-// protected table: two statements, each answering one CommandComplete.
-func (f *fenceRecord) simplePrelude() string {
-	return "SET LOCAL " + f.tokenName + " = " + quoteFenceValue(f.cur.token) + ";SET LOCAL " + f.lockName + " = " + quoteFenceValue(f.cur.lock) + ";"
+// protected table: two statements, each answering one CommandComplete,
+// that set the session's values (v, read from the record) transaction-
+// locally.
+func simplePrelude(tokenName, lockName string, v fenceValues) string {
+	return "SET LOCAL " + tokenName + " = " + quoteFenceValue(v.token) + ";SET LOCAL " + lockName + " = " + quoteFenceValue(v.lock) + ";"
 }

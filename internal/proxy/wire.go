@@ -461,6 +461,49 @@ func (b *relayWriter) writeHeader(typ byte, n int) error {
 	return nil
 }
 
+// writeString buffers s.
+func (b *relayWriter) writeString(s string) error {
+	for len(s) > 0 {
+		if b.err != nil {
+			return b.err
+		}
+		if b.large == nil {
+			b.large = largeBuffers.Get().(*[ioBufferSize]byte)
+		}
+		n := copy(b.large[b.n:], s)
+		b.n += n
+		s = s[n:]
+		if b.n == len(b.large) {
+			if err := b.writeBuffered(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeQuery writes a Query message of sql. Into the relay's own writer
+// it writes without allocating (every simple Query the relay rewrites
+// goes through it); a text too long for a message is refused as
+// pgproto3's encoder refuses it.
+func writeQuery(w io.Writer, sql string) error {
+	rw, ok := w.(*relayWriter)
+	if !ok || len(sql)+1 > maxQueryBody {
+		return writeMsg(w, &pgproto3.Query{String: sql})
+	}
+	if err := rw.writeHeader('Q', len(sql)+1); err != nil {
+		return err
+	}
+	if err := rw.writeString(sql); err != nil {
+		return err
+	}
+	return rw.writeString("\x00")
+}
+
+// maxQueryBody is the longest body writeQuery writes itself; a longer
+// one goes to pgproto3's encoder, which refuses what PostgreSQL would.
+const maxQueryBody = 1 << 29
+
 // writeRaw writes a message given its type and body.
 func writeRaw(w io.Writer, typ byte, body []byte) error {
 	if err := writeHeader(w, typ, len(body)); err != nil {

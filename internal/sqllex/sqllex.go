@@ -178,7 +178,15 @@ func MayName(text string, words []string) bool {
 	if strings.IndexByte(text, '\\') >= 0 || HasUnicodeEscape(text) {
 		return true
 	}
+	first, lens, all := firstBytes(words)
 	return Words(text, func(w string) bool {
+		// An ASCII word cannot be one of another length, or whose first
+		// byte none begins with (case ignored). A word with a multi-byte
+		// character may fold to ASCII letters (the Kelvin sign to k, the
+		// long s to s), whatever its length: those are compared.
+		if !all && (!first[w[0]] || len(w) >= 64 || lens&(1<<len(w)) == 0) && isASCII(w) {
+			return false
+		}
 		for _, x := range words {
 			if strings.EqualFold(w, x) {
 				return true
@@ -186,6 +194,42 @@ func MayName(text string, words []string) bool {
 		}
 		return false
 	})
+}
+
+// firstBytes returns the first bytes of words in both ASCII cases and
+// their lengths (bit n for n bytes), for MayName to pass over ASCII words
+// that begin with none of those bytes or have none of those lengths; all
+// when a word holds a multi-byte character, which ASCII letters may fold
+// to, or is too long for the mask: then nothing is passed over.
+func firstBytes(words []string) (first [256]bool, lens uint64, all bool) {
+	for _, x := range words {
+		if x == "" {
+			continue
+		}
+		if len(x) >= 64 || !isASCII(x) {
+			return first, 0, true
+		}
+		lens |= 1 << len(x)
+		c := x[0]
+		first[c] = true
+		switch {
+		case 'a' <= c && c <= 'z':
+			first[c-'a'+'A'] = true
+		case 'A' <= c && c <= 'Z':
+			first[c-'A'+'a'] = true
+		}
+	}
+	return first, lens, false
+}
+
+// isASCII reports whether s holds no byte of a multi-byte character.
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // HasUnicodeEscape reports whether s holds U&" or U&' (ASCII case

@@ -85,3 +85,82 @@ func TestMayName(t *testing.T) {
 		}
 	}
 }
+
+// mayNameSlow is MayName without its first-byte filter: every word
+// compared with every name.
+func mayNameSlow(text string, words []string) bool {
+	if strings.IndexByte(text, '\\') >= 0 || sqllex.HasUnicodeEscape(text) {
+		return true
+	}
+	return sqllex.Words(text, func(w string) bool {
+		for _, x := range words {
+			if strings.EqualFold(w, x) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestMayNameFilter: MayName's first-byte filter passes over no word
+// the names match, whatever their cases and the characters that fold to
+// ASCII letters (the Kelvin sign, the long s), in the words or in the
+// names; checked against the plain comparison of every word.
+func TestMayNameFilter(t *testing.T) {
+	names := [][]string{
+		{"fence", "current_setting", "pg_settings", "pg_show_all_settings", "show"},
+		{"kafka", "sidecar"},
+		{"ſidecar"}, // a name that begins with a multi-byte character
+		{"_x", "9lives"},
+		{},
+	}
+	spell := []string{
+		"fence", "FENCE", "Fence", "\u212Aafka", "KAFKA", "\u017Fidecar", "sidecar", "SIDECAR", "ſidecar",
+		"show", "SHOW", "ſhow", "_x", "_X", "9lives", "9LIVES", "current_setting", "Current_Setting",
+		"fences", "afence", "kafkas", "x", "pg_catalog", "config", "\u212Aelvin", "é", "ẞ",
+	}
+	for _, ns := range names {
+		for _, w := range spell {
+			for _, text := range []string{w, "UPDATE t SET a = 1 WHERE " + w + " = 2", "SELECT '" + w + "'", "/*" + w + "*/ SELECT 1"} {
+				if got, want := sqllex.MayName(text, ns), mayNameSlow(text, ns); got != want {
+					t.Errorf("MayName(%q, %q) = %v, the plain comparison %v", text, ns, got, want)
+				}
+			}
+		}
+	}
+	// The filter's point: these must still be found.
+	for _, c := range []struct {
+		text  string
+		names []string
+	}{
+		{"SELECT \u212Aafka", []string{"kafka"}},
+		{"SELECT sidecar", []string{"ſidecar"}},
+		{"SELECT SHOW", []string{"show"}},
+	} {
+		if !sqllex.MayName(c.text, c.names) {
+			t.Errorf("MayName(%q, %q) = false, want true", c.text, c.names)
+		}
+	}
+}
+
+// BenchmarkMayName is the prelude's check of a row-fenced Query's sent
+// text (the catalog check, the token form) for the settings' names and
+// their readers; the plain comparison of every word is beside it.
+func BenchmarkMayName(b *testing.B) {
+	const sent = `CALL fenceproxy.catalog_at(0);UPDATE config SET counter = counter + 1, "last_fence" = (CASE WHEN config.last_fence OPERATOR(pg_catalog.<=) '42'::bigint THEN '42'::bigint ELSE fenceproxy.stale_at(config.last_fence) END) WHERE (id = 1)`
+	words := []string{"fence", "current_setting", "pg_settings", "pg_show_all_settings", "show"}
+	b.Run("filtered", func(b *testing.B) {
+		for b.Loop() {
+			if sqllex.MayName(sent, words) {
+				b.Fatal("found")
+			}
+		}
+	})
+	b.Run("plain", func(b *testing.B) {
+		for b.Loop() {
+			if mayNameSlow(sent, words) {
+				b.Fatal("found")
+			}
+		}
+	})
+}
