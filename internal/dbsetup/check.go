@@ -169,8 +169,12 @@ func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	rep.StaleAt = rep.Raisers && obj.staleAt && obj.version >= staleAtVersion
 	rep.Hold = obj.hold && obj.registerCurrent && obj.version >= holdVersion && obj.version <= Version
 	rep.Enter = rep.Hold && obj.enter && obj.version >= enterVersion
+	rep.HoldAt = rep.Enter && obj.holdAt && obj.version >= holdAtVersion
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		gain := "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol on a protected table"
+		gain := "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"
+		if obj.version < enterVersion {
+			gain = "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol on a protected table"
+		}
 		if obj.version < holdVersion {
 			gain = "whose lock registration costs the server less"
 		}

@@ -21,7 +21,7 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy works with older ones as far as they go
 // (lockVersion, raisersVersion).
-const Version = 7
+const Version = 8
 
 // lockVersion is the oldest version whose objects lock fencing works
 // with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
@@ -30,7 +30,8 @@ const Version = 7
 // the raisers of the token form (staleAtVersion); version 6 the cheaper
 // registration, fenceproxy.hold (holdVersion); version 7 the call that
 // stands for three statements of the proxy's own, fenceproxy.enter
-// (enterVersion).
+// (enterVersion); version 8 the one call in front of a simple Query that
+// registers a lock, fenceproxy.hold_at (holdAtVersion).
 const lockVersion = 1
 
 // raisersVersion is the oldest version whose error raisers are those of
@@ -55,6 +56,11 @@ const holdVersion = 6
 // call (Report.Enter).
 const enterVersion = 7
 
+// holdAtVersion is the version that added fenceproxy.hold_at, which runs
+// the catalog check and registers a lock and a token given as values, in
+// one call (Report.HoldAt).
+const holdAtVersion = 8
+
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
@@ -68,6 +74,10 @@ var holdBody = dollarBody(objectsSQL, "hold")
 // enterBody is the enter procedure's source in objects.sql, compared as
 // registerBody is.
 var enterBody = dollarBody(objectsSQL, "enter")
+
+// holdAtBody is the hold_at procedure's source in objects.sql, compared
+// as registerBody is.
+var holdAtBody = dollarBody(objectsSQL, "hold_at")
 
 // registerV1SQL is the register procedure of versions 1 to 3, which Check
 // accepts in a database whose objects are of one of those versions.
@@ -219,6 +229,12 @@ type Report struct {
 	// the session's fence settings, the catalog check and the lock
 	// registration before a statement as one call of it (rules.EnterProc).
 	Enter bool
+	// HoldAt reports that Check found, besides Enter, the hold_at
+	// procedure of version 8 current and callable by every role: the
+	// proxy may send the catalog check and a lock registration with the
+	// session's values as one call of it in front of a simple Query
+	// (rules.HoldAtProc).
+	HoldAt bool
 	// Watched reports that Check found the catalog watch in place (see
 	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
 	// and notified on CatalogChannel. Setup leaves it false.

@@ -37,14 +37,17 @@ type objects struct {
 	// enter: so is the enter procedure (it calls hold and the catalog
 	// check with the caller's rights).
 	enter bool
+	// holdAt: so is the hold_at procedure.
+	holdAt bool
 }
 
-// The argument types of hold (text, text, bool, bool, text, text) and
-// of enter (text, text, text, text, int8, bool, bool, bool, text, text),
-// as pg_proc.proargtypes lists them.
+// The argument types of hold (text, text, bool, bool, text, text), of
+// enter (text, text, text, text, int8, bool, bool, bool, text, text) and
+// of hold_at (int8, text, text, text), as pg_proc.proargtypes lists them.
 const (
-	holdArgs  = "25 25 16 16 25 25"
-	enterArgs = "25 25 25 25 20 16 16 16 25 25"
+	holdArgs   = "25 25 16 16 25 25"
+	enterArgs  = "25 25 25 25 20 16 16 16 25 25"
+	holdAtArgs = "20 25 25 25"
 )
 
 // callerRights is the SQL that reports whether the procedure
@@ -69,8 +72,8 @@ func callerRights(name, args string) string {
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	var o objects
-	var src, holdSrc, enterSrc *string
-	var declared, holdDeclared, enterDeclared bool
+	var src, holdSrc, enterSrc, holdAtSrc *string
+	var declared, holdDeclared, enterDeclared, holdAtDeclared bool
 	err := tx.QueryRow(ctx, `
 		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
 		SELECT EXISTS (SELECT FROM ns),
@@ -96,8 +99,12 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
 				WHERE p.proname = 'enter' AND p.prokind = 'p'
 				AND p.proargtypes = '`+enterArgs+`'::pg_catalog.oidvector),
-			`+callerRights("enter", enterArgs)).
-		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared, &enterSrc, &enterDeclared)
+			`+callerRights("enter", enterArgs)+`,
+			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+				WHERE p.proname = 'hold_at' AND p.prokind = 'p'
+				AND p.proargtypes = '`+holdAtArgs+`'::pg_catalog.oidvector),
+			`+callerRights("hold_at", holdAtArgs)).
+		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared, &enterSrc, &enterDeclared, &holdAtSrc, &holdAtDeclared)
 	if err != nil {
 		return o, fmt.Errorf("read the fenceproxy objects: %w", err)
 	}
@@ -106,6 +113,7 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	o.registerV1 = src != nil && *src == registerBodyV1 && declared
 	o.hold = holdSrc != nil && *holdSrc == holdBody && holdDeclared
 	o.enter = enterSrc != nil && *enterSrc == enterBody && enterDeclared
+	o.holdAt = holdAtSrc != nil && *holdAtSrc == holdAtBody && holdAtDeclared
 	if o.schema {
 		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -294,6 +294,74 @@ $enter$;
 REVOKE ALL ON PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text) TO PUBLIC;
 
+-- hold_at(want, lock, token, rest) is what proxies of objects version 8
+-- and later send in front of a simple Query that registers one lock, in
+-- place of the two SET LOCALs of the session's fence settings, the
+-- catalog check and the call of hold, where nothing else in the
+-- transaction reads the settings: the catalog check for stamp want
+-- (catalog_at's first statement, written as there, as in enter; a test
+-- compares them), then hold's common case (written as there; a test
+-- compares them too) with the lock and the token given as values, not
+-- read from the settings. Every other case is register's, which it
+-- calls with the settings set transaction-locally to those values (what
+-- the SET LOCALs did), so the outcome, errors and audit records are
+-- register's. rest holds register's other arguments, one per line: the
+-- token setting's name, the lock setting's name, required and audit
+-- ('t' or 'f'), the audit tag and the table list (the rest of the text,
+-- which may hold line breaks); each argument of a CALL costs the server
+-- about as much as a line of the body, so the common case reads one. It
+-- runs with the caller's rights and sets no search_path; every name in
+-- it is qualified.
+CREATE OR REPLACE PROCEDURE fenceproxy.hold_at(want bigint, lk text, tk text, rest text)
+LANGUAGE plpgsql
+AS $hold_at$
+DECLARE
+	tok pg_catalog.int8;
+	w pg_catalog.int8;
+	v pg_catalog.text;
+	a pg_catalog.text[];
+BEGIN
+	PERFORM FROM fenceproxy.catalog c
+		WHERE c.stamp OPERATOR(pg_catalog.=) want AND c.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+			AND (c.writer OPERATOR(pg_catalog.=) pg_catalog.txid_current_if_assigned()) IS NOT TRUE;
+	IF NOT FOUND THEN
+		CALL fenceproxy.catalog_at(want);
+	END IF;
+	IF pg_catalog.octet_length(lk) OPERATOR(pg_catalog.>) 0
+			AND pg_catalog.octet_length(lk) OPERATOR(pg_catalog.<=) 1024
+			AND pg_catalog.octet_length(tk) OPERATOR(pg_catalog.>) 0
+			AND pg_catalog.octet_length(tk) OPERATOR(pg_catalog.<=) 18
+			AND pg_catalog.ltrim(tk, '0123456789') OPERATOR(pg_catalog.=) ''
+			AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+		tok := tk::pg_catalog.int8;
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+		IF w OPERATOR(pg_catalog.=) tok THEN
+			-- Held shared, then read again: a newer holder may have
+			-- registered while we waited (each read of a procedure that
+			-- is not STABLE takes a new snapshot under READ COMMITTED).
+			v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::pg_catalog.text;
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+			IF w OPERATOR(pg_catalog.=) tok THEN
+				v := pg_catalog.set_config('fenceproxy.guard_registered', lk OPERATOR(pg_catalog.||) E'\n' OPERATOR(pg_catalog.||) tok::pg_catalog.text, true);
+				RETURN;
+			END IF;
+		END IF;
+	END IF;
+	-- Not the common case, or the watermark moved while we waited:
+	-- register decides, reading the values from the settings.
+	a := pg_catalog.string_to_array(rest, E'\n');
+	IF a IS NULL OR pg_catalog.cardinality(a) OPERATOR(pg_catalog.<) 6 THEN
+		RAISE EXCEPTION 'fenceproxy.hold_at: rest holds % lines, not 6', pg_catalog.cardinality(a);
+	END IF;
+	v := pg_catalog.set_config(a[1], tk, true);
+	v := pg_catalog.set_config(a[2], lk, true);
+	CALL fenceproxy.register(a[2], a[1], a[3]::pg_catalog.bool, a[4]::pg_catalog.bool, a[5],
+		pg_catalog.array_to_string(a[6:], E'\n'));
+END
+$hold_at$;
+REVOKE ALL ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) TO PUBLIC;
+
 -- The error raisers of the rewritten statements (version 2). A rewritten
 -- write calls them only in the CASE branch of a stale row or an invalid
 -- token; on the common path they cost the server one function lookup while
@@ -464,5 +532,5 @@ GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale
 	fenceproxy.advance(text, bigint, boolean, text, text),
 	fenceproxy.stale_at(bigint), fenceproxy.stale_at_b(bigint) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '7')
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '8')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -70,13 +70,31 @@ func enter(ctx context.Context, conn *pgx.Conn, required bool) error {
 	return err
 }
 
+// holdAt calls fenceproxy.hold_at as the relay does in front of a simple
+// Query that registers a lock where the database has it (objects version
+// 8): with the catalog's stamp and the session's values as the relay's
+// record has them ("" for unset).
+func holdAt(ctx context.Context, conn *pgx.Conn, required bool) error {
+	var stamp int64
+	if err := conn.QueryRow(ctx, "SELECT stamp FROM fenceproxy.catalog").Scan(&stamp); err != nil {
+		return err
+	}
+	rest := "fence.token\nfence.lock\nf\nf\ntest\npublic.config"
+	if required {
+		rest = "fence.token\nfence.lock\nt\nf\ntest\npublic.config"
+	}
+	_, err := conn.Exec(ctx, `CALL fenceproxy.hold_at($1, coalesce(pg_catalog.current_setting('fence.lock', true), ''),
+		coalesce(pg_catalog.current_setting('fence.token', true), ''), $2)`, stamp, rest)
+	return err
+}
+
 // registrations are the procedures a proxy registers with: the tests of
-// register run with each, since hold and enter must have register's
-// outcome in every case.
+// register run with each, since hold, enter and hold_at must have
+// register's outcome in every case.
 var registrations = []struct {
 	name string
 	call func(context.Context, *pgx.Conn, bool) error
-}{{"register", register}, {"hold", hold}, {"enter", enter}}
+}{{"register", register}, {"hold", hold}, {"enter", enter}, {"hold_at", holdAt}}
 
 // sqlState returns err's SQLSTATE, "" for nil or a non-server error.
 func sqlState(err error) string {
@@ -546,8 +564,38 @@ func TestEnterCheckCommonCase(t *testing.T) {
 		stmt, _, _ := strings.Cut(body[i:], ";")
 		return strings.Join(strings.Fields(stmt), " ")
 	}
-	if at, enter := first("watch.sql", "at"), first("objects.sql", "enter"); at != enter {
-		t.Errorf("enter's common case differs from catalog_at's:\n catalog_at: %s\n enter:      %s", at, enter)
+	at := first("watch.sql", "at")
+	for _, proc := range []string{"enter", "hold_at"} {
+		if got := first("objects.sql", proc); got != at {
+			t.Errorf("%s's common case differs from catalog_at's:\n catalog_at: %s\n %s: %s", proc, at, proc, got)
+		}
+	}
+}
+
+// TestHoldAtCommonCase: hold_at's common case of the registration is
+// hold's, word for word, from the test of the values to the return, so
+// that it never spares a registration hold would make (every other case
+// calls register).
+func TestHoldAtCommonCase(t *testing.T) {
+	b, err := os.ReadFile("objects.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common := func(tag string) string {
+		t.Helper()
+		_, body, ok := strings.Cut(string(b), "AS $"+tag+"$")
+		if !ok {
+			t.Fatalf("objects.sql: no $%s$ body", tag)
+		}
+		i := strings.Index(body, "IF pg_catalog.octet_length(lk)")
+		j := strings.Index(body, "RETURN;")
+		if i < 0 || j < i {
+			t.Fatalf("objects.sql: $%s$ has no common case", tag)
+		}
+		return strings.Join(strings.Fields(body[i:j]), " ")
+	}
+	if hold, at := common("hold"), common("hold_at"); hold != at {
+		t.Errorf("hold_at's common case differs from hold's:\n hold:    %s\n hold_at: %s", hold, at)
 	}
 }
 

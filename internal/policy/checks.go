@@ -55,6 +55,9 @@ type dbChecks struct {
 	hold bool
 	// enter: the relay may call fenceproxy.enter (rules.LockCall.Enter).
 	enter bool
+	// holdAt: the relay may call fenceproxy.hold_at
+	// (rules.LockCall.HoldAt).
+	holdAt bool
 	// goneAt: when a statement last found one of these objects gone
 	// (objectsGone), in Unix nanoseconds.
 	goneAt atomic.Int64
@@ -147,7 +150,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded,
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, holdAt: res.HoldAt, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded,
 		settingsRead: !known || res.SettingsRead}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
@@ -169,7 +172,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	if st != nil && st.moved.Load() && next.stamp == st.stamp {
 		next.moved.Store(true)
 	}
-	if st != nil && (st.raisers && !next.raisers || st.staleAt && !next.staleAt || st.hold && !next.hold || st.enter && !next.enter) {
+	if st != nil && (st.raisers && !next.raisers || st.staleAt && !next.staleAt || st.hold && !next.hold || st.enter && !next.enter || st.holdAt && !next.holdAt) {
 		// An object decisions call is no longer found (dropped, say):
 		// statements prepared before are decided again, or they would
 		// keep calling what is gone. (One found where it was not leaves
@@ -307,8 +310,9 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		// After a stamp read too: a change may commit before the
 		// statement runs. A text of several statements gets it in front
 		// of them (frontCheck).
+		current := st.checkProc == "" || st.checkProc == dbsetup.CatalogCheckProc
 		check = stampCheck{on: inBand || !prepared && frontCheck(sql), stamp: st.stamp, proc: st.checkProc,
-			enter: st.enter && (st.checkProc == "" || st.checkProc == dbsetup.CatalogCheckProc)}
+			enter: st.enter && current, holdAt: st.holdAt && current}
 	}
 	var e *rules.Error
 	if quick {

@@ -147,6 +147,10 @@ type stampCheck struct {
 	// (the database has it, and the check is dbsetup.CatalogCheckProc,
 	// which it calls).
 	enter bool
+	// holdAt: the relay may fold the check and a lock registration into a
+	// call of rules.HoldAtProc (the database has it, and the check is
+	// dbsetup.CatalogCheckProc, which it calls).
+	holdAt bool
 }
 
 // call returns the statement that runs the check.
@@ -202,7 +206,7 @@ func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
 	call := c.call()
 	out := *r
 	out.Pre = call
-	out.Stamp, out.Enter = c.stamp, c.enter
+	out.Stamp, out.Enter, out.HoldAt = c.stamp, c.enter, c.holdAt
 	if len(r.Calls) > 0 {
 		out.Query = call + ";" + r.Query
 		out.Calls = make([]int, 0, len(r.Calls)+1)

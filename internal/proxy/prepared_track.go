@@ -7,6 +7,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -299,6 +300,11 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 	spare := r.fence.on && len(ft.ops) == 0 && r.spare(d.Lock)
 	var regLock *rules.LockCall // the registration sent, if any
 	checkFirst := 0             // the catalog check in front of the registrations
+	// The decided text, before registrations go in front of it (holdAt).
+	decided, rewrote := sql, d.Action == Rewrite
+	if rewrote {
+		decided = d.SQL
+	}
 	if typ == 'Q' && d.Action != Refuse && d.Lock != nil && len(d.Lock.Calls) > 0 && (r.lockNamed || d.Lock.Required) && !spare {
 		regLock = d.Lock
 		if d.Lock.Pre != "" {
@@ -369,10 +375,18 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 				}
 			}
 		}
-		if carried && (regLock == nil || regLock.Catalog) && len(ops) == 0 && !words.execute && idle && !r.preludeRead(sql, base) {
+		plain := len(ops) == 0 && !words.execute && idle
+		if carried && (regLock == nil || regLock.Catalog) && plain && !r.preludeRead(sql, base) {
 			// Nothing the text runs reads a fence setting (the catalog
 			// check, if any, reads none): it goes without the prelude.
 			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}
+			ft.prelude = false
+		} else if s, ok := r.holdAtQuery(regLock, calls, sql, decided, rewrote, tf, cur, plain && len(ft.ops) == 0 && useTok == rewrote); ok {
+			// One call of the check and the registration with the
+			// session's values, and nothing that reads the settings:
+			// it stands for the prelude, the check and the registration.
+			*d = rules.Decision{Action: Rewrite, SQL: s, Tables: d.Tables, Lock: d.Lock}
+			calls, checkFirst = []int{0}, 0
 			ft.prelude = false
 		} else {
 			*d = rules.Decision{Action: Rewrite, SQL: simplePrelude(tokenName, lockName, cur) + base, Tables: d.Tables, Lock: d.Lock}
@@ -501,4 +515,50 @@ func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) 
 		}
 	}
 	return n > maxTrackedStatements
+}
+
+// holdAtQuery returns the text to send for a simple Query (the client's
+// text sql) whose decided text (rewritten, and then with the token form
+// tf, or not) registers
+// one lock before its first statement, with the catalog check in front
+// (calls [0 1]): one call of rules.HoldAtProc with the session's values
+// (cur) in place of the prelude, the check and the registration, where
+// the database has it and nothing else may read the fence settings in
+// the transaction: ok (the caller's) says the session is idle, the text
+// runs no prepared statement and changes no fence setting, and, when
+// rewritten, the token can be written into it; the token form is filled, and neither the client's
+// text nor the filled one names a setting or a reader of settings
+// (preludeRead). The call's slow path sets the settings itself for
+// register, which reads them.
+func (r *requests) holdAtQuery(l *rules.LockCall, calls []int, sql, decided string, rewrote bool, tf *rules.TokenForm, cur fenceValues, ok bool) (string, bool) {
+	if !ok || l == nil || !l.HoldAt || l.Catalog || l.Pre == "" || l.Args == nil || len(calls) != 2 || calls[0] != 0 || calls[1] != 1 {
+		return "", false
+	}
+	a := l.Args
+	if cur.lock == "" || strings.ContainsRune(a.TokenSetting+a.LockSetting+a.Tag, '\n') {
+		return "", false
+	}
+	text := decided
+	if rewrote {
+		token, valid := rules.CanonicalToken(cur.token)
+		filled, fok := tf.Fill(decided, token)
+		if !valid || !fok {
+			return "", false
+		}
+		text = filled
+	}
+	if r.preludeRead(sql, text) {
+		return "", false
+	}
+	rest := a.TokenSetting + "\n" + a.LockSetting + "\n" + pgBool(a.Required) + "\n" + pgBool(a.Audit) + "\n" + a.Tag + "\n" + a.Tables
+	return "CALL " + rules.HoldAtProc + "(" + strconv.FormatInt(l.Stamp, 10) + ", " + quoteFenceValue(cur.lock) + ", " +
+		quoteFenceValue(cur.token) + ", " + quoteFenceValue(rest) + ");" + text, true
+}
+
+// pgBool is b as PostgreSQL writes a boolean.
+func pgBool(b bool) string {
+	if b {
+		return "t"
+	}
+	return "f"
 }

@@ -29,6 +29,12 @@ const HoldProc = "fenceproxy.hold"
 // statements (LockCall.Enter).
 const EnterProc = "fenceproxy.enter"
 
+// HoldAtProc is the procedure objects version 8 added: the catalog check
+// and a lock registration of a lock and a token given as values, in one
+// call, which a simple Query's relay may send in place of the session's
+// fence settings, the check and the registration (LockCall.HoldAt).
+const HoldAtProc = "fenceproxy.hold_at"
+
 // maxLockTablesArg bounds the table list passed to the procedure (it only
 // names tables in messages).
 const maxLockTablesArg = 200
@@ -77,6 +83,10 @@ type LockCall struct {
 	// send the session's fence settings, the catalog check (Stamp) and the
 	// registration (Args) before a Bind as one call of it.
 	Enter bool
+	// HoldAt, the policy's: the database has HoldAtProc, so the relay may
+	// send the catalog check (Stamp) and the registration (Args) in front
+	// of a simple Query as one call of it with the session's values.
+	HoldAt bool
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int

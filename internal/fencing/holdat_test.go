@@ -1,0 +1,192 @@
+package fencing_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
+)
+
+// A simple Query that registers a lock goes, where the database has
+// fenceproxy.hold_at (objects version 8) and nothing else may read the
+// fence settings, as one call of it with the session's lock and token as
+// values, in place of the two SET LOCALs, the catalog check and the call
+// of fenceproxy.hold. These tests look at the text the server ran and at
+// the data and the watermarks.
+
+// sentHoldAt runs stmt on c (simple protocol, FP003 retried as
+// sentPrelude does) and reports whether the server ran it behind one
+// call of hold_at and nothing else of the proxy's; err is stmt's error
+// other than FP003.
+func sentHoldAt(t *testing.T, d, c *pgx.Conn, stmt string) (bool, error) {
+	t.Helper()
+	var err error
+	for i := 0; i < 100; i++ {
+		if _, err = c.Exec(ctxT(t), stmt); sqlState(err) != "FP003" {
+			break
+		}
+	}
+	q := sentText(t, d, c)
+	return strings.HasPrefix(q, "CALL fenceproxy.hold_at(") && !strings.Contains(q, "SET LOCAL") &&
+		!strings.Contains(q, "fenceproxy.hold(") && !strings.Contains(q, "catalog_at("), err
+}
+
+func TestHoldAtSimpleQuery(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	p, db, d, _ := preludeSession(t, lockRules, "")
+	holder := func(lock, token string) *pgx.Conn {
+		return runPid(t, readerSession(t, p, db, lock, token, pgx.QueryExecModeSimpleProtocol))
+	}
+
+	h7 := holder("L", "7")
+	if ok, err := sentHoldAt(t, d, h7, "UPDATE acct SET n = n + 1 WHERE id = 3"); err != nil || !ok {
+		t.Fatalf("a row- and lock-fenced UPDATE: %v, sent %s; want one call of hold_at", err, sentText(t, d, h7))
+	}
+	if r := snapshot(t, d, "acct")[3]; r.N != 1 || r.Fence != 7 {
+		t.Errorf("row 3 = %+v, want n 1 fence 7", r)
+	}
+	if w := lockWatermark(t, d, "L"); w != 7 {
+		t.Errorf("lock L's watermark %d, want 7", w)
+	}
+	// A lock-only table (no fence column): the registration alone.
+	if ok, err := sentHoldAt(t, d, h7, "UPDATE jobs SET state = 'h7' WHERE id = 1"); err != nil || !ok {
+		t.Fatalf("a lock-only UPDATE: %v, sent %s; want one call of hold_at", err, sentText(t, d, h7))
+	}
+
+	// An older holder is refused by register, which hold_at calls; it
+	// changes nothing, in either table.
+	before, beforeJobs := snapshot(t, d, "acct"), tableText(t, d, "jobs")
+	h5 := holder("L", "5")
+	for _, stmt := range []string{"UPDATE acct SET payload = 'stale' WHERE id = 1", "UPDATE jobs SET state = 'stale' WHERE id = 1"} {
+		ok, err := sentHoldAt(t, d, h5, stmt)
+		if sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale token 5") || !ok {
+			t.Errorf("%s with an older token: %v (hold_at %t), want register's FP001", stmt, err, ok)
+		}
+	}
+	wantUnchanged(t, d, "acct", before)
+	if after := tableText(t, d, "jobs"); after != beforeJobs {
+		t.Errorf("stale writes changed jobs:\n before %s\n after  %s", beforeJobs, after)
+	}
+
+	// A newer holder registers (register's path, through hold_at); the
+	// holder of 7 is then refused.
+	h9 := holder("L", "9")
+	if ok, err := sentHoldAt(t, d, h9, "UPDATE jobs SET state = 'h9' WHERE id = 1"); err != nil || !ok {
+		t.Fatalf("a newer holder: %v (hold_at %t)", err, ok)
+	}
+	if w := lockWatermark(t, d, "L"); w != 9 {
+		t.Errorf("lock L's watermark %d after the newer holder, want 9", w)
+	}
+	if _, err := sentHoldAt(t, d, h7, "UPDATE jobs SET state = 'h7 again' WHERE id = 1"); sqlState(err) != "FP001" {
+		t.Errorf("the holder of 7 after 9 registered: %v, want FP001", err)
+	}
+	if got := testutil.QueryStrings(t, d, "SELECT state FROM jobs WHERE id = 1"); len(got) != 1 || got[0] != "h9" {
+		t.Errorf("jobs row 1 = %q, want the newer holder's h9", got)
+	}
+
+	// A lock name that needs quoting, and a first token for it.
+	odd := `L'x\y$fp$`
+	ho := holder(odd, "3")
+	if ok, err := sentHoldAt(t, d, ho, "UPDATE acct SET n = n + 1 WHERE id = 2"); err != nil || !ok {
+		t.Fatalf("lock %q: %v (hold_at %t)", odd, err, ok)
+	}
+	if w := lockWatermark(t, d, odd); w != 3 {
+		t.Errorf("lock %q's watermark %d, want 3", odd, w)
+	}
+	if _, err := sentHoldAt(t, d, holder(odd, "2"), "UPDATE acct SET n = n + 1 WHERE id = 2"); sqlState(err) != "FP001" {
+		t.Errorf("lock %q, an older token: %v, want FP001", odd, err)
+	}
+
+	// Where something may read the settings, the session's values go
+	// first and hold reads them: a text naming one, an open transaction.
+	h11 := holder("L", "11")
+	if ok, err := sentHoldAt(t, d, h11, "UPDATE acct SET payload = current_setting('fence.token') WHERE id = 1"); err != nil || ok {
+		t.Errorf("a text reading the token: %v, sent %s; want the SET LOCALs and hold", err, sentText(t, d, h11))
+	}
+	if r := snapshot(t, d, "acct")[1]; r.Payload != "11" || r.Fence != 11 {
+		t.Errorf("row 1 = %+v, want payload 11 (the token read) fence 11", r)
+	}
+	mustExec(t, h11, "BEGIN")
+	if ok, err := sentHoldAt(t, d, h11, "UPDATE acct SET n = n + 1 WHERE id = 1"); err != nil || ok {
+		t.Errorf("in a transaction: %v, sent %s; want the SET LOCALs and hold", err, sentText(t, d, h11))
+	}
+	mustExec(t, h11, "COMMIT")
+
+	// Code that reads a setting, created on another connection, brings
+	// the values back once the proxy has learnt of it, and sees the
+	// session's token; dropped, hold_at comes back.
+	execDirect(t, d, "CREATE TABLE seen (tok text);"+noteTokFunc+";"+noteTokTrigger)
+	waitUntil(t, "the values back before the registration", func() bool {
+		ok, err := sentHoldAt(t, d, h11, "UPDATE acct SET n = n + 1 WHERE id = 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !ok
+	})
+	execDirect(t, d, "DELETE FROM seen")
+	if _, err := sentHoldAt(t, d, h11, "UPDATE acct SET n = n + 1 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if seen := seenToks(t, d); len(seen) != 1 || seen[0] != "11" {
+		t.Errorf("the trigger saw %q, want the session's token [11]", seen)
+	}
+	execDirect(t, d, "DROP TRIGGER acct_seen ON acct; DROP FUNCTION note_tok()")
+	waitUntil(t, "hold_at back", func() bool {
+		ok, err := sentHoldAt(t, d, h11, "UPDATE acct SET n = n + 1 WHERE id = 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	})
+}
+
+// TestHoldAtBehindPooler: behind a transaction pooler whose one server
+// connection carries another client's lock and token, hold_at registers
+// each session's own, and a stale one changes nothing.
+func TestHoldAtBehindPooler(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, specs := raPolicy(t, lockRules)
+	pe := startPoolerEnvSized(t, pol, 1)
+	mode := pgx.QueryExecModeSimpleProtocol
+	db, d := preludeDB(t, specs, "")
+	poolerReset(t, d) // lock L at 42
+	// The server connections count their calls of hold_at.
+	execDirect(t, d, "ALTER DATABASE "+db+" SET track_functions = 'pl'")
+
+	pe.pollute(t, db, "50", "L")
+	fresh := pe.session(t, db, mode)
+	mustSend(t, fresh, "SET fence.token = '44'")
+	mustSend(t, fresh, "SET fence.lock = 'L'")
+	mustSend(t, fresh, "UPDATE acct SET payload = 'w44' WHERE id = 2")
+	if w := lockWatermark(t, d, "L"); w != 44 {
+		t.Errorf("lock L's watermark %d, want the session's 44 (never the connection's 50)", w)
+	}
+	if r := snapshot(t, d, "acct")[2]; r.Payload != "w44" || r.Fence != 44 {
+		t.Errorf("row 2 = %+v, want payload w44 fence 44", r)
+	}
+	// The pool's one server connection flushes its counts when next idle.
+	flush := pe.bouncerDirect(t, "postgres", db)
+	mustExec(t, flush, "SELECT pg_stat_force_next_flush()")
+	flush.Close(ctxT(t))
+	waitUntil(t, "a call of hold_at counted", func() bool {
+		n := testutil.QueryStrings(t, d, "SELECT coalesce(sum(calls), 0)::text FROM pg_stat_user_functions WHERE schemaname = 'fenceproxy' AND funcname = 'hold_at'")
+		return len(n) == 1 && n[0] != "0"
+	})
+
+	pe.pollute(t, db, "99", "L")
+	stale := pe.session(t, db, mode)
+	mustSend(t, stale, "SET fence.token = '41'")
+	mustSend(t, stale, "SET fence.lock = 'L'")
+	after := snapshot(t, d, "acct")
+	if err := send(t, stale, "UPDATE acct SET payload = 'stale' WHERE id = 1"); sqlState(err) != "FP001" {
+		t.Errorf("a stale holder on a connection carrying 99: %v, want FP001", err)
+	}
+	wantUnchanged(t, d, "acct", after)
+	if w := lockWatermark(t, d, "L"); w != 44 {
+		t.Errorf("lock L's watermark %d, want 44", w)
+	}
+}
