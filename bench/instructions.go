@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fenceproxy/fenceproxy/bench/internal/pgcost"
 	"github.com/fenceproxy/fenceproxy/internal/pgcluster"
 )
@@ -51,6 +53,14 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		fmt.Printf("\n(instructions per statement not counted: %v)\n", err)
 		return nil
 	}
+	// The catalog stamp, for the statements a watched database adds (the
+	// catalog check) to be counted as they pass.
+	var stamp int64
+	watched := false
+	if conn, err := pgx.Connect(ctx, cl.SuperuserDSN("postgres")); err == nil {
+		watched = conn.QueryRow(ctx, "SELECT stamp FROM fenceproxy.catalog").Scan(&stamp) == nil
+		_ = conn.Close(ctx)
+	}
 	if err := cl.StopServer(); err != nil {
 		return err
 	}
@@ -75,6 +85,22 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 	})
 	if err != nil {
 		return err
+	}
+	if watched {
+		// What the relay sends for a lock-fenced simple Query in a
+		// database with the catalog watch: the check in front.
+		check := fmt.Sprintf("CALL fenceproxy.catalog_at(%d);", stamp)
+		more, err := countAll(c, settings, perByte, []countedStatement{
+			{"the catalog check + hand-written registration + conditional UPDATE (a watched database's check in front of the hand-written statements)", nil, check + f.handLock, 1},
+			{"lock fencing as the relay sends it in a watched database with objects before version 8 (two SET LOCALs, the catalog check, the registration, the rewritten UPDATE)", nil,
+				"SET LOCAL fence.token = '42';SET LOCAL fence.lock = 'bench';" + check + f.lock, 1},
+			{"lock fencing as the relay sends it in a watched database with objects version 8 (one call of fenceproxy.hold_at: the check and the registration by value; the rewritten UPDATE)", nil,
+				holdAtCall(stamp) + f.raisers, 1},
+		})
+		if err != nil {
+			return err
+		}
+		simple = append(simple, more...)
 	}
 	fmt.Println()
 	fmt.Println("## instructions per statement (callgrind, single-user postgres, simple query and commit)")
@@ -147,5 +173,25 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		fmt.Printf("| %s | %s | %.0fk | %.0fk | %.2f | ≤ %.2f: %s |\n", t.fencing, t.sending, t.fenced.net/1000, t.hand.net/1000,
 			ratio, serverTarget, atMost(ratio, serverTarget, 2, ""))
 	}
+	if watched {
+		// For information: the whole of what the relay sends in a watched
+		// database, against the hand-written statements with the same
+		// check in front.
+		w := simple[len(simple)-3:]
+		for _, r := range w[1:] {
+			fmt.Printf("| lock, in a watched database (information) | first: %s | %.0fk | %.0fk | %.2f | |\n", r.name, r.net/1000, w[0].net/1000, r.net/w[0].net)
+		}
+	}
 	return nil
+}
+
+// holdAtCall is the call of fenceproxy.hold_at that the relay puts in
+// front of a lock-fenced simple Query of public.config in a watched
+// database with objects version 8 (internal/proxy, holdAtQuery), for
+// lock bench and token 42, the audit tag empty as in handCall (the
+// relay builds its own text: a change of its form is made here too).
+func holdAtCall(stamp int64) string {
+	// E'…\n…': single-user postgres ends a statement at a line break,
+	// which the relay's plain literal carries as it is.
+	return fmt.Sprintf(`CALL fenceproxy.hold_at(%d, 'bench', '42', E'fence.token\nfence.lock\nf\nf\n\npublic.config');`, stamp)
 }

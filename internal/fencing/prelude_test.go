@@ -160,10 +160,11 @@ func TestPreludeLeftOut(t *testing.T) {
 		t.Errorf("row 2 = %+v, want payload 7 (the token read) fence 7", r)
 	}
 
-	// A registration reads the settings: the prelude stays.
+	// A registration goes as one call of hold_at, which takes the values
+	// (holdat_test.go): no prelude either.
 	holder := runPid(t, readerSession(t, p, db, "L", "7", pgx.QueryExecModeSimpleProtocol))
-	if !sentPrelude(t, d, holder, "UPDATE acct SET n = n + 1 WHERE id = 3") {
-		t.Errorf("lock fencing: the prelude was left out before the registration")
+	if sentPrelude(t, d, holder, "UPDATE acct SET n = n + 1 WHERE id = 3") || !strings.HasPrefix(sentText(t, d, holder), "CALL fenceproxy.hold_at(") {
+		t.Errorf("lock fencing: sent %s, want one call of hold_at and no prelude", sentText(t, d, holder))
 	}
 
 	// Code created later that reads the setting brings it back, once the
