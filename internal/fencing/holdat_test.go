@@ -100,6 +100,17 @@ func TestHoldAtSimpleQuery(t *testing.T) {
 		t.Errorf("lock %q, an older token: %v, want FP001", odd, err)
 	}
 
+	// A row newer than the token (written on another connection): the
+	// registration passes, the row's fence refuses, and the error names
+	// the session's token, which the relay wrote into the statement.
+	execDirect(t, d, "UPDATE acct SET last_fence = 100 WHERE id = 3")
+	before = snapshot(t, d, "acct")
+	hm := holder("M", "50")
+	if ok, err := sentHoldAt(t, d, hm, "UPDATE acct SET payload = 'old' WHERE id = 3"); !ok || sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale fencing token 50 ") {
+		t.Errorf("a row fenced at 100, token 50: %v (hold_at %t), want FP001 naming token 50", err, ok)
+	}
+	wantUnchanged(t, d, "acct", before)
+
 	// Where something may read the settings, the session's values go
 	// first and hold reads them: a text naming one, an open transaction.
 	h11 := holder("L", "11")
