@@ -519,17 +519,17 @@ func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) 
 
 // holdAtQuery returns the text to send for a simple Query (the client's
 // text sql) whose decided text (rewritten, and then with the token form
-// tf, or not) registers
-// one lock before its first statement, with the catalog check in front
-// (calls [0 1]): one call of rules.HoldAtProc with the session's values
-// (cur) in place of the prelude, the check and the registration, where
-// the database has it and nothing else may read the fence settings in
-// the transaction: ok (the caller's) says the session is idle, the text
-// runs no prepared statement and changes no fence setting, and, when
-// rewritten, the token can be written into it; the token form is filled, and neither the client's
-// text nor the filled one names a setting or a reader of settings
-// (preludeRead). The call's slow path sets the settings itself for
-// register, which reads them.
+// tf, or not) registers one lock before its first statement, with the
+// catalog check in front (calls [0 1]): one call of rules.HoldAtProc with
+// the session's values (cur) in place of the prelude, the check and the
+// registration, where the database has it and nothing else may read the
+// fence settings in the transaction. ok (the caller's) says the session
+// is idle, the text runs no prepared statement and changes no fence
+// setting, and, when rewritten, the token can be written into it; here
+// the token form is filled, and neither the client's text nor the filled
+// one may name a setting or a reader of settings (preludeRead). The
+// call's slow path sets the settings itself for register, which reads
+// them.
 func (r *requests) holdAtQuery(l *rules.LockCall, calls []int, sql, decided string, rewrote bool, tf *rules.TokenForm, cur fenceValues, ok bool) (string, bool) {
 	if !ok || l == nil || !l.HoldAt || l.Catalog || l.Pre == "" || l.Args == nil || len(calls) != 2 || calls[0] != 0 || calls[1] != 1 {
 		return "", false
