@@ -201,3 +201,143 @@ func TestHoldAtBehindPooler(t *testing.T) {
 		t.Errorf("lock L's watermark %d, want 44", w)
 	}
 }
+
+// byValue reports whether ran (bindRan's) shows the client's statement
+// run after one call of hold_at and nothing else of the proxy's.
+func byValue(t *testing.T, ran []string) bool {
+	t.Helper()
+	all := strings.Join(ran, "\n")
+	return strings.Contains(all, "CALL fenceproxy.hold_at($1, $2, $3, $4)") && !strings.Contains(all, "set_config(") &&
+		!strings.Contains(all, "fenceproxy.enter(") && !strings.Contains(all, "catalog_at(")
+}
+
+// TestHoldAtBind: a Bind of a lock-fenced statement in its parameter
+// form, alone before its Sync, goes after one call of hold_at with the
+// session's values where nothing else reads the settings; a batch of two
+// keeps fenceproxy.enter. The data and the watermarks are read back.
+func TestHoldAtBind(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, _ := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := bindDB(t, "")
+
+	h7 := bindSession(t, p, db, "L", "7")
+	const upd = "UPDATE acct SET n = n + 1 WHERE id = $1"
+	for i := range 2 {
+		ran := mustBindRan(t, h7, upd, 3)
+		if !byValue(t, ran) {
+			t.Errorf("use %d: not one call of hold_at:\n%s", i+1, strings.Join(ran, "\n"))
+		}
+	}
+	if r := snapshot(t, d, "acct")[3]; r.N != 2 || r.Fence != 7 {
+		t.Errorf("row 3 = %+v, want n 2 fence 7", r)
+	}
+	if w := lockWatermark(t, d, "L"); w != 7 {
+		t.Errorf("lock L's watermark %d, want 7", w)
+	}
+	// A lock-only table has no parameter form (no token to bind): its
+	// Binds keep fenceproxy.enter.
+	if ran := mustBindRan(t, h7, "UPDATE jobs SET state = $1 WHERE id = 1", "h7"); byValue(t, ran) || !strings.Contains(strings.Join(ran, "\n"), "fenceproxy.enter(") {
+		t.Errorf("a lock-only table: want fenceproxy.enter:\n%s", strings.Join(ran, "\n"))
+	}
+
+	// An older holder: refused by register through hold_at, nothing
+	// changed; a newer one registers, and the holder of 7 is refused.
+	before, beforeJobs := snapshot(t, d, "acct"), tableText(t, d, "jobs")
+	h5 := bindSession(t, p, db, "L", "5")
+	for _, c := range []struct {
+		stmt string
+		arg  any
+	}{{upd, 1}, {"UPDATE jobs SET state = $1 WHERE id = 1", "stale"}} {
+		ran, err := bindRan(t, h5, c.stmt, c.arg)
+		if sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale token 5") || c.stmt == upd && !byValue(t, ran) {
+			t.Errorf("%s with an older token: %v, want register's FP001 (through hold_at for acct):\n%s", c.stmt, err, strings.Join(ran, "\n"))
+		}
+	}
+	wantUnchanged(t, d, "acct", before)
+	if after := tableText(t, d, "jobs"); after != beforeJobs {
+		t.Errorf("stale writes changed jobs:\n before %s\n after  %s", beforeJobs, after)
+	}
+	h9 := bindSession(t, p, db, "L", "9")
+	if ran := mustBindRan(t, h9, upd, 1); !byValue(t, ran) {
+		t.Errorf("a newer holder: not one call of hold_at:\n%s", strings.Join(ran, "\n"))
+	}
+	if w := lockWatermark(t, d, "L"); w != 9 {
+		t.Errorf("lock L's watermark %d after the newer holder, want 9", w)
+	}
+	if _, err := bindRan(t, h7, upd, 3); sqlState(err) != "FP001" {
+		t.Errorf("the holder of 7 after 9 registered: %v, want FP001", err)
+	}
+
+	// A stale row behind a passing registration: the error names the
+	// session's token.
+	execDirect(t, d, "UPDATE acct SET last_fence = 100 WHERE id = 2")
+	before = snapshot(t, d, "acct")
+	if _, err := bindRan(t, h9, upd, 2); sqlState(err) != "FP001" || !strings.Contains(err.Error(), "stale fencing token 9 ") {
+		t.Errorf("a row fenced at 100, token 9: %v, want FP001 naming token 9", err)
+	}
+	wantUnchanged(t, d, "acct", before)
+
+	// Two statements before one Sync: a later one could read what a
+	// registration sets, so the values go first (enter).
+	b := &pgx.Batch{}
+	b.Queue(upd, 1)
+	b.Queue("SELECT current_setting('fence.token', true)")
+	off := logSize(t)
+	var seen string
+	br := h9.SendBatch(ctxT(t), b)
+	if _, err := br.Exec(); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.QueryRow().Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ran := serverRan(t, h9, off); byValue(t, ran) || seen != "9" {
+		t.Errorf("a batch of two: read %q, ran:\n%s\nwant fenceproxy.enter and token 9", seen, strings.Join(ran, "\n"))
+	}
+}
+
+// TestHoldAtBindBehindPooler: behind a transaction pooler whose one
+// server connection carries another client's values, a Bind's hold_at
+// registers the session's lock and token.
+func TestHoldAtBindBehindPooler(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, specs := raPolicy(t, lockRules)
+	pe := startPoolerEnvSized(t, pol, 1)
+	db, d := preludeDB(t, specs, "")
+	poolerReset(t, d) // lock L at 42
+	execDirect(t, d, "ALTER DATABASE "+db+" SET track_functions = 'pl'")
+	pe.pollute(t, db, "50", "L")
+	mode := pgx.QueryExecModeCacheStatement
+	fresh := pe.session(t, db, mode)
+	mustSend(t, fresh, "SET fence.token = '44'")
+	mustSend(t, fresh, "SET fence.lock = 'L'")
+	mustSend(t, fresh, "UPDATE acct SET payload = $1 WHERE id = 2", "w44")
+	if w := lockWatermark(t, d, "L"); w != 44 {
+		t.Errorf("lock L's watermark %d, want the session's 44 (never the connection's 50)", w)
+	}
+	if r := snapshot(t, d, "acct")[2]; r.Payload != "w44" || r.Fence != 44 {
+		t.Errorf("row 2 = %+v, want payload w44 fence 44", r)
+	}
+	flush := pe.bouncerDirect(t, "postgres", db)
+	mustExec(t, flush, "SELECT pg_stat_force_next_flush()")
+	flush.Close(ctxT(t))
+	waitUntil(t, "a call of hold_at counted", func() bool {
+		n := testutil.QueryStrings(t, d, "SELECT coalesce(sum(calls), 0)::text FROM pg_stat_user_functions WHERE schemaname = 'fenceproxy' AND funcname = 'hold_at'")
+		return len(n) == 1 && n[0] != "0"
+	})
+	pe.pollute(t, db, "99", "L")
+	stale := pe.session(t, db, mode)
+	mustSend(t, stale, "SET fence.token = '41'")
+	mustSend(t, stale, "SET fence.lock = 'L'")
+	before := snapshot(t, d, "acct")
+	if err := send(t, stale, "UPDATE acct SET payload = $1 WHERE id = 1", "stale"); sqlState(err) != "FP001" {
+		t.Errorf("a stale holder on a connection carrying 99: %v, want FP001", err)
+	}
+	wantUnchanged(t, d, "acct", before)
+}

@@ -339,7 +339,8 @@ func TestReviewBareProtocol(t *testing.T) {
 	}
 
 	// jobs is lock: required. Without a lock name: refused; with one, the
-	// registration (which reads the settings) keeps them.
+	// registration goes by value (one call of hold_at, which reads no
+	// setting: holdat_test.go).
 	both := "WITH j AS (UPDATE jobs SET state = 'x' WHERE id = $1 RETURNING id) UPDATE acct SET n = n + 1 WHERE id IN (SELECT id FROM j)"
 	if _, err := bindRan(t, c, both, 1); sqlState(err) != "FP002" {
 		t.Errorf("lock-required table without a lock name: %v, want FP002", err)
@@ -348,8 +349,8 @@ func TestReviewBareProtocol(t *testing.T) {
 		t.Errorf("refused write changed jobs: %s", got)
 	}
 	l := e.sess(t, "44", "L")
-	if ran := mustBindRan(t, l, both+" /* l */", 1); bare(t, ran) {
-		t.Errorf("a lock registration went bare")
+	if ran := mustBindRan(t, l, both+" /* l */", 1); !byValue(t, ran) {
+		t.Errorf("a lock registration: want one call of hold_at:\n%s", strings.Join(ran, "\n"))
 	}
 	if w := lockWatermark(t, e.d, "L"); w != 44 || !strings.Contains(tableText(t, e.d, "jobs"), `"x"`) {
 		t.Errorf("with lock L: watermark %d, jobs %s; want 44 and state x", w, tableText(t, e.d, "jobs"))

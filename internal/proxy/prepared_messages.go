@@ -78,6 +78,7 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 	}
 	var fence []fenceApplied
 	prelude := false // the session's values go first (sendPrelude)
+	byValue := false // the check and the registration as one call of hold_at (holdAtBind)
 	if v.def != nil && v.def.param > 0 && !r.fence.on {
 		return refuse(errFenceBroken) // not reached: the form needs the record
 	}
@@ -122,11 +123,17 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 				}
 			}
 			prelude = everywhere || !v.def.forward || len(v.def.ops) > 0 || readsSettings(v.def.lock, named)
-			if prelude && tok != "" && v.def.settingFree && !everywhere && len(v.def.ops) == 0 && !readsSettings(v.def.lock, named) &&
-				r.goesBare(portal, tok, body) {
+			switch {
+			case prelude && tok != "" && v.def.settingFree && !everywhere && len(v.def.ops) == 0 && !readsSettings(v.def.lock, named) &&
+				r.goesBare(portal, tok, body):
 				// The token is bound, and nothing else reads a setting
 				// (the catalog check, if any, reads none): bare.go.
 				prelude = false
+			case prelude && tok != "" && v.def.settingFree && !everywhere && len(v.def.ops) == 0 && named && r.holdAtFits(v.def.lock) &&
+				r.goesBare(portal, tok, body):
+				// The same, but for the lock registration, which reads
+				// the settings: it goes by value (holdAtBind).
+				prelude, byValue = false, true
 			}
 		}
 	}
@@ -142,7 +149,13 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 	if v.def != nil && v.def.lock != nil && v.def.lock.Pre != "" {
 		check = v.def.lock
 	}
-	if lock.call != "" && !(r.fence.on && r.spare(lock.reg)) {
+	if byValue && lock.call != "" && lock.reg == v.def.lock && check != nil {
+		if err := r.holdAtBind(check); err != nil {
+			return false, "", err
+		}
+	} else if byValue {
+		return refuse(errFenceBroken) // not reached: holdAtFits saw the registration
+	} else if lock.call != "" && !(r.fence.on && r.spare(lock.reg)) {
 		if err := r.beforeBind(prelude, check, lock); err != nil {
 			return false, "", err
 		}

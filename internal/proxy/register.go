@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -188,4 +189,46 @@ func (r *requests) sendOwn(name, sql string, oids []uint32, params [][]byte, l *
 		}
 	}
 	return nil
+}
+
+// holdAtSQL calls rules.HoldAtProc with the catalog check's stamp, the
+// session's lock and token, and the registration's other arguments as
+// parameters (holdAtBind); holdAtOIDs are their types.
+const holdAtSQL = "CALL " + rules.HoldAtProc + "($1, $2, $3, $4)"
+
+var holdAtOIDs = []uint32{20, 25, 25, 25}
+
+// holdAtFits reports whether the registration l, with the catalog check
+// in front (l.Pre), can go before a Bind as one call of rules.HoldAtProc
+// with the session's values, in place of fenceproxy.enter: the database
+// has it, l is a single registration of the rule set's procedure reading
+// the settings of the record's names, the session names a lock, and the
+// settings' names and the audit tag hold no line break (the lines of the
+// call's last argument). The caller sees to it that nothing else reads
+// the settings before the next Sync (goesBare).
+func (r *requests) holdAtFits(l *rules.LockCall) bool {
+	if l == nil || !l.HoldAt || l.Catalog || l.Pre == "" || l.Args == nil || len(l.Calls) == 0 || l.Call == "" {
+		return false
+	}
+	a := l.Args
+	r.mu.Lock()
+	tok, lk, lock := r.fence.tokenName, r.fence.lockName, r.fence.cur.lock
+	r.mu.Unlock()
+	return lock != "" && a.LockSetting == lk && a.TokenSetting == tok &&
+		!strings.ContainsRune(a.TokenSetting+a.LockSetting+a.Tag, '\n')
+}
+
+// holdAtBind sends, before a Bind that goes without the session's values
+// (goesBare), the catalog check and the lock registration l as one call
+// of rules.HoldAtProc with the session's lock and token: what
+// holdAtQuery sends in front of a simple Query, as a statement of the
+// proxy's own (sendOwn).
+func (r *requests) holdAtBind(l *rules.LockCall) error {
+	r.mu.Lock()
+	vals := r.fence.cur
+	r.mu.Unlock()
+	a := l.Args
+	rest := a.TokenSetting + "\n" + a.LockSetting + "\n" + pgBool(a.Required) + "\n" + pgBool(a.Audit) + "\n" + a.Tag + "\n" + a.Tables
+	params := [][]byte{strconv.AppendInt(nil, l.Stamp, 10), []byte(vals.lock), []byte(vals.token), []byte(rest)}
+	return r.sendOwn(r.ps.registerName, holdAtSQL, holdAtOIDs, params, l, false)
 }
