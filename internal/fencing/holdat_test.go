@@ -1,6 +1,7 @@
 package fencing_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -158,21 +159,45 @@ func TestHoldAtSimpleQuery(t *testing.T) {
 // connection carries another client's lock and token, hold_at registers
 // each session's own, and a stale one changes nothing.
 func TestHoldAtBehindPooler(t *testing.T) {
+	holdAtBehindPooler(t, pgx.QueryExecModeSimpleProtocol)
+}
+
+// TestHoldAtBindBehindPooler: the same for a Bind's hold_at.
+func TestHoldAtBindBehindPooler(t *testing.T) {
+	holdAtBehindPooler(t, pgx.QueryExecModeCacheStatement)
+}
+
+// holdAtBehindPooler runs the pooler tests with sessions in mode: simple
+// Queries, or Binds of prepared statements.
+func holdAtBehindPooler(t *testing.T, mode pgx.QueryExecMode) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	pol, specs := raPolicy(t, lockRules)
 	pe := startPoolerEnvSized(t, pol, 1)
-	mode := pgx.QueryExecModeSimpleProtocol
 	db, d := preludeDB(t, specs, "")
 	poolerReset(t, d) // lock L at 42
 	// The server connections count their calls of hold_at.
 	execDirect(t, d, "ALTER DATABASE "+db+" SET track_functions = 'pl'")
 
+	// write sets payload of row id: in the simple protocol a text of its
+	// own, in the extended one a prepared statement bound with the values.
+	write := func(c *pgx.Conn, payload string, id int) error {
+		if mode == pgx.QueryExecModeSimpleProtocol {
+			return send(t, c, fmt.Sprintf("UPDATE acct SET payload = '%s' WHERE id = %d", payload, id))
+		}
+		// One text per row: two sessions on the pool's one server
+		// connection must not prepare the same text (pgx names a
+		// statement after it).
+		return send(t, c, fmt.Sprintf("UPDATE acct SET payload = $1 WHERE id = %d", id), payload)
+	}
+
 	pe.pollute(t, db, "50", "L")
 	fresh := pe.session(t, db, mode)
 	mustSend(t, fresh, "SET fence.token = '44'")
 	mustSend(t, fresh, "SET fence.lock = 'L'")
-	mustSend(t, fresh, "UPDATE acct SET payload = 'w44' WHERE id = 2")
+	if err := write(fresh, "w44", 2); err != nil {
+		t.Fatal(err)
+	}
 	if w := lockWatermark(t, d, "L"); w != 44 {
 		t.Errorf("lock L's watermark %d, want the session's 44 (never the connection's 50)", w)
 	}
@@ -192,11 +217,11 @@ func TestHoldAtBehindPooler(t *testing.T) {
 	stale := pe.session(t, db, mode)
 	mustSend(t, stale, "SET fence.token = '41'")
 	mustSend(t, stale, "SET fence.lock = 'L'")
-	after := snapshot(t, d, "acct")
-	if err := send(t, stale, "UPDATE acct SET payload = 'stale' WHERE id = 1"); sqlState(err) != "FP001" {
+	before := snapshot(t, d, "acct")
+	if err := write(stale, "stale", 1); sqlState(err) != "FP001" {
 		t.Errorf("a stale holder on a connection carrying 99: %v, want FP001", err)
 	}
-	wantUnchanged(t, d, "acct", after)
+	wantUnchanged(t, d, "acct", before)
 	if w := lockWatermark(t, d, "L"); w != 44 {
 		t.Errorf("lock L's watermark %d, want 44", w)
 	}
@@ -299,45 +324,4 @@ func TestHoldAtBind(t *testing.T) {
 	if ran := serverRan(t, h9, off); byValue(t, ran) || seen != "9" {
 		t.Errorf("a batch of two: read %q, ran:\n%s\nwant fenceproxy.enter and token 9", seen, strings.Join(ran, "\n"))
 	}
-}
-
-// TestHoldAtBindBehindPooler: behind a transaction pooler whose one
-// server connection carries another client's values, a Bind's hold_at
-// registers the session's lock and token.
-func TestHoldAtBindBehindPooler(t *testing.T) {
-	testutil.SkipSystem(t, "PostgreSQL")
-	t.Parallel()
-	pol, specs := raPolicy(t, lockRules)
-	pe := startPoolerEnvSized(t, pol, 1)
-	db, d := preludeDB(t, specs, "")
-	poolerReset(t, d) // lock L at 42
-	execDirect(t, d, "ALTER DATABASE "+db+" SET track_functions = 'pl'")
-	pe.pollute(t, db, "50", "L")
-	mode := pgx.QueryExecModeCacheStatement
-	fresh := pe.session(t, db, mode)
-	mustSend(t, fresh, "SET fence.token = '44'")
-	mustSend(t, fresh, "SET fence.lock = 'L'")
-	mustSend(t, fresh, "UPDATE acct SET payload = $1 WHERE id = 2", "w44")
-	if w := lockWatermark(t, d, "L"); w != 44 {
-		t.Errorf("lock L's watermark %d, want the session's 44 (never the connection's 50)", w)
-	}
-	if r := snapshot(t, d, "acct")[2]; r.Payload != "w44" || r.Fence != 44 {
-		t.Errorf("row 2 = %+v, want payload w44 fence 44", r)
-	}
-	flush := pe.bouncerDirect(t, "postgres", db)
-	mustExec(t, flush, "SELECT pg_stat_force_next_flush()")
-	flush.Close(ctxT(t))
-	waitUntil(t, "a call of hold_at counted", func() bool {
-		n := testutil.QueryStrings(t, d, "SELECT coalesce(sum(calls), 0)::text FROM pg_stat_user_functions WHERE schemaname = 'fenceproxy' AND funcname = 'hold_at'")
-		return len(n) == 1 && n[0] != "0"
-	})
-	pe.pollute(t, db, "99", "L")
-	stale := pe.session(t, db, mode)
-	mustSend(t, stale, "SET fence.token = '41'")
-	mustSend(t, stale, "SET fence.lock = 'L'")
-	before := snapshot(t, d, "acct")
-	if err := send(t, stale, "UPDATE acct SET payload = $1 WHERE id = 1", "stale"); sqlState(err) != "FP001" {
-		t.Errorf("a stale holder on a connection carrying 99: %v, want FP001", err)
-	}
-	wantUnchanged(t, d, "acct", before)
 }
