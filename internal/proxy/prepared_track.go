@@ -531,11 +531,7 @@ func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) 
 // call's slow path sets the settings itself for register, which reads
 // them.
 func (r *requests) holdAtQuery(l *rules.LockCall, calls []int, sql, decided string, rewrote bool, tf *rules.TokenForm, cur fenceValues, ok bool) (string, bool) {
-	if !ok || l == nil || !l.HoldAt || l.Catalog || l.Pre == "" || l.Args == nil || len(calls) != 2 || calls[0] != 0 || calls[1] != 1 {
-		return "", false
-	}
-	a := l.Args
-	if cur.lock == "" || strings.ContainsRune(a.TokenSetting+a.LockSetting+a.Tag, '\n') {
+	if !ok || len(calls) != 2 || calls[0] != 0 || calls[1] != 1 || !r.holdAtFits(l) {
 		return "", false
 	}
 	text := decided
@@ -550,15 +546,6 @@ func (r *requests) holdAtQuery(l *rules.LockCall, calls []int, sql, decided stri
 	if r.preludeRead(sql, text) {
 		return "", false
 	}
-	rest := a.TokenSetting + "\n" + a.LockSetting + "\n" + pgBool(a.Required) + "\n" + pgBool(a.Audit) + "\n" + a.Tag + "\n" + a.Tables
 	return "CALL " + rules.HoldAtProc + "(" + strconv.FormatInt(l.Stamp, 10) + ", " + quoteFenceValue(cur.lock) + ", " +
-		quoteFenceValue(cur.token) + ", " + quoteFenceValue(rest) + ");" + text, true
-}
-
-// pgBool is b as PostgreSQL writes a boolean.
-func pgBool(b bool) string {
-	if b {
-		return "t"
-	}
-	return "f"
+		quoteFenceValue(cur.token) + ", " + quoteFenceValue(holdAtRest(l.Args)) + ");" + text, true
 }

@@ -199,8 +199,9 @@ const holdAtSQL = "CALL " + rules.HoldAtProc + "($1, $2, $3, $4)"
 var holdAtOIDs = []uint32{20, 25, 25, 25}
 
 // holdAtFits reports whether the registration l, with the catalog check
-// in front (l.Pre), can go before a Bind as one call of rules.HoldAtProc
-// with the session's values, in place of fenceproxy.enter: the database
+// in front (l.Pre), can go as one call of rules.HoldAtProc with the
+// session's values, before a Bind (holdAtBind) or in front of a simple
+// Query (holdAtQuery), in place of what reads the settings: the database
 // has it, l is a single registration of the rule set's procedure reading
 // the settings of the record's names, the session names a lock, and the
 // settings' names and the audit tag hold no line break (the lines of the
@@ -218,6 +219,13 @@ func (r *requests) holdAtFits(l *rules.LockCall) bool {
 		!strings.ContainsRune(a.TokenSetting+a.LockSetting+a.Tag, '\n')
 }
 
+// holdAtRest is the last argument of rules.HoldAtProc: register's other
+// arguments, one per line (holdAtFits saw that none but the last may
+// hold a line break).
+func holdAtRest(a *rules.RegArgs) string {
+	return a.TokenSetting + "\n" + a.LockSetting + "\n" + string(boolParam(a.Required)) + "\n" + string(boolParam(a.Audit)) + "\n" + a.Tag + "\n" + a.Tables
+}
+
 // holdAtBind sends, before a Bind that goes without the session's values
 // (goesBare), the catalog check and the lock registration l as one call
 // of rules.HoldAtProc with the session's lock and token: what
@@ -227,8 +235,6 @@ func (r *requests) holdAtBind(l *rules.LockCall) error {
 	r.mu.Lock()
 	vals := r.fence.cur
 	r.mu.Unlock()
-	a := l.Args
-	rest := a.TokenSetting + "\n" + a.LockSetting + "\n" + pgBool(a.Required) + "\n" + pgBool(a.Audit) + "\n" + a.Tag + "\n" + a.Tables
-	params := [][]byte{strconv.AppendInt(nil, l.Stamp, 10), []byte(vals.lock), []byte(vals.token), []byte(rest)}
+	params := [][]byte{strconv.AppendInt(nil, l.Stamp, 10), []byte(vals.lock), []byte(vals.token), []byte(holdAtRest(l.Args))}
 	return r.sendOwn(r.ps.registerName, holdAtSQL, holdAtOIDs, params, l, false)
 }
