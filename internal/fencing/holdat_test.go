@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -323,5 +324,76 @@ func TestHoldAtBind(t *testing.T) {
 	}
 	if ran := serverRan(t, h9, off); byValue(t, ran) || seen != "9" {
 		t.Errorf("a batch of two: read %q, ran:\n%s\nwant fenceproxy.enter and token 9", seen, strings.Join(ran, "\n"))
+	}
+}
+
+// TestHoldAtRenamedSettings: a reload that renames the fence settings
+// leaves sessions opened before it with a record of the old names. Their
+// writes then follow the rules in force, which read the new ones: the
+// record's values (of the old names) must not stand in for them, neither
+// in hold_at's call nor written into a row's fence.
+func TestHoldAtRenamedSettings(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, specs := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := preludeDB(t, specs, "")
+	old := runPid(t, readerSession(t, p, db, "L", "7", pgx.QueryExecModeSimpleProtocol))
+	if ok, err := sentHoldAt(t, d, old, "UPDATE jobs SET state = 'h7' WHERE id = 1"); err != nil || !ok {
+		t.Fatalf("before the reload: %v, sent %s; want one call of hold_at", err, sentText(t, d, old))
+	}
+
+	renamed := lockRules
+	renamed.TokenSetting, renamed.LockSetting = "app.token", "app.lock"
+	rs, err := rules.Compile(renamed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol.Swap(rs, false)
+	// Until it sets them, the new settings are unset in the old session:
+	// the registration the rules in force make reads them, finds no lock
+	// named, and refuses a write of a table that requires one (the
+	// record's values, of the old names, do not stand in for them).
+	before := tableText(t, d, "jobs")
+	if _, err := old.Exec(ctxT(t), "UPDATE jobs SET state = 'unnamed' WHERE id = 1"); err == nil {
+		t.Errorf("a lock-required write with the new settings unset: no error (sent %s)", sentText(t, d, old))
+	} else if sqlState(err) != "FP002" {
+		t.Errorf("a lock-required write with the new settings unset: %v, want FP002", err)
+	}
+	if after := tableText(t, d, "jobs"); after != before {
+		t.Errorf("jobs changed:\n before %s\n after  %s", before, after)
+	}
+	// The old session names the lock and a newer token in the new
+	// settings; its old ones still say L and 7.
+	mustExec(t, old, "SET app.lock = 'L'")
+	mustExec(t, old, "SET app.token = '9'")
+	for _, stmt := range []string{"UPDATE jobs SET state = 'h9' WHERE id = 1", "UPDATE acct SET n = n + 1 WHERE id = 1"} {
+		var err error
+		for i := 0; i < 100; i++ {
+			if _, err = old.Exec(ctxT(t), stmt); sqlState(err) != "FP003" {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s after the rename: %v (sent %s)", stmt, err, sentText(t, d, old))
+		}
+		if w := lockWatermark(t, d, "L"); w != 9 {
+			t.Errorf("%s after the rename: lock L's watermark %d, want 9 (app.token's); sent %s", stmt, w, sentText(t, d, old))
+		}
+	}
+	if r := snapshot(t, d, "acct")[1]; r.Fence != 9 {
+		t.Errorf("acct row 1 = %+v after the rename, want fence 9 (app.token's)", r)
+	}
+	// The holder of 7, in the new names, is refused and changes nothing.
+	stale := connectDSN(t, p.DSN("postgres", "", db), func(c *pgx.ConnConfig) {
+		c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		c.RuntimeParams["app.lock"], c.RuntimeParams["app.token"] = "L", "7"
+	})
+	before = tableText(t, d, "jobs")
+	if _, err := stale.Exec(ctxT(t), "UPDATE jobs SET state = 'stale' WHERE id = 1"); sqlState(err) != "FP001" {
+		t.Errorf("the holder of 7 in the new names: %v, want FP001", err)
+	}
+	if after := tableText(t, d, "jobs"); after != before {
+		t.Errorf("a stale write changed jobs:\n before %s\n after  %s", before, after)
 	}
 }
