@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -96,6 +97,8 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 				"SET LOCAL fence.token = '42';SET LOCAL fence.lock = 'bench';" + check + f.lock, 1},
 			{"lock fencing as the relay sends it in a watched database with objects version 8 (one call of fenceproxy.hold_at: the check and the registration by value; the rewritten UPDATE)", nil,
 				holdAtCall(stamp) + f.raisers, 1},
+			{"lock fencing as the relay sends it in a watched database with objects version 9 for a session whose registration of the same lock and token committed before (one call of fenceproxy.rehold_at: the check, the lock taken shared, one read of the watermark; the rewritten UPDATE)", nil,
+				reholdAtCall(stamp) + f.raisers, 1},
 		})
 		if err != nil {
 			return err
@@ -177,7 +180,7 @@ func serverInstructionsTable(ctx context.Context, cl *pgcluster.Cluster, f fence
 		// For information: the whole of what the relay sends in a watched
 		// database, against the hand-written statements with the same
 		// check in front.
-		w := simple[len(simple)-3:]
+		w := simple[len(simple)-4:]
 		for _, r := range w[1:] {
 			fmt.Printf("| lock, in a watched database (information) | first: %s | %.0fk | %.0fk | %.2f | |\n", r.name, r.net/1000, w[0].net/1000, r.net/w[0].net)
 		}
@@ -194,4 +197,11 @@ func holdAtCall(stamp int64) string {
 	// E'…\n…': single-user postgres ends a statement at a line break,
 	// which the relay's plain literal carries as it is.
 	return fmt.Sprintf(`CALL fenceproxy.hold_at(%d, 'bench', '42', E'fence.token\nfence.lock\nf\nf\n\npublic.config');`, stamp)
+}
+
+// reholdAtCall is holdAtCall calling fenceproxy.rehold_at, which the
+// relay calls in its place once the session's registration of the same
+// lock and token committed (objects version 9).
+func reholdAtCall(stamp int64) string {
+	return strings.Replace(holdAtCall(stamp), "fenceproxy.hold_at(", "fenceproxy.rehold_at(", 1)
 }

@@ -80,14 +80,15 @@ func TestBenchPrintsEveryTable(t *testing.T) {
 	if n := strings.Count(out, "| ≤ 1.10: "); n != 10 {
 		t.Errorf("the server cost target has %d verdicts, want 10", n)
 	}
-	// Nine statements, and three more for a watched database (the bench's
+	// Nine statements, and four more for a watched database (the bench's
 	// is): the hand-written statements with the catalog check in front, and
-	// the relay's text before and with objects version 8.
-	if n := rows(`(?m)^\| [^|]+ \| [0-9]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \|$`); n != 12 {
-		t.Errorf("%d instruction rows, want 12:\n%s", n, out)
+	// the relay's text before and with objects version 8, and with
+	// rehold_at (version 9).
+	if n := rows(`(?m)^\| [^|]+ \| [0-9]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \|$`); n != 13 {
+		t.Errorf("%d instruction rows, want 13:\n%s", n, out)
 	}
-	if n := rows(`(?m)^\| lock, in a watched database \(information\) \| first: [^|]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| \|$`); n != 2 {
-		t.Errorf("%d watched-database rows, want 2:\n%s", n, out)
+	if n := rows(`(?m)^\| lock, in a watched database \(information\) \| first: [^|]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| \|$`); n != 3 {
+		t.Errorf("%d watched-database rows, want 3:\n%s", n, out)
 	}
 	if n := rows(`(?m)^\| [^|]+ \| [0-9]+k \| [0-9]+k \| [0-9.]+ \| [0-9.]+ \|$`); n != 12 {
 		t.Errorf("%d prepared instruction rows, want 12:\n%s", n, out)

@@ -170,8 +170,12 @@ func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	rep.Hold = obj.hold && obj.registerCurrent && obj.version >= holdVersion && obj.version <= Version
 	rep.Enter = rep.Hold && obj.enter && obj.version >= enterVersion
 	rep.HoldAt = rep.Enter && obj.holdAt && obj.version >= holdAtVersion
+	rep.ReholdAt = rep.HoldAt && obj.reholdAt && obj.version >= reholdAtVersion
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		gain := "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"
+		gain := "with which a lock registration reads the watermark once, not twice, for a session that registered the same token before"
+		if obj.version < holdAtVersion {
+			gain = "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"
+		}
 		if obj.version < enterVersion {
 			gain = "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol on a protected table"
 		}

@@ -213,6 +213,9 @@ type Result struct {
 	Enter bool
 	// HoldAt: the relay may call fenceproxy.hold_at (Report.HoldAt).
 	HoldAt bool
+	// ReholdAt: the relay may call fenceproxy.rehold_at
+	// (Report.ReholdAt).
+	ReholdAt bool
 	// Watched: the catalog watch is in place and some table in mode
 	// enforce is not guarded, so a change of the catalog made after the
 	// check may open a path Indirect does not list. Stamp is the catalog
@@ -336,7 +339,7 @@ func (c *Checker) run(database string, d *checkedDB) {
 		}
 		c.mu.Lock()
 		d.known = err == nil
-		d.result = Result{Problems: byTable, Indirect: indirect, Readers: reach.Readers, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, HoldAt: err == nil && rep.HoldAt, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0,
+		d.result = Result{Problems: byTable, Indirect: indirect, Readers: reach.Readers, Raisers: err == nil && rep.Raisers, StaleAt: err == nil && rep.StaleAt, Hold: err == nil && rep.Hold, Enter: err == nil && rep.Enter, HoldAt: err == nil && rep.HoldAt, ReholdAt: err == nil && rep.ReholdAt, Watched: watched, Stamp: stamp, CheckProc: rep.CheckProc, Guarded: len(rep.Guarded) > 0,
 			SettingsRead: err != nil || sr.found, SettingsReaders: sr.names}
 		d.ran = asked
 		close(d.ended)

@@ -21,7 +21,7 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy works with older ones as far as they go
 // (lockVersion, raisersVersion).
-const Version = 8
+const Version = 9
 
 // lockVersion is the oldest version whose objects lock fencing works
 // with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
@@ -31,7 +31,9 @@ const Version = 8
 // registration, fenceproxy.hold (holdVersion); version 7 the call that
 // stands for three statements of the proxy's own, fenceproxy.enter
 // (enterVersion); version 8 the one call in front of a simple Query that
-// registers a lock, fenceproxy.hold_at (holdAtVersion).
+// registers a lock, fenceproxy.hold_at (holdAtVersion); version 9 its
+// form for a holder that registered its token before, rehold_at
+// (reholdAtVersion).
 const lockVersion = 1
 
 // raisersVersion is the oldest version whose error raisers are those of
@@ -61,6 +63,12 @@ const enterVersion = 7
 // one call (Report.HoldAt).
 const holdAtVersion = 8
 
+// reholdAtVersion is the version that added fenceproxy.rehold_at,
+// hold_at for a session whose registration of the same lock and token
+// committed before: one read of the watermark, after the shared lock
+// (Report.ReholdAt).
+const reholdAtVersion = 9
+
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
@@ -78,6 +86,10 @@ var enterBody = dollarBody(objectsSQL, "enter")
 // holdAtBody is the hold_at procedure's source in objects.sql, compared
 // as registerBody is.
 var holdAtBody = dollarBody(objectsSQL, "hold_at")
+
+// reholdAtBody is the rehold_at procedure's source in objects.sql,
+// compared as registerBody is.
+var reholdAtBody = dollarBody(objectsSQL, "rehold_at")
 
 // registerV1SQL is the register procedure of versions 1 to 3, which Check
 // accepts in a database whose objects are of one of those versions.
@@ -235,6 +247,12 @@ type Report struct {
 	// session's values as one call of it in front of a simple Query
 	// (rules.HoldAtProc).
 	HoldAt bool
+	// ReholdAt reports that Check found, besides HoldAt, the rehold_at
+	// procedure of version 9 current and callable by every role: the
+	// proxy may call it in place of hold_at for a session whose
+	// registration of the same lock and token committed before
+	// (rules.ReholdAtProc).
+	ReholdAt bool
 	// Watched reports that Check found the catalog watch in place (see
 	// watch.sql): changes of the catalog are counted in fenceproxy.catalog
 	// and notified on CatalogChannel. Setup leaves it false.

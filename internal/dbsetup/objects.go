@@ -39,11 +39,14 @@ type objects struct {
 	enter bool
 	// holdAt: so is the hold_at procedure.
 	holdAt bool
+	// reholdAt: so is the rehold_at procedure.
+	reholdAt bool
 }
 
 // The argument types of hold (text, text, bool, bool, text, text), of
 // enter (text, text, text, text, int8, bool, bool, bool, text, text) and
-// of hold_at (int8, text, text, text), as pg_proc.proargtypes lists them.
+// of hold_at and rehold_at (int8, text, text, text), as
+// pg_proc.proargtypes lists them.
 const (
 	holdArgs   = "25 25 16 16 25 25"
 	enterArgs  = "25 25 25 25 20 16 16 16 25 25"
@@ -72,8 +75,8 @@ func callerRights(name, args string) string {
 
 func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	var o objects
-	var src, holdSrc, enterSrc, holdAtSrc *string
-	var declared, holdDeclared, enterDeclared, holdAtDeclared bool
+	var src, holdSrc, enterSrc, holdAtSrc, reholdAtSrc *string
+	var declared, holdDeclared, enterDeclared, holdAtDeclared, reholdAtDeclared bool
 	err := tx.QueryRow(ctx, `
 		WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'fenceproxy')
 		SELECT EXISTS (SELECT FROM ns),
@@ -103,8 +106,12 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
 				WHERE p.proname = 'hold_at' AND p.prokind = 'p'
 				AND p.proargtypes = '`+holdAtArgs+`'::pg_catalog.oidvector),
-			`+callerRights("hold_at", holdAtArgs)).
-		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared, &enterSrc, &enterDeclared, &holdAtSrc, &holdAtDeclared)
+			`+callerRights("hold_at", holdAtArgs)+`,
+			(SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace = ns.oid
+				WHERE p.proname = 'rehold_at' AND p.prokind = 'p'
+				AND p.proargtypes = '`+holdAtArgs+`'::pg_catalog.oidvector),
+			`+callerRights("rehold_at", holdAtArgs)).
+		Scan(&o.schema, &o.meta, &o.locks, &src, &declared, &holdSrc, &holdDeclared, &enterSrc, &enterDeclared, &holdAtSrc, &holdAtDeclared, &reholdAtSrc, &reholdAtDeclared)
 	if err != nil {
 		return o, fmt.Errorf("read the fenceproxy objects: %w", err)
 	}
@@ -114,6 +121,7 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	o.hold = holdSrc != nil && *holdSrc == holdBody && holdDeclared
 	o.enter = enterSrc != nil && *enterSrc == enterBody && enterDeclared
 	o.holdAt = holdAtSrc != nil && *holdAtSrc == holdAtBody && holdAtDeclared
+	o.reholdAt = reholdAtSrc != nil && *reholdAtSrc == reholdAtBody && reholdAtDeclared
 	if o.schema {
 		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 7. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 9. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -362,6 +362,65 @@ $hold_at$;
 REVOKE ALL ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) TO PUBLIC;
 
+-- rehold_at(want, lock, token, rest) is hold_at for a session that has
+-- registered this token for this lock before, in a transaction that
+-- committed (version 9): the watermark is then at least the token, since
+-- watermarks only grow, so the registration never needs the lock
+-- exclusively and may take it shared before it reads the watermark, once,
+-- where hold_at reads it on both sides of the lock (it must know first
+-- whether it will need the lock exclusively: taking it shared first would
+-- let two sessions of a new holder each hold it shared and wait for the
+-- other to let go). The catalog check first, as in hold_at (a test
+-- compares them); then, under READ COMMITTED, the lock shared and the
+-- watermark read after it: equal to the token as the session gave it (its
+-- decimal text), and the registration holds. Every other case is
+-- register's, as in hold_at: a stale token is refused there without a
+-- wait; a watermark lowered or deleted by hand since (the one case where
+-- the proxy's memory of the commit is wrong) makes register take the lock
+-- exclusively while this transaction holds it shared, which PostgreSQL
+-- grants once older holders are done, or ends in a deadlock error if
+-- another such session holds it shared too: an error, never a write that
+-- should not run. It sets no guard memo: the proxy calls it only where
+-- no database guard is installed (one installed since is found by the
+-- catalog check, or its trigger finds no memo and registers, which fails
+-- without the settings). Caller's rights, no search_path, every name
+-- qualified.
+CREATE OR REPLACE PROCEDURE fenceproxy.rehold_at(want bigint, lk text, tk text, rest text)
+LANGUAGE plpgsql
+AS $rehold_at$
+DECLARE
+	w pg_catalog.int8;
+	v pg_catalog.text;
+	a pg_catalog.text[];
+BEGIN
+	PERFORM FROM fenceproxy.catalog c
+		WHERE c.stamp OPERATOR(pg_catalog.=) want AND c.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+			AND (c.writer OPERATOR(pg_catalog.=) pg_catalog.txid_current_if_assigned()) IS NOT TRUE;
+	IF NOT FOUND THEN
+		CALL fenceproxy.catalog_at(want);
+	END IF;
+	IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+		v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::pg_catalog.text;
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+		IF w::pg_catalog.text OPERATOR(pg_catalog.=) tk THEN
+			RETURN;
+		END IF;
+	END IF;
+	-- Not the common case: register decides, reading the values from the
+	-- settings, as in hold_at.
+	a := pg_catalog.string_to_array(rest, E'\n');
+	IF a IS NULL OR pg_catalog.cardinality(a) OPERATOR(pg_catalog.<) 6 THEN
+		RAISE EXCEPTION 'fenceproxy.rehold_at: rest holds % lines, not 6', pg_catalog.cardinality(a);
+	END IF;
+	v := pg_catalog.set_config(a[1], tk, true);
+	v := pg_catalog.set_config(a[2], lk, true);
+	CALL fenceproxy.register(a[2], a[1], a[3]::pg_catalog.bool, a[4]::pg_catalog.bool, a[5],
+		pg_catalog.array_to_string(a[6:], E'\n'));
+END
+$rehold_at$;
+REVOKE ALL ON PROCEDURE fenceproxy.rehold_at(bigint, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE fenceproxy.rehold_at(bigint, text, text, text) TO PUBLIC;
+
 -- The error raisers of the rewritten statements (version 2). A rewritten
 -- write calls them only in the CASE branch of a stale row or an invalid
 -- token; on the common path they cost the server one function lookup while
@@ -532,5 +591,5 @@ GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale
 	fenceproxy.advance(text, bigint, boolean, text, text),
 	fenceproxy.stale_at(bigint), fenceproxy.stale_at_b(bigint) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '8')
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '9')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

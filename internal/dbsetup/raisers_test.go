@@ -250,12 +250,14 @@ func setupConfig(t *testing.T, lock string) (string, *pgx.Conn, []rules.TableSpe
 
 // TestLockWithOlderObjects: objects of versions 1 (before the raisers),
 // 3 (before the cheaper register procedure), 4 (before stale_at), 5
-// (before hold), 6 (before enter) and 7 (before hold_at), each with the
+// (before hold), 6 (before enter), 7 (before hold_at) and 8 (before
+// rehold_at), each with the
 // procedure those versions installed, still serve lock fencing, with a
 // note that setup upgrades them; the check accepts the old procedure only
 // with versions before 4, reports stale_at (StaleAt) only from version 5,
-// hold (Hold) only from version 6, enter (Enter) only from version 7 and
-// hold_at (HoldAt) only from version 8.
+// hold (Hold) only from version 6, enter (Enter) only from version 7,
+// hold_at (HoldAt) only from version 8 and rehold_at (ReholdAt) only from
+// version 9.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
@@ -265,14 +267,16 @@ func TestLockWithOlderObjects(t *testing.T) {
 		version          string
 		raisers, staleAt bool
 		hold, enter      bool
+		holdAt           bool
 		note             string
 	}{
-		{"1", false, false, false, false, "whose error raisers and lock registration make fenced writes cheaper"},
-		{"3", true, false, false, false, "whose lock registration and error raisers cost the server less"},
-		{"4", true, false, false, false, "whose lock registration and error raiser for a stale row cost the server less"},
-		{"5", true, true, false, false, "whose lock registration costs the server less"},
-		{"6", true, true, true, false, "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol"},
-		{"7", true, true, true, true, "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"},
+		{"1", false, false, false, false, false, "whose error raisers and lock registration make fenced writes cheaper"},
+		{"3", true, false, false, false, false, "whose lock registration and error raisers cost the server less"},
+		{"4", true, false, false, false, false, "whose lock registration and error raiser for a stale row cost the server less"},
+		{"5", true, true, false, false, false, "whose lock registration costs the server less"},
+		{"6", true, true, true, false, false, "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol"},
+		{"7", true, true, true, true, false, "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"},
+		{"8", true, true, true, true, true, "with which a lock registration reads the watermark once, not twice, for a session that registered the same token before"},
 	} {
 		t.Run("version "+tc.version, func(t *testing.T) {
 			db, conn, sp := setupConfig(t, rules.LockRequired)
@@ -280,7 +284,10 @@ func TestLockWithOlderObjects(t *testing.T) {
 				execSQL(t, conn, string(oldRegister))
 			}
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
-			execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold_at(bigint, text, text, text)")
+			execSQL(t, conn, "DROP PROCEDURE fenceproxy.rehold_at(bigint, text, text, text)")
+			if !tc.holdAt {
+				execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold_at(bigint, text, text, text)")
+			}
 			if !tc.enter {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text)")
 			}
@@ -298,8 +305,8 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold != tc.hold || rep.Enter != tc.enter || rep.HoldAt || len(rep.Notes) != 1 ||
-				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 8, "+tc.note) {
+			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold != tc.hold || rep.Enter != tc.enter || rep.HoldAt != tc.holdAt || rep.ReholdAt || len(rep.Notes) != 1 ||
+				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 9, "+tc.note) {
 				t.Fatalf("check: %+v", rep)
 			}
 			// The old procedure registers and refuses a stale token.
@@ -315,21 +322,21 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 8"; len(up.Actions) != 1 || up.Actions[0] != want {
+			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 9"; len(up.Actions) != 1 || up.Actions[0] != want {
 				t.Errorf("setup: %+v, want %q", up.Actions, want)
 			}
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || !rep.Hold || !rep.Enter || !rep.HoldAt || len(rep.Notes) != 0 {
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || !rep.Hold || !rep.Enter || !rep.HoldAt || !rep.ReholdAt || len(rep.Notes) != 0 {
 				t.Errorf("check after the upgrade: %+v, %v", rep, err)
 			}
 			if w := watermark(t, db, "locks/config"); w != 5 {
 				t.Errorf("watermark %d after the upgrade, want 5", w)
 			}
 
-			// Version 8 objects with the old procedure: not this fenceproxy's.
+			// Version 9 objects with the old procedure: not this fenceproxy's.
 			execSQL(t, conn, string(oldRegister))
-			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() || rep.Hold || rep.Enter || rep.HoldAt ||
-				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 8)") {
-				t.Errorf("check of version 8 objects with the old procedure: %+v, %v", rep, err)
+			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() || rep.Hold || rep.Enter || rep.HoldAt || rep.ReholdAt ||
+				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 9)") {
+				t.Errorf("check of version 9 objects with the old procedure: %+v, %v", rep, err)
 			}
 		})
 	}

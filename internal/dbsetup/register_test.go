@@ -88,13 +88,32 @@ func holdAt(ctx context.Context, conn *pgx.Conn, required bool) error {
 	return err
 }
 
+// reholdAt calls fenceproxy.rehold_at as holdAt calls hold_at. The relay
+// calls it only for a session whose registration of the same lock and
+// token committed before; called for any other, it must still have
+// register's outcome (only two such sessions of a new holder at once may
+// end in a deadlock error).
+func reholdAt(ctx context.Context, conn *pgx.Conn, required bool) error {
+	var stamp int64
+	if err := conn.QueryRow(ctx, "SELECT stamp FROM fenceproxy.catalog").Scan(&stamp); err != nil {
+		return err
+	}
+	rest := "fence.token\nfence.lock\nf\nf\ntest\npublic.config"
+	if required {
+		rest = "fence.token\nfence.lock\nt\nf\ntest\npublic.config"
+	}
+	_, err := conn.Exec(ctx, `CALL fenceproxy.rehold_at($1, coalesce(pg_catalog.current_setting('fence.lock', true), ''),
+		coalesce(pg_catalog.current_setting('fence.token', true), ''), $2)`, stamp, rest)
+	return err
+}
+
 // registrations are the procedures a proxy registers with: the tests of
-// register run with each, since hold, enter and hold_at must have
-// register's outcome in every case.
+// register run with each, since hold, enter, hold_at and rehold_at must
+// have register's outcome in every case.
 var registrations = []struct {
 	name string
 	call func(context.Context, *pgx.Conn, bool) error
-}{{"register", register}, {"hold", hold}, {"enter", enter}, {"hold_at", holdAt}}
+}{{"register", register}, {"hold", hold}, {"enter", enter}, {"hold_at", holdAt}, {"rehold_at", reholdAt}}
 
 // sqlState returns err's SQLSTATE, "" for nil or a non-server error.
 func sqlState(err error) string {
@@ -565,7 +584,7 @@ func TestEnterCheckCommonCase(t *testing.T) {
 		return strings.Join(strings.Fields(stmt), " ")
 	}
 	at := first("watch.sql", "at")
-	for _, proc := range []string{"enter", "hold_at"} {
+	for _, proc := range []string{"enter", "hold_at", "rehold_at"} {
 		if got := first("objects.sql", proc); got != at {
 			t.Errorf("%s's common case differs from catalog_at's:\n catalog_at: %s\n %s: %s", proc, at, proc, got)
 		}
@@ -596,6 +615,32 @@ func TestHoldAtCommonCase(t *testing.T) {
 	}
 	if hold, at := common("hold"), common("hold_at"); hold != at {
 		t.Errorf("hold_at's common case differs from hold's:\n hold:    %s\n hold_at: %s", hold, at)
+	}
+}
+
+// TestReholdAtSlowPath: every case of rehold_at but its common one is
+// hold_at's, word for word: the values set as settings and register
+// called with them.
+func TestReholdAtSlowPath(t *testing.T) {
+	b, err := os.ReadFile("objects.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := func(tag string) string {
+		t.Helper()
+		_, body, ok := strings.Cut(string(b), "AS $"+tag+"$")
+		if !ok {
+			t.Fatalf("objects.sql: no $%s$ body", tag)
+		}
+		body, _, _ = strings.Cut(body, "$"+tag+"$")
+		i := strings.Index(body, "a := pg_catalog.string_to_array(rest")
+		if i < 0 {
+			t.Fatalf("objects.sql: $%s$ has no slow path", tag)
+		}
+		return strings.ReplaceAll(strings.Join(strings.Fields(body[i:]), " "), "fenceproxy."+tag+":", "fenceproxy.PROC:")
+	}
+	if at, re := slow("hold_at"), slow("rehold_at"); at != re {
+		t.Errorf("rehold_at's slow path differs from hold_at's:\n hold_at:   %s\n rehold_at: %s", at, re)
 	}
 }
 

@@ -18,6 +18,13 @@ import (
 // of fenceproxy.hold. These tests look at the text the server ran and at
 // the data and the watermarks.
 
+// isHoldAtCall reports whether q begins with a call of hold_at or of
+// rehold_at, its form for a session whose registration of the same lock
+// and token committed before.
+func isHoldAtCall(q string) bool {
+	return strings.HasPrefix(q, "CALL fenceproxy.hold_at(") || strings.HasPrefix(q, "CALL fenceproxy.rehold_at(")
+}
+
 // sentHoldAt runs stmt on c (simple protocol, FP003 retried as
 // sentPrelude does) and reports whether the server ran it behind one
 // call of hold_at and nothing else of the proxy's; err is stmt's error
@@ -31,7 +38,7 @@ func sentHoldAt(t *testing.T, d, c *pgx.Conn, stmt string) (bool, error) {
 		}
 	}
 	q := sentText(t, d, c)
-	return strings.HasPrefix(q, "CALL fenceproxy.hold_at(") && !strings.Contains(q, "SET LOCAL") &&
+	return isHoldAtCall(q) && !strings.Contains(q, "SET LOCAL") &&
 		!strings.Contains(q, "fenceproxy.hold(") && !strings.Contains(q, "catalog_at("), err
 }
 
@@ -233,7 +240,8 @@ func holdAtBehindPooler(t *testing.T, mode pgx.QueryExecMode) {
 func byValue(t *testing.T, ran []string) bool {
 	t.Helper()
 	all := strings.Join(ran, "\n")
-	return strings.Contains(all, "CALL fenceproxy.hold_at($1, $2, $3, $4)") && !strings.Contains(all, "set_config(") &&
+	return (strings.Contains(all, "CALL fenceproxy.hold_at($1, $2, $3, $4)") || strings.Contains(all, "CALL fenceproxy.rehold_at($1, $2, $3, $4)")) &&
+		!strings.Contains(all, "set_config(") &&
 		!strings.Contains(all, "fenceproxy.enter(") && !strings.Contains(all, "catalog_at(")
 }
 

@@ -163,7 +163,7 @@ func TestPreludeLeftOut(t *testing.T) {
 	// A registration goes as one call of hold_at, which takes the values
 	// (holdat_test.go): no prelude either.
 	holder := runPid(t, readerSession(t, p, db, "L", "7", pgx.QueryExecModeSimpleProtocol))
-	if sentPrelude(t, d, holder, "UPDATE acct SET n = n + 1 WHERE id = 3") || !strings.HasPrefix(sentText(t, d, holder), "CALL fenceproxy.hold_at(") {
+	if sentPrelude(t, d, holder, "UPDATE acct SET n = n + 1 WHERE id = 3") || !isHoldAtCall(sentText(t, d, holder)) {
 		t.Errorf("lock fencing: sent %s, want one call of hold_at and no prelude", sentText(t, d, holder))
 	}
 

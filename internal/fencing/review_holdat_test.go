@@ -533,7 +533,7 @@ func rvWarm(t *testing.T, s, d *pgx.Conn, db, stmt string) {
 			t.Fatalf("warm-up %s: %v", stmt, err)
 		}
 		for _, q := range rvPooledSent(t, d, db) {
-			if strings.HasPrefix(q, "CALL fenceproxy.hold_at(") || strings.HasPrefix(q, "CALL fenceproxy.catalog_at(") {
+			if isHoldAtCall(q) || strings.HasPrefix(q, "CALL fenceproxy.catalog_at(") {
 				return true
 			}
 		}
@@ -581,7 +581,7 @@ func TestReviewHoldAtProbe(t *testing.T) {
 			t.Logf("%s: %v", stmt, err)
 			continue
 		}
-		ha := strings.HasPrefix(q, "CALL fenceproxy.hold_at(")
+		ha := isHoldAtCall(q)
 		t.Logf("hold_at %t: %s\n  sent: %s", ha, stmt, q)
 		if ha {
 			body := q[strings.Index(q, ");")+2:]

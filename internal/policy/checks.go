@@ -58,6 +58,8 @@ type dbChecks struct {
 	// holdAt: the relay may call fenceproxy.hold_at
 	// (rules.LockCall.HoldAt).
 	holdAt bool
+	// reholdAt: and fenceproxy.rehold_at (rules.LockCall.ReholdAt).
+	reholdAt bool
 	// goneAt: when a statement last found one of these objects gone
 	// (objectsGone), in Unix nanoseconds.
 	goneAt atomic.Int64
@@ -150,7 +152,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	}
 	res, known := p.checks.Result(database)
 	paths := res.Indirect
-	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, holdAt: res.HoldAt, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded,
+	next := &dbChecks{known: known, problems: res.Problems, paths: paths, raisers: res.Raisers, staleAt: res.StaleAt, hold: res.Hold, enter: res.Enter, holdAt: res.HoldAt, reholdAt: res.ReholdAt, watched: known && res.Watched, stamp: res.Stamp, checkProc: res.CheckProc, guarded: res.Guarded,
 		settingsRead: !known || res.SettingsRead}
 	if !known && st != nil && st.watched {
 		// The check failed where the catalog watch ran: the paths found
@@ -172,7 +174,7 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 	if st != nil && st.moved.Load() && next.stamp == st.stamp {
 		next.moved.Store(true)
 	}
-	if st != nil && (st.raisers && !next.raisers || st.staleAt && !next.staleAt || st.hold && !next.hold || st.enter && !next.enter || st.holdAt && !next.holdAt) {
+	if st != nil && (st.raisers && !next.raisers || st.staleAt && !next.staleAt || st.hold && !next.hold || st.enter && !next.enter || st.holdAt && !next.holdAt || st.reholdAt && !next.reholdAt) {
 		// An object decisions call is no longer found (dropped, say):
 		// statements prepared before are decided again, or they would
 		// keep calling what is gone. (One found where it was not leaves
@@ -312,7 +314,7 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		// of them (frontCheck).
 		current := st.checkProc == "" || st.checkProc == dbsetup.CatalogCheckProc
 		check = stampCheck{on: inBand || !prepared && frontCheck(sql), stamp: st.stamp, proc: st.checkProc,
-			enter: st.enter && current, holdAt: st.holdAt && current}
+			enter: st.enter && current, holdAt: st.holdAt && current, reholdAt: st.reholdAt && current}
 	}
 	var e *rules.Error
 	if quick {

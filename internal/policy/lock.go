@@ -157,6 +157,12 @@ func (p *Policy) missingObjectsError(info *proxy.SessionInfo, e *pgproto3.ErrorR
 		p.objectsGone(info.Database)
 		msg = "fenceproxy: the lock registration procedure " + rules.HoldProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
 		hint = "Retry it: fenceproxy checks the database again and registers with " + rules.RegisterProc + " meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
+	case e.Code == "42883" && strings.Contains(e.Message, rules.ReholdAtProc+"(") && !schemaGone:
+		// fenceproxy.rehold_at was removed after the check that found
+		// it: a new check finds it missing, and the relay calls hold_at.
+		p.objectsGone(info.Database)
+		msg = "fenceproxy: the procedure " + rules.ReholdAtProc + " was removed from database " + info.Database + " since fenceproxy checked it; the statement did not run"
+		hint = "Retry it: fenceproxy checks the database again and does without it meanwhile. Run `fenceproxy setup -c <config file>` to restore it."
 	case e.Code == "42883" && strings.Contains(e.Message, rules.HoldAtProc+"(") && !schemaGone:
 		// fenceproxy.hold_at was removed after the check that found it:
 		// a new check finds it missing, and the relay sends the

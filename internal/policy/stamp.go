@@ -151,6 +151,8 @@ type stampCheck struct {
 	// call of rules.HoldAtProc (the database has it, and the check is
 	// dbsetup.CatalogCheckProc, which it calls).
 	holdAt bool
+	// reholdAt: and into a call of rules.ReholdAtProc.
+	reholdAt bool
 }
 
 // call returns the statement that runs the check.
@@ -206,7 +208,7 @@ func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
 	call := c.call()
 	out := *r
 	out.Pre = call
-	out.Stamp, out.Enter, out.HoldAt = c.stamp, c.enter, c.holdAt
+	out.Stamp, out.Enter, out.HoldAt, out.ReholdAt = c.stamp, c.enter, c.holdAt, c.reholdAt
 	if len(r.Calls) > 0 {
 		out.Query = call + ";" + r.Query
 		out.Calls = make([]int, 0, len(r.Calls)+1)

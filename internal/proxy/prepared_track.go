@@ -546,6 +546,6 @@ func (r *requests) holdAtQuery(l *rules.LockCall, calls []int, sql, decided stri
 	if r.preludeRead(sql, text) {
 		return "", false
 	}
-	return "CALL " + rules.HoldAtProc + "(" + strconv.FormatInt(l.Stamp, 10) + ", " + quoteFenceValue(cur.lock) + ", " +
+	return "CALL " + r.holdAtProc(l, cur) + "(" + strconv.FormatInt(l.Stamp, 10) + ", " + quoteFenceValue(cur.lock) + ", " +
 		quoteFenceValue(cur.token) + ", " + quoteFenceValue(holdAtRest(l.Args)) + ");" + text, true
 }

@@ -196,6 +196,9 @@ func (r *requests) sendOwn(name, sql string, oids []uint32, params [][]byte, l *
 // parameters (holdAtBind); holdAtOIDs are their types.
 const holdAtSQL = "CALL " + rules.HoldAtProc + "($1, $2, $3, $4)"
 
+// reholdAtSQL is holdAtSQL calling rules.ReholdAtProc (holdAtProc).
+const reholdAtSQL = "CALL " + rules.ReholdAtProc + "($1, $2, $3, $4)"
+
 var holdAtOIDs = []uint32{20, 25, 25, 25}
 
 // holdAtFits reports whether the registration l, with the catalog check
@@ -219,6 +222,25 @@ func (r *requests) holdAtFits(l *rules.LockCall) bool {
 		!strings.ContainsRune(a.TokenSetting+a.LockSetting+a.Tag, '\n')
 }
 
+// holdAtProc is the procedure that registers l with the session's values
+// cur: rules.ReholdAtProc, which takes the lock shared before it reads the
+// watermark, once, where the database has it and a registration of the
+// same values committed in this session before (fenceRecord.held: the
+// watermark is then at least the token, so the registration never needs
+// the lock exclusively); rules.HoldAtProc otherwise.
+func (r *requests) holdAtProc(l *rules.LockCall, cur fenceValues) string {
+	if !l.ReholdAt || cur.lock == "" {
+		return rules.HoldAtProc
+	}
+	r.mu.Lock()
+	held := r.fence.held
+	r.mu.Unlock()
+	if held == cur {
+		return rules.ReholdAtProc
+	}
+	return rules.HoldAtProc
+}
+
 // holdAtRest is the last argument of rules.HoldAtProc: register's other
 // arguments, one per line (holdAtFits saw that none but the last may
 // hold a line break).
@@ -236,5 +258,9 @@ func (r *requests) holdAtBind(l *rules.LockCall) error {
 	vals := r.fence.cur
 	r.mu.Unlock()
 	params := [][]byte{strconv.AppendInt(nil, l.Stamp, 10), []byte(vals.lock), []byte(vals.token), []byte(holdAtRest(l.Args))}
-	return r.sendOwn(r.ps.registerName, holdAtSQL, holdAtOIDs, params, l, false)
+	sql := holdAtSQL
+	if r.holdAtProc(l, vals) == rules.ReholdAtProc {
+		sql = reholdAtSQL
+	}
+	return r.sendOwn(r.ps.registerName, sql, holdAtOIDs, params, l, false)
 }

@@ -64,6 +64,10 @@ func (t *tracker) registeredDone(l *rules.LockCall, ops []rules.SettingOp) func(
 		return nil
 	}
 	return func(o outcome) {
+		if o == outcomeOK && !t.fence.failed {
+			// Held once its transaction commits (fenceRecord.held).
+			t.fence.cand, t.fence.candSet = fenceValues{lock: lk, token: tok}, true
+		}
 		if o == outcomeOK && t.fence.inTx && !t.fence.failed {
 			t.fence.registered, t.fence.regLock, t.fence.regToken = true, lk, tok
 		}

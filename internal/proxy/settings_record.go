@@ -53,6 +53,16 @@ type fenceRecord struct {
 	// in the open transaction (spareRegistration).
 	registered        bool
 	regLock, regToken string
+	// held is a lock and a token whose registration succeeded in a
+	// transaction that committed (ready, apply), whatever the values in
+	// effect since: the lock's watermark was then the token, and
+	// watermarks only grow, so a registration of the same values can take
+	// the lock shared before it reads the watermark (holdAtProc). cand is
+	// one that succeeded in the transaction still open (candSet). Being
+	// wrong costs no safety: the procedure then takes what register
+	// decides, at worst a deadlock error.
+	held, cand fenceValues
+	candSet    bool
 	// portal follows the portal the relay closed for a Bind's token
 	// (requests.closed): whether the server would still have it.
 	portal portalLife
@@ -110,6 +120,10 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 	case rules.TxCommit, rules.TxPrepare:
 		f.portal.dead = true
 		f.forgetRegistration()
+		if op.Kind == rules.TxCommit && !f.failed && f.candSet {
+			f.held = f.cand
+		}
+		f.candSet = false
 		if f.failed {
 			f.revert() // COMMIT of a failed transaction rolls it back
 		} else {
@@ -119,6 +133,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 	case rules.TxRollback:
 		f.portal.dead = true
 		f.forgetRegistration()
+		f.candSet = false
 		f.revert()
 		f.inTx = op.Chain
 	case rules.TxSavepoint:
@@ -131,6 +146,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 	case rules.TxRollbackTo:
 		// What the savepoint undid may include a registration.
 		f.forgetRegistration()
+		f.candSet = false
 		if i := f.savepoint(op.Savepoint); i >= 0 {
 			f.pend, f.cur = f.saves[i].pend, f.saves[i].cur
 			f.saves = f.saves[:i+1]
@@ -158,6 +174,12 @@ func (f *fenceRecord) savepoint(name string) int {
 func (f *fenceRecord) ready(status byte) {
 	if status != 'T' {
 		f.forgetRegistration()
+		// 'I': the transaction of a registration that succeeded ended
+		// without an error (an explicit rollback cleared cand in apply).
+		if status == 'I' && f.candSet && !f.failed {
+			f.held = f.cand
+		}
+		f.candSet = false
 	}
 	switch status {
 	case 'I':

@@ -35,6 +35,12 @@ const EnterProc = "fenceproxy.enter"
 // fence settings, the check and the registration (LockCall.HoldAt).
 const HoldAtProc = "fenceproxy.hold_at"
 
+// ReholdAtProc is the procedure objects version 9 added: HoldAtProc for a
+// session whose registration of the same lock and token committed before,
+// which reads the watermark once, after taking the lock shared
+// (LockCall.ReholdAt).
+const ReholdAtProc = "fenceproxy.rehold_at"
+
 // maxLockTablesArg bounds the table list passed to the procedure (it only
 // names tables in messages).
 const maxLockTablesArg = 200
@@ -87,6 +93,8 @@ type LockCall struct {
 	// send the catalog check (Stamp) and the registration (Args) in front
 	// of a simple Query as one call of it with the session's values.
 	HoldAt bool
+	// ReholdAt, the policy's: the database has ReholdAtProc too.
+	ReholdAt bool
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int
