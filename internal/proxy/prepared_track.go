@@ -520,8 +520,9 @@ func (ps *preparedState) wouldOverflow(typ byte, name string, ops []PreparedOp) 
 // holdAtQuery returns the text to send for a simple Query (the client's
 // text sql) whose decided text (rewritten, and then with the token form
 // tf, or not) registers one lock before its first statement, with the
-// catalog check in front (calls [0 1]): one call of rules.HoldAtProc with
-// the session's values (cur) in place of the prelude, the check and the
+// catalog check in front (calls [0 1]): one call of rules.HoldAtProc (or
+// rules.ReholdAtProc: holdAtProc) with the session's values (cur) in
+// place of the prelude, the check and the
 // registration, where the database has it and nothing else may read the
 // fence settings in the transaction. ok (the caller's) says the session
 // is idle, the text runs no prepared statement and changes no fence

@@ -250,7 +250,8 @@ func holdAtRest(a *rules.RegArgs) string {
 
 // holdAtBind sends, before a Bind that goes without the session's values
 // (goesBare), the catalog check and the lock registration l as one call
-// of rules.HoldAtProc with the session's lock and token: what
+// of rules.HoldAtProc (or rules.ReholdAtProc: holdAtProc) with the
+// session's lock and token: what
 // holdAtQuery sends in front of a simple Query, as a statement of the
 // proxy's own (sendOwn).
 func (r *requests) holdAtBind(l *rules.LockCall) error {
