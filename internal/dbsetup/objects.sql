@@ -375,12 +375,14 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) TO PUBLI
 -- watermark read after it: equal to the token as the session gave it (its
 -- decimal text), and the registration holds. Every other case is
 -- register's, as in hold_at: a stale token is refused there without a
--- wait; a watermark lowered or deleted by hand since (the one case where
--- the proxy's memory of the commit is wrong) makes register take the lock
--- exclusively while this transaction holds it shared, which PostgreSQL
--- grants once older holders are done, or ends in a deadlock error if
--- another such session holds it shared too: an error, never a write that
--- should not run. It sets no guard memo: the proxy calls it only where
+-- wait; a watermark below the token (the proxy's memory of the commit
+-- wrong: a watermark lowered or deleted by hand, a commit lost in a
+-- failover, or undone by stored code the proxy did not see) goes on to
+-- register, which takes the lock exclusively while this transaction
+-- holds it shared, only where no other session holds it (a try); else
+-- the statement fails with FP003, and its retry goes through hold_at
+-- (the proxy forgets a registration that failed): two such sessions never
+-- wait for each other. It sets no guard memo: the proxy calls it only where
 -- no database guard is installed (one installed since is found by the
 -- catalog check, or its trigger finds no memo and registers, which fails
 -- without the settings). Caller's rights, no search_path, every name
@@ -404,6 +406,23 @@ BEGIN
 		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
 		IF w::pg_catalog.text OPERATOR(pg_catalog.=) tk THEN
 			RETURN;
+		END IF;
+		-- Below the token (lowered or deleted by hand, or a commit lost
+		-- in a failover): register would take the lock exclusively while
+		-- this transaction holds it shared, and two such sessions would
+		-- wait for each other. It goes on only where no other session
+		-- holds the lock; otherwise the statement is refused for a retry,
+		-- which the proxy sends through hold_at.
+		IF pg_catalog.octet_length(tk) OPERATOR(pg_catalog.>) 0
+				AND pg_catalog.octet_length(tk) OPERATOR(pg_catalog.<=) 18
+				AND pg_catalog.ltrim(tk, '0123456789') OPERATOR(pg_catalog.=) '' THEN
+			IF w IS NULL OR w OPERATOR(pg_catalog.<) tk::pg_catalog.int8 THEN
+				IF NOT pg_catalog.pg_try_advisory_xact_lock(1179667531, pg_catalog.hashtext(lk)) THEN
+					RAISE EXCEPTION USING ERRCODE = 'FP003',
+						MESSAGE = 'fenceproxy: the watermark of this lock is below the token this session registered before; the statement did not run',
+						HINT = 'Retry it.';
+				END IF;
+			END IF;
 		END IF;
 	END IF;
 	-- Not the common case: register decides, reading the values from the

@@ -237,8 +237,16 @@ func TestRegisterEqualTokensShare(t *testing.T) {
 // the transaction that registered the older token ends; once the newer
 // token's transaction commits, the older token gets FP001 (its session
 // waits for that commit rather than failing early or writing meanwhile).
+//
+// Not rehold_at: the relay calls it only for a token whose registration
+// committed, never above the watermark; there, rather than wait for the
+// lock exclusively while holding it shared, it refuses the statement for
+// a retry (TestReholdAtBelowToken).
 func TestRegisterNewerWaitsForOlder(t *testing.T) {
 	for _, reg := range registrations {
+		if reg.name == "rehold_at" {
+			continue
+		}
 		t.Run(reg.name, func(t *testing.T) {
 			db, role := registerDB(t)
 			admin := connect(t, db)
@@ -677,5 +685,45 @@ func TestEnterCatalogCheck(t *testing.T) {
 	_, err := check(stamp - 1)
 	if sqlState(err) != "FP003" || !strings.Contains(err.Error(), "changed since the proxy checked it") {
 		t.Errorf("an older stamp: %v, want catalog_at's FP003", err)
+	}
+}
+
+// TestReholdAtBelowToken: rehold_at with a token above the watermark (the
+// relay's memory of a commit made wrong: a watermark lowered by hand, a
+// commit lost in a failover) registers where no other session holds the
+// lock, and otherwise refuses the statement with FP003, changing
+// nothing, instead of waiting for the lock exclusively while it holds it
+// shared (two such sessions would wait for each other).
+func TestReholdAtBelowToken(t *testing.T) {
+	db, role := registerDB(t)
+	if err := register(t.Context(), session(t, db, role, "locks/config", "7"), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := reholdAt(t.Context(), session(t, db, role, "locks/config", "8"), false); err != nil {
+		t.Fatalf("alone, above the watermark: %v", err)
+	}
+	if w := watermark(t, db, "locks/config"); w != 8 {
+		t.Fatalf("watermark %d, want 8", w)
+	}
+	holder := session(t, db, role, "locks/config", "8")
+	execSQL(t, holder, "BEGIN")
+	if err := register(t.Context(), holder, false); err != nil {
+		t.Fatal(err)
+	}
+	newer := session(t, db, role, "locks/config", "9")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := reholdAt(ctx, newer, false); sqlState(err) != "FP003" {
+		t.Errorf("above the watermark while another session holds the lock: %v, want FP003", err)
+	}
+	if w := watermark(t, db, "locks/config"); w != 8 {
+		t.Errorf("watermark %d after the refusal, want 8", w)
+	}
+	execSQL(t, holder, "COMMIT")
+	if err := reholdAt(t.Context(), newer, false); err != nil {
+		t.Errorf("retried once the other session is done: %v", err)
+	}
+	if w := watermark(t, db, "locks/config"); w != 9 {
+		t.Errorf("watermark %d after the retry, want 9", w)
 	}
 }

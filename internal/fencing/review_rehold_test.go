@@ -12,7 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fenceproxy/fenceproxy/internal/audit"
 	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/policy"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -94,9 +97,11 @@ func rvWait(t *testing.T, done chan error, what string) error {
 	}
 }
 
-// TestReviewReholdHoleProcedureRollbackMemory: a registration whose
-// transaction was rolled back, with no error and no ROLLBACK statement the
-// relay could see, is remembered as committed. The client sends, in one
+// TestReviewReholdProcedureRollbackMemory (found as a hole in review, and
+// mended: the relay keeps no memory of a transaction in which a client
+// statement with CALL or DO ran): a registration whose transaction was
+// rolled back, with no error and no ROLLBACK statement the relay could
+// see, must not be remembered as committed. The client sends, in one
 // pipeline before one Sync (pgx's SendBatch, JDBC's executeBatch), a
 // write of a lock-fenced table and a CALL of a procedure that rolls back
 // (PostgreSQL allows transaction control in an Execute outside an
@@ -105,7 +110,7 @@ func rvWait(t *testing.T, done chan error, what string) error {
 // it held. Nothing committed: the watermark is still the older holder's,
 // nobody edited it, and yet the session's next write goes through
 // rehold_at. (A DO block that rolls back does the same.)
-func TestReviewReholdHoleProcedureRollbackMemory(t *testing.T) {
+func TestReviewReholdProcedureRollbackMemory(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p, db, d, _ := preludeSession(t, lockRules, rvRollbackProc)
@@ -141,8 +146,9 @@ func TestReviewReholdHoleProcedureRollbackMemory(t *testing.T) {
 	}
 }
 
-// TestReviewReholdHoleRolledBackMemoryDeadlock is what the wrong memory
-// of TestReviewReholdHoleProcedureRollbackMemory costs, with nothing
+// TestReviewReholdRolledBackMemoryDeadlock (a hole found in review, now
+// mended as TestReviewReholdProcedureRollbackMemory says) is what the
+// wrong memory of TestReviewReholdProcedureRollbackMemory cost, with nothing
 // edited by hand: a deadlock error (40P01) that hold_at never produces.
 // The new holder of 9 has two pooled sessions whose first writes went in
 // a pipeline with a procedure that rolled back (watermark still 7, both
@@ -154,7 +160,7 @@ func TestReviewReholdHoleProcedureRollbackMemory(t *testing.T) {
 // other holds it shared: one of them is killed with 40P01.
 // TestReviewReholdControlNoDeadlockWithHoldAt runs the same without the
 // memory: no error.
-func TestReviewReholdHoleRolledBackMemoryDeadlock(t *testing.T) {
+func TestReviewReholdRolledBackMemoryDeadlock(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	p, db, d, _ := preludeSession(t, lockRules, rvRollbackProc)
@@ -175,7 +181,7 @@ func TestReviewReholdHoleRolledBackMemoryDeadlock(t *testing.T) {
 }
 
 // TestReviewReholdControlNoDeadlockWithHoldAt: the scenario of
-// TestReviewReholdHoleRolledBackMemoryDeadlock with two sessions of 9
+// TestReviewReholdRolledBackMemoryDeadlock with two sessions of 9
 // that have no memory (hold_at): both read 7 before the lock and wait for
 // it exclusively; they go one after the other, and both writes land.
 func TestReviewReholdControlNoDeadlockWithHoldAt(t *testing.T) {
@@ -401,6 +407,9 @@ func TestReviewReholdOddValues(t *testing.T) {
 		{"é Ünïcode ✓", "12", "000013"},
 	}
 	for _, tc := range cases {
+		// Each case starts from rows no token has fenced yet (row
+		// fencing is independent of the lock).
+		execDirect(t, d, "UPDATE acct SET last_fence = 0")
 		old := rvHolder(t, p, db, tc.lock, tc.old)
 		for i, want := range []string{"hold_at", "rehold_at", "rehold_at"} {
 			proc, err := sentProc(t, d, old, "UPDATE acct SET n = n + 1 WHERE id = 1")
@@ -680,7 +689,7 @@ func TestReviewReholdConcurrentHolders(t *testing.T) {
 	}
 }
 
-// TestReviewReholdHoleFailoverBehindPooler: the memory is wrong, with no
+// TestReviewReholdFailoverBehindPooler: the memory is wrong, with no
 // watermark edited by hand, after a failover behind PgBouncer. The
 // proxy's client sessions go to PgBouncer, whose client connections
 // outlive its server connections: when the primary is replaced by an
@@ -690,15 +699,49 @@ func TestReviewReholdConcurrentHolders(t *testing.T) {
 // played by renaming databases (the pooler connects by name): the
 // "primary" is renamed away and the "replica", holding lock L at 7,
 // takes its name. Then the deadlock of
-// TestReviewReholdHoleRolledBackMemoryDeadlock follows: a third session
+// TestReviewReholdRolledBackMemoryDeadlock follows: a third session
 // of 9 registers in an open transaction and rolls back while the two
 // remembering sessions wait in rehold_at; one is killed with 40P01. With
 // hold_at (sessions without memory) the same writes all land.
-func TestReviewReholdHoleFailoverBehindPooler(t *testing.T) {
+//
+// Mended after the review: rehold_at, finding the watermark below the
+// token, goes on to register only where no other session holds the lock
+// (a try); else it refuses the statement with FP003, the relay forgets
+// the memory, and the retry goes through hold_at. Here both sessions
+// hold the lock shared when they find 7: both are refused once, and
+// their retries (as FP003 asks) land, without a deadlock.
+func TestReviewReholdFailoverBehindPooler(t *testing.T) {
+	rvFailover(t, true)
+}
+
+// TestReviewReholdControlFailoverHoldAt: the failover of
+// TestReviewReholdFailoverBehindPooler with the two writing sessions
+// connected after it (no memory: hold_at): both writes land.
+func TestReviewReholdControlFailoverHoldAt(t *testing.T) {
+	rvFailover(t, false)
+}
+
+// rvFailover plays the failover; remember: the two writing sessions
+// registered 9 on the old primary (else they connect after it).
+func rvFailover(t *testing.T, remember bool) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	ctx := ctxT(t)
-	pol, specs := raPolicy(t, lockRules)
+	checker, specs := startChecker(t, lockRules)
+	rs, err := rules.Compile(lockRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pol *policy.Policy
+	aud := audit.New(audit.Options{
+		ConnConfig: func(db string) (*pgconn.Config, error) { return pgconn.ParseConfig(cluster.SuperuserDSN(db)) },
+		CatalogChanged: func(db string) {
+			checker.CatalogChanged(db)
+			pol.CatalogChanged(db)
+		},
+	})
+	t.Cleanup(aud.Close)
+	pol = policy.New(rs, false, policy.Options{Checks: checker, Auditor: aud})
 	pe := startPoolerEnvSized(t, pol, 4)
 	db, d := preludeDB(t, specs, "")
 	replica, dr := preludeDB(t, specs, "")
@@ -719,6 +762,9 @@ func TestReviewReholdHoleFailoverBehindPooler(t *testing.T) {
 		return c
 	}
 	s := []*pgx.Conn{client("9", "L"), client("9", "L")}
+	if !remember {
+		s = []*pgx.Conn{client("9", "L")}
+	}
 	for i, c := range s {
 		for k := range 2 {
 			if err := rvExec(t, c, fmt.Sprintf("UPDATE acct SET payload = 's%d k%d', n = n + 1 WHERE id = %d", i, k, 2*i+1)); err != nil {
@@ -761,17 +807,29 @@ func TestReviewReholdHoleFailoverBehindPooler(t *testing.T) {
 		t.Fatalf("lock L's watermark %d on the promoted replica, want 7", w)
 	}
 
-	// Another client's write (no lock) until the proxy has caught up
-	// with the new server (its catalog check, FP003 meanwhile).
-	warm := client("1", "")
-	waitUntil(t, "writes through the pooler after the failover", func() bool {
-		err := send(t, warm, "UPDATE notes SET body = 'x' WHERE id = 1")
+	// The proxy checks the new server (as the catalog watch's
+	// notification or the minute's check would make it), and another
+	// client's writes (lock W) go through hold_at again.
+	checker.CatalogChanged(db)
+	pol.CatalogChanged(db)
+	warm := client("1", "W")
+	waitUntil(t, "writes through hold_at after the failover", func() bool {
+		err := send(t, warm, "UPDATE jobs SET state = 'w' WHERE id = 1")
 		if err != nil && sqlState(err) != "FP003" {
 			t.Logf("warm-up: %v", err)
 		}
-		return err == nil
+		if err != nil {
+			checker.CatalogChanged(db)
+			pol.CatalogChanged(db)
+			return false
+		}
+		n := testutil.QueryStrings(t, d, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'CALL fenceproxy.%hold_at(%''W''%'`)
+		return len(n) == 1 && n[0] != "0"
 	})
 
+	if !remember {
+		s = []*pgx.Conn{client("9", "L"), client("9", "L")}
+	}
 	third := client("9", "L")
 	mustSend(t, third, "BEGIN")
 	if err := send(t, third, "UPDATE acct SET n = n + 1 WHERE id = 2"); err != nil {
@@ -790,8 +848,15 @@ func TestReviewReholdHoleFailoverBehindPooler(t *testing.T) {
 	}
 	t.Logf("waiting for the lock: %q", waiting)
 	mustSend(t, third, "ROLLBACK")
-	for i := range s {
-		if err := rvWait(t, done[i], fmt.Sprintf("session %d", i)); err != nil {
+	for i, c := range s {
+		err := rvWait(t, done[i], fmt.Sprintf("session %d", i))
+		if remember && sqlState(err) == "FP003" {
+			// rehold_at's refusal for a retry: the retry reads the
+			// watermark first (hold_at).
+			stmt := fmt.Sprintf("UPDATE acct SET payload = 'after %d' WHERE id = %d", i, 2*i+1)
+			err = send(t, c, stmt)
+		}
+		if err != nil {
 			t.Errorf("session %d of 9 after the failover: %v (SQLSTATE %s); nothing was edited by hand, and hold_at lets both writes land", i, err, sqlState(err))
 		}
 	}

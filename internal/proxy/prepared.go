@@ -56,6 +56,9 @@ type stmtDef struct {
 	gen      uint64   // rules generation it was decided under
 	oids     []uint32 // the Parse's parameter types
 	sqlLevel bool     // defined by SQL PREPARE
+	// mayEnd: the text may end its transaction from stored code
+	// (mayEndTx).
+	mayEnd bool
 	// preparedForm: decided with Lexing.Prepared (preparedForm), as a
 	// re-decision must be too.
 	preparedForm bool
@@ -453,7 +456,7 @@ func sameLock(a, b *rules.LockCall) bool {
 
 // newDef builds a definition, keeping sql if the budget allows.
 func (ps *preparedState) newDef(sql string, sent [32]byte, gen uint64, oids []uint32, sqlLevel bool) *stmtDef {
-	d := &stmtDef{sent: sent, gen: gen, sqlLevel: sqlLevel}
+	d := &stmtDef{sent: sent, gen: gen, sqlLevel: sqlLevel, mayEnd: mayEndTx(sql)}
 	if len(oids) > 0 {
 		d.oids = append([]uint32(nil), oids...)
 	}

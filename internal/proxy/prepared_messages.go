@@ -71,6 +71,11 @@ func (r *requests) bindHead(portal, stmt string, body []byte) (send bool, tok st
 	if v.refuse != nil {
 		return refuse(v.refuse)
 	}
+	if r.fence.on && (v.def == nil || v.def.mayEnd) && r.mayRemember() {
+		r.mu.Lock()
+		r.fence.noteMayEnd()
+		r.mu.Unlock()
+	}
 	if v.reprepare != nil {
 		if err := r.reprepare(strings.Clone(stmt), v); err != nil {
 			return false, "", err

@@ -200,7 +200,7 @@ func (r *requests) checkStatement(name string, gen uint64, sqlExec bool) (stmtVe
 	// Everything the new decision says: its lock registration (or a
 	// re-prepared statement would run without it), whether it is plain.
 	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm,
-		lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence, param: param,
+		mayEnd: def.mayEnd, lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence, param: param,
 		settingFree: param > 0 && !r.paramReads(def.sql, out)}
 	return stmtVerdict{reprepare: nd, newSQL: out, def: nd}, nil
 }

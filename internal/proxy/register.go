@@ -229,7 +229,9 @@ func (r *requests) holdAtFits(l *rules.LockCall) bool {
 // watermark is then at least the token, so the registration never needs
 // the lock exclusively); rules.HoldAtProc otherwise.
 func (r *requests) holdAtProc(l *rules.LockCall, cur fenceValues) string {
-	if !l.ReholdAt || cur.lock == "" {
+	if !l.ReholdAt || cur.lock == "" || l.Args.Audit {
+		// Audit: a stale registration is reported, not refused, and
+		// hold_at's takes no lock for it.
 		return rules.HoldAtProc
 	}
 	r.mu.Lock()

@@ -383,6 +383,12 @@ func (r *requests) relaySQL(typ byte, body []byte) error {
 	if err != nil {
 		return err
 	}
+	if r.fence.on && r.mayRemember() && mayEndTx(sql) {
+		// Before it is sent: its ReadyForQuery then finds the mark.
+		r.mu.Lock()
+		r.fence.noteMayEnd()
+		r.mu.Unlock()
+	}
 	// The text's prepared-statement words, scanned once: for the form it
 	// is decided in and for the bookkeeping after the decision.
 	var words prepWords

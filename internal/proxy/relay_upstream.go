@@ -189,6 +189,7 @@ func (s *session) readyForQuery(status byte) bool {
 			clear(s.refusals)
 		}
 		s.state.rewrote = false
+		s.fence.mayEnd = false
 		s.state.execsSinceIdle = 0
 		idle = status == 'I'
 	}

@@ -67,6 +67,10 @@ func (t *tracker) registeredDone(l *rules.LockCall, ops []rules.SettingOp) func(
 		if o == outcomeOK && !t.fence.failed {
 			// Held once its transaction commits (fenceRecord.held).
 			t.fence.cand, t.fence.candSet = fenceValues{lock: lk, token: tok}, true
+		} else if o != outcomeOK && t.fence.held == (fenceValues{lock: lk, token: tok}) {
+			// Not registered (refused, failed, skipped): the next
+			// registration of these values reads the watermark first.
+			t.fence.held = fenceValues{}
 		}
 		if o == outcomeOK && t.fence.inTx && !t.fence.failed {
 			t.fence.registered, t.fence.regLock, t.fence.regToken = true, lk, tok

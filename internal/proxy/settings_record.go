@@ -4,7 +4,10 @@ package proxy
 // SET, SET LOCAL, transactions and savepoints (settings.go has the
 // overview).
 
-import "github.com/fenceproxy/fenceproxy/internal/rules"
+import (
+	"github.com/fenceproxy/fenceproxy/internal/rules"
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
+)
 
 type fenceValues struct{ token, lock string }
 
@@ -63,6 +66,11 @@ type fenceRecord struct {
 	// decides, at worst a deadlock error.
 	held, cand fenceValues
 	candSet    bool
+	// mayEnd: a statement the client sent since the relay was last idle
+	// may end its transaction from stored code (a CALL or DO, which may
+	// COMMIT or ROLLBACK outside a transaction block, where the relay
+	// does not see it): cand is then not kept.
+	mayEnd bool
 	// portal follows the portal the relay closed for a Bind's token
 	// (requests.closed): whether the server would still have it.
 	portal portalLife
@@ -77,6 +85,34 @@ type portalLife struct {
 }
 
 func (f *fenceRecord) forgetRegistration() { f.registered = false }
+
+// mayEndTx reports whether sql may end its transaction from stored code:
+// it has the word CALL or DO (keywords, never quoted or escaped), in any
+// place (a string or a comment only costs the memory of a registration,
+// fenceRecord.held). A procedure or a DO block called outside a
+// transaction block may COMMIT or ROLLBACK, even after other statements
+// of an extended-protocol pipeline.
+func mayEndTx(sql string) bool { return sqllex.ContainsAnyWordFold(sql, endWords) }
+
+var endWords = []string{"call", "do"}
+
+// mayRemember reports whether the session may come to remember a
+// registration (fenceRecord.held): it names a lock, or one is pending.
+func (r *requests) mayRemember() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := &r.fence
+	return f.cur.lock != "" || f.sess.lock != "" || f.candSet
+}
+
+// noteMayEnd records, before a client's statement that may end its
+// transaction from stored code is sent (mayEndTx), that the registration
+// of the transaction is not to be remembered. Callers hold session.mu.
+func (f *fenceRecord) noteMayEnd() {
+	if f.on {
+		f.mayEnd = true
+	}
+}
 
 func (f *fenceRecord) revert() {
 	f.pend, f.cur = f.sess, f.sess
@@ -120,7 +156,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 	case rules.TxCommit, rules.TxPrepare:
 		f.portal.dead = true
 		f.forgetRegistration()
-		if op.Kind == rules.TxCommit && !f.failed && f.candSet {
+		if op.Kind == rules.TxCommit && !f.failed && f.candSet && !f.mayEnd {
 			f.held = f.cand
 		}
 		f.candSet = false
@@ -176,7 +212,7 @@ func (f *fenceRecord) ready(status byte) {
 		f.forgetRegistration()
 		// 'I': the transaction of a registration that succeeded ended
 		// without an error (an explicit rollback cleared cand in apply).
-		if status == 'I' && f.candSet && !f.failed {
+		if status == 'I' && f.candSet && !f.failed && !f.mayEnd {
 			f.held = f.cand
 		}
 		f.candSet = false

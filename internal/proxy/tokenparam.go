@@ -220,7 +220,7 @@ func (r *requests) settingForm(stmt string, def *stmtDef) (*stmtDef, *rules.Erro
 		out = d.SQL
 	}
 	nd := &stmtDef{sql: def.sql, kept: true, sent: decisionHash(&d, def.sql), gen: gen, oids: def.oids, ops: def.ops, preparedForm: def.preparedForm,
-		lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence}
+		mayEnd: def.mayEnd, lock: d.Lock, plain: plainDecision(&d), forward: d.Action == Forward, fence: def.fence}
 	if err := r.reprepare(stmt, stmtVerdict{reprepare: nd, newSQL: out, def: nd, why: "in the form that reads the fencing token"}); err != nil {
 		return nil, nil, err
 	}
