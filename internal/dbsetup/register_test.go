@@ -75,25 +75,21 @@ func enter(ctx context.Context, conn *pgx.Conn, required bool) error {
 // 8): with the catalog's stamp and the session's values as the relay's
 // record has them ("" for unset).
 func holdAt(ctx context.Context, conn *pgx.Conn, required bool) error {
-	var stamp int64
-	if err := conn.QueryRow(ctx, "SELECT stamp FROM fenceproxy.catalog").Scan(&stamp); err != nil {
-		return err
-	}
-	rest := "fence.token\nfence.lock\nf\nf\ntest\npublic.config"
-	if required {
-		rest = "fence.token\nfence.lock\nt\nf\ntest\npublic.config"
-	}
-	_, err := conn.Exec(ctx, `CALL fenceproxy.hold_at($1, coalesce(pg_catalog.current_setting('fence.lock', true), ''),
-		coalesce(pg_catalog.current_setting('fence.token', true), ''), $2)`, stamp, rest)
-	return err
+	return callByValue(ctx, conn, "hold_at", required)
 }
 
 // reholdAt calls fenceproxy.rehold_at as holdAt calls hold_at. The relay
 // calls it only for a session whose registration of the same lock and
 // token committed before; called for any other, it must still have
-// register's outcome (only two such sessions of a new holder at once may
-// end in a deadlock error).
+// register's outcome, but for a token above the watermark while another
+// session holds the lock (TestReholdAtBelowToken).
 func reholdAt(ctx context.Context, conn *pgx.Conn, required bool) error {
+	return callByValue(ctx, conn, "rehold_at", required)
+}
+
+// callByValue calls fenceproxy.proc(stamp, lock, token, rest), hold_at's
+// arguments.
+func callByValue(ctx context.Context, conn *pgx.Conn, proc string, required bool) error {
 	var stamp int64
 	if err := conn.QueryRow(ctx, "SELECT stamp FROM fenceproxy.catalog").Scan(&stamp); err != nil {
 		return err
@@ -102,7 +98,7 @@ func reholdAt(ctx context.Context, conn *pgx.Conn, required bool) error {
 	if required {
 		rest = "fence.token\nfence.lock\nt\nf\ntest\npublic.config"
 	}
-	_, err := conn.Exec(ctx, `CALL fenceproxy.rehold_at($1, coalesce(pg_catalog.current_setting('fence.lock', true), ''),
+	_, err := conn.Exec(ctx, `CALL fenceproxy.`+proc+`($1, coalesce(pg_catalog.current_setting('fence.lock', true), ''),
 		coalesce(pg_catalog.current_setting('fence.token', true), ''), $2)`, stamp, rest)
 	return err
 }
