@@ -373,8 +373,8 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) TO PUBLI
 -- other to let go). The catalog check first, as in hold_at (a test
 -- compares them); then, under READ COMMITTED, the lock shared and the
 -- watermark read after it: equal to the token as the session gave it (its
--- decimal text), and the registration holds. Every other case is
--- register's, as in hold_at: a stale token is refused there without a
+-- decimal text), and the registration holds. Every other case calls
+-- hold_at, so it is register's: a stale token is refused there without a
 -- wait; a watermark below the token (the proxy's memory of the commit
 -- wrong: a watermark lowered or deleted by hand, a commit lost in a
 -- failover, or undone by stored code the proxy did not see) goes on to
@@ -393,7 +393,6 @@ AS $rehold_at$
 DECLARE
 	w pg_catalog.int8;
 	v pg_catalog.text;
-	a pg_catalog.text[];
 BEGIN
 	PERFORM FROM fenceproxy.catalog c
 		WHERE c.stamp OPERATOR(pg_catalog.=) want AND c.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
@@ -425,16 +424,9 @@ BEGIN
 			END IF;
 		END IF;
 	END IF;
-	-- Not the common case: register decides, reading the values from the
-	-- settings, as in hold_at.
-	a := pg_catalog.string_to_array(rest, E'\n');
-	IF a IS NULL OR pg_catalog.cardinality(a) OPERATOR(pg_catalog.<) 6 THEN
-		RAISE EXCEPTION 'fenceproxy.rehold_at: rest holds % lines, not 6', pg_catalog.cardinality(a);
-	END IF;
-	v := pg_catalog.set_config(a[1], tk, true);
-	v := pg_catalog.set_config(a[2], lk, true);
-	CALL fenceproxy.register(a[2], a[1], a[3]::pg_catalog.bool, a[4]::pg_catalog.bool, a[5],
-		pg_catalog.array_to_string(a[6:], E'\n'));
+	-- Not the common case: hold_at's, which ends in register (its check
+	-- of the catalog passes now, and a shared lock held twice is held).
+	CALL fenceproxy.hold_at(want, lk, tk, rest);
 END
 $rehold_at$;
 REVOKE ALL ON PROCEDURE fenceproxy.rehold_at(bigint, text, text, text) FROM PUBLIC;
