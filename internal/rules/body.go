@@ -99,6 +99,13 @@ func reachWord(w string) reachWords {
 	return 0
 }
 
+// reaches reports whether the words seen are those of a statement
+// reachesUnnamed may refuse: "owned", or "drop" or "alter" with an object
+// word.
+func (w reachWords) reaches() bool {
+	return w&wordOwned != 0 || w&(wordDropAlter|wordObject) == wordDropAlter|wordObject
+}
+
 // reachWordsIn adds the words of s (maximal runs of identifier bytes).
 func (c *codeCheck) reachWordsIn(s string) {
 	for i := 0; i < len(s); {
@@ -121,7 +128,7 @@ func (c *codeCheck) reaches() *unnamedReach {
 	if c.reach != nil {
 		return c.reach
 	}
-	if c.seen&wordOwned != 0 || c.seen&(wordDropAlter|wordObject) == wordDropAlter|wordObject {
+	if c.seen.reaches() {
 		return &unnamedReach{"dynamic SQL that may be DROP OWNED, REASSIGN OWNED, DROP or ALTER EXTENSION, DROP DATABASE or a DROP ... CASCADE",
 			"its strings or unparsed text hold the words of those statements (\"owned\", or \"drop\" or \"alter\" with \"cascade\", \"extension\" or \"database\"), which drop or give away objects they do not name, possibly a protected table",
 			"Create the code on a direct connection to PostgreSQL as a DBA."}

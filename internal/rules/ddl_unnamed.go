@@ -141,43 +141,6 @@ func (w *walker) refuseUnnamed(u *unnamedReach, code string) bool {
 		u.hint)
 }
 
-// mayReachUnnamed is MayTouch's check for the statements reachesUnnamed
-// refuses, which need not name a protected table: it reports whether sql
-// has the word "owned" (DROP OWNED, REASSIGN OWNED), or "alter" or "drop"
-// with "cascade", "extension" or "database". Words are compared ignoring
-// ASCII case wherever they appear (in strings and comments too: a false
-// positive only costs a parse); a keyword is always such a word, as the
-// lexer ends an identifier or keyword only at a byte that cannot continue
-// one. It does not allocate.
-func mayReachUnnamed(sql string) bool {
-	alterDrop, object := false, false
-	for i := 0; i < len(sql); {
-		if !sqllex.IsIdentCont(sql[i]) {
-			i++
-			continue
-		}
-		j := i + 1
-		for j < len(sql) && sqllex.IsIdentCont(sql[j]) {
-			j++
-		}
-		switch w := sql[i:j]; {
-		case len(w) < 4 || len(w) > 9:
-		case hasPrefixFoldASCII(w, "owned") && len(w) == 5:
-			return true
-		case len(w) == 5 && hasPrefixFoldASCII(w, "alter"), len(w) == 4 && hasPrefixFoldASCII(w, "drop"):
-			alterDrop = true
-		case len(w) == 7 && hasPrefixFoldASCII(w, "cascade"), len(w) == 9 && hasPrefixFoldASCII(w, "extension"),
-			len(w) == 8 && hasPrefixFoldASCII(w, "database"):
-			object = true
-		}
-		if alterDrop && object {
-			return true
-		}
-		i = j
-	}
-	return false
-}
-
 // HierarchySet finds DDL on relations that are an inheritance or
 // partitioned ancestor, or a descendant, of a protected table. It is safe
 // for concurrent use.
@@ -392,3 +355,13 @@ const (
 	hintDirect  = "Run it on a direct connection to PostgreSQL as a DBA."
 	hintCascade = "Drop the dependent objects by name and use RESTRICT (the default), or run it on a direct connection to PostgreSQL as a DBA."
 )
+
+// leadingWord returns the run of identifier bytes s starts with, cut after
+// ten bytes (longer than any word reachWord knows).
+func leadingWord(s string) string {
+	n := 0
+	for n < len(s) && n < 10 && sqllex.IsIdentCont(s[n]) {
+		n++
+	}
+	return s[:n]
+}

@@ -272,8 +272,9 @@ func (r *Rules) AuditTables() []string { return slices.Clone(r.audited) }
 
 func (r *Rules) buildNeedles() {
 	r.pairs = new([1024]uint64)
-	r.addPair("alter")
-	r.addPair("drop")
+	for _, w := range []string{"alter", "drop", "owned", "cascade", "extension", "database"} {
+		r.addPair(w)
+	}
 	seen := make(map[string]bool)
 	add := func(n string) {
 		if n == "" || seen[n] {
@@ -347,8 +348,10 @@ func (r *Rules) MayTouch(sql string) bool {
 	}
 	// One pass over the text: each pair of bytes, ASCII-lowered, is looked
 	// up in a bitmap of the pairs that start a needle (a relation name,
-	// "alter", "drop"); only those positions are compared.
+	// "alter", "drop", the words of reachWord); only those positions are
+	// compared.
 	alter := false
+	var words reachWords
 	if len(sql) > 0 {
 		prev := uint32(lowerTab[sql[0]])
 		for i := 1; i < len(sql); i++ {
@@ -367,6 +370,11 @@ func (r *Rules) MayTouch(sql string) bool {
 			if !alter && (hasPrefixFoldASCII(at, "alter") || hasPrefixFoldASCII(at, "drop")) {
 				alter = true
 			}
+			if i < 2 || !sqllex.IsIdentCont(sql[i-2]) {
+				if words |= reachWord(leadingWord(at)); words.reaches() {
+					return true
+				}
+			}
 		}
 	}
 	for _, n := range r.short {
@@ -383,7 +391,7 @@ func (r *Rules) MayTouch(sql string) bool {
 	}
 	// Statements that reach tables they do not name (DROP OWNED, REASSIGN
 	// OWNED, extensions, CASCADE: ddl.go) are decided too.
-	return mayHideName(sql) || mayReachUnnamed(sql)
+	return mayHideName(sql)
 }
 
 // lowerTab maps each byte to its ASCII lower case.
