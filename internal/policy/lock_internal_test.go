@@ -1,8 +1,12 @@
 package policy
 
 import (
+	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/fenceproxy/fenceproxy/internal/dbsetup"
+	"github.com/fenceproxy/fenceproxy/internal/rules"
 )
 
 func TestLockDetail(t *testing.T) {
@@ -58,5 +62,51 @@ func TestRaiserMissing(t *testing.T) {
 		if got := raiserMissing(msg); got != want {
 			t.Errorf("raiserMissing(%q) = %v, want %v", msg, got, want)
 		}
+	}
+}
+
+// TestCheckedRegistrationMemo: the memo of checkedRegistration answers
+// for the same registration and check only; another stamp, another
+// procedure or another registration gets its own, right, text.
+func TestCheckedRegistrationMemo(t *testing.T) {
+	a := &rules.LockCall{Query: "CALL r(1);UPDATE t SET x = 1", Calls: []int{0}, Call: "CALL r(1)"}
+	b := &rules.LockCall{Query: "CALL r(2);UPDATE u SET x = 1", Calls: []int{0}, Call: "CALL r(2)"}
+	c1 := stampCheck{on: true, stamp: 7, holdAt: true}
+	c2 := stampCheck{on: true, stamp: 8, holdAt: true}
+	c3 := stampCheck{on: true, stamp: 7, proc: "other.check"}
+	for round := range 2 {
+		for _, tc := range []struct {
+			c    stampCheck
+			l    *rules.LockCall
+			want string
+		}{
+			{c1, a, "CALL " + dbsetup.CatalogCheckProc + "(7);CALL r(1);UPDATE t SET x = 1"},
+			{c2, a, "CALL " + dbsetup.CatalogCheckProc + "(8);CALL r(1);UPDATE t SET x = 1"},
+			{c3, a, "CALL other.check(7);CALL r(1);UPDATE t SET x = 1"},
+			{c1, b, "CALL " + dbsetup.CatalogCheckProc + "(7);CALL r(2);UPDATE u SET x = 1"},
+		} {
+			got := checkedRegistration(tc.c, tc.l)
+			if got.Query != tc.want || got.Stamp != tc.c.stamp || got.HoldAt != tc.c.holdAt || !slices.Equal(got.Calls, []int{0, 1}) {
+				t.Errorf("round %d: checkedRegistration(%+v) = %q stamp %d holdAt %v calls %v; want %q", round, tc.c, got.Query, got.Stamp, got.HoldAt, got.Calls, tc.want)
+			}
+			if again := checkedRegistration(tc.c, tc.l); again != got {
+				t.Errorf("round %d: a second call for %+v built its result again", round, tc.c)
+			}
+		}
+	}
+	// More registrations than slots: each answer is still its own.
+	many := make([]*rules.LockCall, 1000)
+	for i := range many {
+		many[i] = &rules.LockCall{Query: "CALL r(" + strconv.Itoa(i) + ");x", Calls: []int{0}}
+	}
+	for round := range 2 {
+		for i, l := range many {
+			if got, want := checkedRegistration(c1, l).Query, "CALL "+dbsetup.CatalogCheckProc+"(7);CALL r("+strconv.Itoa(i)+");x"; got != want {
+				t.Fatalf("round %d: registration %d: %q, want %q", round, i, got, want)
+			}
+		}
+	}
+	if a.Pre != "" || a.Stamp != 0 || len(a.Calls) != 1 {
+		t.Errorf("the rules' LockCall changed: %+v", a)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	pg "github.com/pganalyze/pg_query_go/v6"
@@ -203,7 +204,48 @@ func catalogCheck(c stampCheck, text string) *rules.LockCall {
 // for c before it: Pre for the relay, which runs it also where it spares
 // or skips the registration, and in front of the registrations of a
 // Query's text.
+//
+// The result is shared and never changed: the rules' decisions, and so
+// their LockCalls, are cached, and the stamp moves only when the catalog
+// does, so the last results (regMemo) serve the next writes without
+// building the same text again.
 func checkedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
+	h := (uint64(uintptr(unsafe.Pointer(l))) * 0x9E3779B97F4A7C15) >> (64 - regMemoBits)
+	a, b := &regMemo[h], &regMemo[h^1]
+	ma, mb := a.Load(), b.Load()
+	switch {
+	case ma != nil && ma.l == l && ma.c == c:
+		return ma.out
+	case mb != nil && mb.l == l && mb.c == c:
+		return mb.out
+	}
+	out := buildCheckedRegistration(c, l)
+	m := &checkedReg{l: l, c: c, out: out}
+	if ma == nil || ma.l == l {
+		a.Store(m)
+	} else {
+		b.Store(m)
+	}
+	return out
+}
+
+// regMemoBits sizes regMemo: 2^regMemoBits slots, in pairs (a
+// registration's result is in slot h or h^1 of its hash h), so that two
+// registrations whose hashes meet do not take turns in one slot.
+const regMemoBits = 8
+
+// regMemo holds checkedRegistration's last results.
+var regMemo [1 << regMemoBits]atomic.Pointer[checkedReg]
+
+// checkedReg is checkedRegistration's result out for c and l.
+type checkedReg struct {
+	l   *rules.LockCall
+	c   stampCheck
+	out *rules.LockCall
+}
+
+// buildCheckedRegistration is checkedRegistration, built.
+func buildCheckedRegistration(c stampCheck, l *rules.LockCall) *rules.LockCall {
 	r := l
 	call := c.call()
 	out := *r

@@ -365,9 +365,14 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 		// what the prelude would set (preludeRead).
 		idle := r.state.txStatus == 'I' && r.state.inFlight == 0 && !r.state.unsynced && !r.state.desync
 		r.mu.Unlock()
+		plain := len(ops) == 0 && !words.execute && idle
+		// holdAtQuery takes only a registration other than the catalog
+		// check alone, which the first case below never does: it goes
+		// first, and fills the token form itself.
+		s, held := r.holdAtQuery(regLock, calls, sql, decided, rewrote, tf, cur, plain && len(ft.ops) == 0 && useTok == rewrote)
 		base := sql
 		carried := false // the fences carry the token
-		if d.Action == Rewrite {
+		if d.Action == Rewrite && !held {
 			base = d.SQL
 			if useTok {
 				if s, ok := tf.Fill(base, token); ok {
@@ -375,18 +380,17 @@ func (r *requests) trackPrepared(typ byte, p *pgproto3.Parse, sql string, gen ui
 				}
 			}
 		}
-		plain := len(ops) == 0 && !words.execute && idle
-		if carried && (regLock == nil || regLock.Catalog) && plain && !r.preludeRead(sql, base) {
-			// Nothing the text runs reads a fence setting (the catalog
-			// check, if any, reads none): it goes without the prelude.
-			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}
-			ft.prelude = false
-		} else if s, ok := r.holdAtQuery(regLock, calls, sql, decided, rewrote, tf, cur, plain && len(ft.ops) == 0 && useTok == rewrote); ok {
+		if held {
 			// One call of the check and the registration with the
 			// session's values, and nothing that reads the settings:
 			// it stands for the prelude, the check and the registration.
 			*d = rules.Decision{Action: Rewrite, SQL: s, Tables: d.Tables, Lock: d.Lock}
 			calls, checkFirst = []int{0}, 0
+			ft.prelude = false
+		} else if carried && (regLock == nil || regLock.Catalog) && plain && !r.preludeRead(sql, base) {
+			// Nothing the text runs reads a fence setting (the catalog
+			// check, if any, reads none): it goes without the prelude.
+			*d = rules.Decision{Action: Rewrite, SQL: base, Tables: d.Tables, Lock: d.Lock}
 			ft.prelude = false
 		} else {
 			*d = rules.Decision{Action: Rewrite, SQL: simplePrelude(tokenName, lockName, cur) + base, Tables: d.Tables, Lock: d.Lock}
@@ -535,18 +539,42 @@ func (r *requests) holdAtQuery(l *rules.LockCall, calls []int, sql, decided stri
 	if !ok || len(calls) != 2 || calls[0] != 0 || calls[1] != 1 || !r.holdAtFits(l) {
 		return "", false
 	}
-	text := decided
+	// The call and the text, in one allocation: "CALL proc(stamp, lock,
+	// token, rest);" and the text, filled with the token when rewritten.
+	size := len(decided)
+	token := ""
 	if rewrote {
-		token, valid := rules.CanonicalToken(cur.token)
-		filled, fok := tf.Fill(decided, token)
+		var valid bool
+		token, valid = rules.CanonicalToken(cur.token)
+		n, fok := tf.FilledLen(decided, token)
 		if !valid || !fok {
 			return "", false
 		}
-		text = filled
+		size = n
 	}
-	if r.preludeRead(sql, text) {
+	proc, rest := r.holdAtProc(l, cur), holdAtRestLen(l.Args)
+	var b strings.Builder
+	b.Grow(len("CALL (, , , );") + len(proc) + 20 + len(cur.lock) + len(cur.token) + rest + 6 + size)
+	b.WriteString("CALL ")
+	b.WriteString(proc)
+	b.WriteByte('(')
+	b.WriteString(strconv.FormatInt(l.Stamp, 10))
+	b.WriteString(", ")
+	writeFenceValue(&b, cur.lock)
+	b.WriteString(", ")
+	writeFenceValue(&b, cur.token)
+	b.WriteString(", ")
+	writeHoldAtRest(&b, l.Args)
+	b.WriteString(");")
+	head := b.Len()
+	if rewrote {
+		tf.FillTo(&b, decided, token)
+	} else {
+		b.WriteString(decided)
+	}
+	out := b.String()
+	if r.preludeRead(sql, out[head:]) {
 		return "", false
 	}
-	return "CALL " + r.holdAtProc(l, cur) + "(" + strconv.FormatInt(l.Stamp, 10) + ", " + quoteFenceValue(cur.lock) + ", " +
-		quoteFenceValue(cur.token) + ", " + quoteFenceValue(holdAtRest(l.Args)) + ");" + text, true
+	return out, true
 }

@@ -118,6 +118,14 @@ func (r *requests) enterCall(check *rules.LockCall, reg bindVerdict) (params [][
 	return params, l, true
 }
 
+// boolText is boolParam as a string.
+func boolText(b bool) string {
+	if b {
+		return "t"
+	}
+	return "f"
+}
+
 func boolParam(b bool) []byte {
 	if b {
 		return []byte("t")
@@ -171,24 +179,46 @@ func (r *requests) sendOwn(name, sql string, oids []uint32, params [][]byte, l *
 	}
 	r.state.rewrote = true
 	r.mu.Unlock()
-	msgs := [...]encoder{
-		&pgproto3.Close{ObjectType: 'P', Name: name},
-		&pgproto3.Close{ObjectType: 'S', Name: name},
-		&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids},
-		&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name, Parameters: params},
-		&pgproto3.Execute{Portal: name},
-		&pgproto3.Close{ObjectType: 'S', Name: name},
+	// Encoded into one reused buffer and written at once.
+	buf, err := ownMessages(r.ownBuf[:0], name, sql, oids, params, closeAfter)
+	if err != nil {
+		return upstreamErr(err)
 	}
-	n := len(msgs)
-	if !closeAfter {
-		n--
+	if cap(buf) <= maxReusedBind {
+		r.ownBuf = buf
 	}
-	for _, m := range msgs[:n] {
-		if err := writeMsg(r.uw, m); err != nil {
-			return upstreamErr(err)
-		}
+	if _, err := r.uw.Write(buf); err != nil {
+		return upstreamErr(err)
 	}
 	return nil
+}
+
+// ownMessages appends sendOwn's messages to buf: the closes of what an
+// earlier one left, the Parse, the Bind, the Execute, and, if closeAfter,
+// the close of the statement.
+func ownMessages(buf []byte, name, sql string, oids []uint32, params [][]byte, closeAfter bool) ([]byte, error) {
+	var err error
+	if buf, err = (&pgproto3.Close{ObjectType: 'P', Name: name}).Encode(buf); err != nil {
+		return nil, err
+	}
+	if buf, err = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(buf); err != nil {
+		return nil, err
+	}
+	if buf, err = (&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids}).Encode(buf); err != nil {
+		return nil, err
+	}
+	if buf, err = (&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name, Parameters: params}).Encode(buf); err != nil {
+		return nil, err
+	}
+	if buf, err = (&pgproto3.Execute{Portal: name}).Encode(buf); err != nil {
+		return nil, err
+	}
+	if closeAfter {
+		if buf, err = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(buf); err != nil {
+			return nil, err
+		}
+	}
+	return buf, nil
 }
 
 // holdAtSQL calls rules.HoldAtProc with the catalog check's stamp, the
@@ -219,7 +249,7 @@ func (r *requests) holdAtFits(l *rules.LockCall) bool {
 	tok, lk, lock := r.fence.tokenName, r.fence.lockName, r.fence.cur.lock
 	r.mu.Unlock()
 	return lock != "" && a.LockSetting == lk && a.TokenSetting == tok &&
-		!strings.ContainsRune(a.TokenSetting+a.LockSetting+a.Tag, '\n')
+		strings.IndexByte(a.TokenSetting, '\n') < 0 && strings.IndexByte(a.LockSetting, '\n') < 0 && strings.IndexByte(a.Tag, '\n') < 0
 }
 
 // holdAtProc is the procedure that registers l with the session's values
@@ -247,7 +277,41 @@ func (r *requests) holdAtProc(l *rules.LockCall, cur fenceValues) string {
 // arguments, one per line (holdAtFits saw that none but the last may
 // hold a line break).
 func holdAtRest(a *rules.RegArgs) string {
-	return a.TokenSetting + "\n" + a.LockSetting + "\n" + string(boolParam(a.Required)) + "\n" + string(boolParam(a.Audit)) + "\n" + a.Tag + "\n" + a.Tables
+	return a.TokenSetting + "\n" + a.LockSetting + "\n" + boolText(a.Required) + "\n" + boolText(a.Audit) + "\n" + a.Tag + "\n" + a.Tables
+}
+
+// appendHoldAtRest appends holdAtRest(a) to b.
+func appendHoldAtRest(b []byte, a *rules.RegArgs) []byte {
+	for i, p := range [...]string{a.TokenSetting, a.LockSetting, boolText(a.Required), boolText(a.Audit), a.Tag, a.Tables} {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, p...)
+	}
+	return b
+}
+
+// holdAtRestLen is the length of holdAtRest(a).
+func holdAtRestLen(a *rules.RegArgs) int {
+	return len(a.TokenSetting) + len(a.LockSetting) + len(a.Tag) + len(a.Tables) + 7
+}
+
+// writeHoldAtRest writes quoteFenceValue(holdAtRest(a)) to b, without
+// building the argument first where no part needs dollar quotes.
+func writeHoldAtRest(b *strings.Builder, a *rules.RegArgs) {
+	if strings.ContainsAny(a.TokenSetting, `'\`) || strings.ContainsAny(a.LockSetting, `'\`) ||
+		strings.ContainsAny(a.Tag, `'\`) || strings.ContainsAny(a.Tables, `'\`) {
+		b.WriteString(quoteFenceValue(holdAtRest(a)))
+		return
+	}
+	b.WriteByte('\'')
+	for i, p := range [...]string{a.TokenSetting, a.LockSetting, boolText(a.Required), boolText(a.Audit), a.Tag, a.Tables} {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(p)
+	}
+	b.WriteByte('\'')
 }
 
 // holdAtBind sends, before a Bind that goes without the session's values
@@ -260,7 +324,19 @@ func (r *requests) holdAtBind(l *rules.LockCall) error {
 	r.mu.Lock()
 	vals := r.fence.cur
 	r.mu.Unlock()
-	params := [][]byte{strconv.AppendInt(nil, l.Stamp, 10), []byte(vals.lock), []byte(vals.token), []byte(holdAtRest(l.Args))}
+	// The parameters, in one reused buffer: the stamp, the lock, the
+	// token and the rest (holdAtRest).
+	b := strconv.AppendInt(r.ownParams[:0], l.Stamp, 10)
+	n0 := len(b)
+	b = append(b, vals.lock...)
+	n1 := len(b)
+	b = append(b, vals.token...)
+	n2 := len(b)
+	b = appendHoldAtRest(b, l.Args)
+	if cap(b) <= maxReusedBind {
+		r.ownParams = b
+	}
+	params := [][]byte{b[:n0:n0], b[n0:n1:n1], b[n1:n2:n2], b[n2:]}
 	sql := holdAtSQL
 	if r.holdAtProc(l, vals) == rules.ReholdAtProc {
 		sql = reholdAtSQL

@@ -19,6 +19,10 @@ type requests struct {
 	// bindBuf is reused for the Binds the token is added to
 	// (withTokenParam), up to maxReusedBind.
 	bindBuf []byte
+	// ownBuf is reused for the messages of the proxy's own statements
+	// (sendOwn) and ownParams for holdAtBind's parameters, up to
+	// maxReusedBind.
+	ownBuf, ownParams []byte
 	// live is the portal of a statement in the parameter form that was
 	// bound and not yet executed (liveSet): it runs with the token of its
 	// Bind, so the proxy closes it before any message that may run

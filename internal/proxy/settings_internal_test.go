@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/fenceproxy/fenceproxy/internal/rules"
@@ -103,6 +104,34 @@ func TestQuoteFenceValue(t *testing.T) {
 	} {
 		if got := quoteFenceValue(in); got != want {
 			t.Errorf("quoteFenceValue(%q) = %q, want %q", in, got, want)
+		}
+		var b strings.Builder
+		if writeFenceValue(&b, in); b.String() != want {
+			t.Errorf("writeFenceValue(%q) wrote %q, want %q", in, b.String(), want)
+		}
+	}
+}
+
+// TestHoldAtRest: the rest argument written or appended in place is the
+// one built (and quoted), and its length is known before.
+func TestHoldAtRest(t *testing.T) {
+	for _, a := range []rules.RegArgs{
+		{LockSetting: "fence.lock", TokenSetting: "fence.token", Tables: "public.config"},
+		{LockSetting: "app.lock", TokenSetting: "app.token", Required: true, Audit: true, Tag: "t1", Tables: "a.b\nc.d"},
+		{LockSetting: "x.l", TokenSetting: "x.t", Tag: "it's", Tables: `"My Schema"."T"`},
+		{LockSetting: "x.l", TokenSetting: "x.t", Tables: `s.a\b`},
+		{},
+	} {
+		rest := holdAtRest(&a)
+		if got := string(appendHoldAtRest([]byte("x"), &a)); got != "x"+rest {
+			t.Errorf("appendHoldAtRest(%+v) = %q, want %q", a, got, "x"+rest)
+		}
+		if n := holdAtRestLen(&a); n != len(rest) {
+			t.Errorf("holdAtRestLen(%+v) = %d, want %d", a, n, len(rest))
+		}
+		var b strings.Builder
+		if writeHoldAtRest(&b, &a); b.String() != quoteFenceValue(rest) {
+			t.Errorf("writeHoldAtRest(%+v) wrote %q, want %q", a, b.String(), quoteFenceValue(rest))
 		}
 	}
 }

@@ -63,9 +63,13 @@ type fenceRecord struct {
 	// the lock shared before it reads the watermark (holdAtProc). cand is
 	// one that succeeded in the transaction still open (candSet). Being
 	// wrong costs no safety: the procedure then takes what register
-	// decides, at worst a deadlock error.
+	// decides, or refuses the statement for a retry (FP003).
 	held, cand fenceValues
 	candSet    bool
+	// regDone is registeredDone's callback for the values regDoneVals,
+	// kept for the next registration of the same values.
+	regDone     func(outcome)
+	regDoneVals fenceValues
 	// mayEnd: a statement the client sent since the relay was last idle
 	// may end its transaction from stored code (a CALL or DO, which may
 	// COMMIT or ROLLBACK outside a transaction block, where the relay

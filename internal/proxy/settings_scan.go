@@ -137,6 +137,22 @@ func quoteFenceValue(v string) string {
 	if !strings.ContainsAny(v, `'\`) {
 		return "'" + v + "'"
 	}
+	return dollarQuote(v)
+}
+
+// writeFenceValue writes quoteFenceValue(v) to b.
+func writeFenceValue(b *strings.Builder, v string) {
+	if strings.ContainsAny(v, `'\`) {
+		b.WriteString(dollarQuote(v))
+		return
+	}
+	b.WriteByte('\'')
+	b.WriteString(v)
+	b.WriteByte('\'')
+}
+
+// dollarQuote returns v between dollar quotes whose tag v does not hold.
+func dollarQuote(v string) string {
 	for n := 0; ; n++ {
 		tag := "$fp" + strings.Repeat("x", n) + "$"
 		// The first occurrence of the tag after the opening one must be

@@ -306,13 +306,24 @@ const maxKeptBind = 64 << 10
 // keepLive records the Bind of portal, of stmt, just checked with the
 // token added: the live portal (bindHead closed any other).
 func (r *requests) keepLive(portal, stmt string, body []byte) {
-	r.live, r.liveSet, r.liveStmt = strings.Clone(portal), true, strings.Clone(stmt)
+	// The names may point into the read buffer: kept as copies, the last
+	// ones again where they are the same (a client binds the same
+	// statement over and over).
+	if r.live != portal {
+		r.live = strings.Clone(portal)
+	}
+	if r.liveStmt != stmt {
+		r.liveStmt = strings.Clone(stmt)
+	}
+	r.liveSet = true
 	r.mu.Lock()
 	r.liveDepth = len(r.fence.saves) // the record is resolved (fenceReady)
 	r.mu.Unlock()
-	r.liveBind = nil
+	// Its own array, reused: closeLive copies it (closedBind).
 	if len(body) <= maxKeptBind {
 		r.liveBind = append(r.liveBind[:0], body...)
+	} else {
+		r.liveBind = nil
 	}
 }
 

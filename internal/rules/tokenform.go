@@ -96,24 +96,40 @@ func (t *TokenForm) StaleTable() string {
 // (CanonicalToken). It returns false when sent does not end so, or when
 // token is not canonical.
 func (t *TokenForm) Fill(sent, token string) (string, bool) {
-	if t == nil || !strings.HasSuffix(sent, t.real) {
+	n, ok := t.FilledLen(sent, token)
+	if !ok {
 		return "", false
+	}
+	var b strings.Builder
+	b.Grow(n)
+	t.FillTo(&b, sent, token)
+	return b.String(), true
+}
+
+// FilledLen returns the length of what Fill returns for sent and token,
+// and false where Fill returns false.
+func (t *TokenForm) FilledLen(sent, token string) (int, bool) {
+	if t == nil || !strings.HasSuffix(sent, t.real) {
+		return 0, false
 	}
 	// The token goes between quotes: only canonical digits may.
 	if c, ok := CanonicalToken(token); !ok || c != token {
-		return "", false
+		return 0, false
 	}
-	head := sent[:len(sent)-len(t.real)]
-	var b strings.Builder
-	b.Grow(len(head) + t.size + len(token)*(len(t.pieces)-1))
-	b.WriteString(head)
+	return len(sent) - len(t.real) + t.size + len(token)*(len(t.pieces)-1), true
+}
+
+// FillTo writes to b what Fill returns, for sent and token for which
+// FilledLen reports true: callers that build a larger text around it
+// spare the copy.
+func (t *TokenForm) FillTo(b *strings.Builder, sent, token string) {
+	b.WriteString(sent[:len(sent)-len(t.real)])
 	for i, p := range t.pieces {
 		if i > 0 {
 			b.WriteString(token)
 		}
 		b.WriteString(p)
 	}
-	return b.String(), true
 }
 
 // MaxParams is the most parameters a prepared statement may have: the

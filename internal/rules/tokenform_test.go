@@ -44,9 +44,23 @@ func TestTokenFormFill(t *testing.T) {
 		strings.Contains(got, "current_setting") || strings.ContainsRune(got, 0) {
 		t.Fatalf("Fill = %q, %v", got, ok)
 	}
+	// FilledLen is exact, and FillTo writes what Fill returns.
+	for _, tok := range []string{"42", "1", "9223372036854775807"} {
+		want, _ := d.Tok.Fill("CALL x();"+d.SQL, tok)
+		n, ok := d.Tok.FilledLen("CALL x();"+d.SQL, tok)
+		var b strings.Builder
+		b.WriteString("pre")
+		d.Tok.FillTo(&b, "CALL x();"+d.SQL, tok)
+		if !ok || n != len(want) || b.String() != "pre"+want {
+			t.Errorf("token %s: FilledLen = %d, %v; FillTo wrote %q; Fill %q", tok, n, ok, b.String(), want)
+		}
+	}
 	for _, bad := range []string{"042", "0", "", "4'2", "42'; DROP TABLE config; --", "9223372036854775808"} {
 		if s, ok := d.Tok.Fill(d.SQL, bad); ok {
 			t.Errorf("Fill(%q) = %q; want refused", bad, s)
+		}
+		if _, ok := d.Tok.FilledLen(d.SQL, bad); ok {
+			t.Errorf("FilledLen(%q) accepted", bad)
 		}
 	}
 	if s, ok := d.Tok.Fill(d.SQL+" ", "42"); ok {
