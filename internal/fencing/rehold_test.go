@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
@@ -269,6 +270,56 @@ func TestReholdAtConcurrent(t *testing.T) {
 	for i, c := range old {
 		if proc, err := sentProc(t, d, c, "UPDATE acct SET n = 0 WHERE id = 3"); sqlState(err) != "FP001" {
 			t.Errorf("session %d of 7 at the end: %v (sent %s), want FP001", i, err, proc)
+		}
+	}
+}
+
+// TestReholdPreparedCallForgets: a statement prepared earlier whose text
+// may end the transaction from stored code (a CALL of a procedure that
+// rolls back, a DO block) and is bound in a pipeline after a lock-fenced
+// write, before one Sync, rolls the registration back where the relay
+// sees no error and no ROLLBACK; the relay knows it from the statement's
+// text at its Bind (its Parse went in an earlier Sync), keeps no memory
+// of the registration, and the session's next write reads the watermark
+// first (hold_at).
+func TestReholdPreparedCallForgets(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	p, db, d, _ := preludeSession(t, lockRules, rvRollbackProc)
+	for i, tail := range []string{"CALL rv_rollback()", "DO $$BEGIN ROLLBACK; END$$"} {
+		lock := fmt.Sprintf("P%d", i)
+		h7 := rvHolder(t, p, db, lock, "7")
+		if err := rvExec(t, h7, "UPDATE acct SET n = n + 1 WHERE id = 3"); err != nil {
+			t.Fatal(err)
+		}
+		h9 := rvHolder(t, p, db, lock, "9")
+		if _, err := h9.PgConn().Prepare(ctxT(t), "ends", tail, nil); err != nil {
+			t.Fatalf("%s: prepare: %v", tail, err)
+		}
+		before := snapshot(t, d, "acct")
+		var err error
+		for range 100 {
+			b := &pgconn.Batch{}
+			b.ExecParams("UPDATE acct SET n = n + 1 WHERE id = 1", nil, nil, nil, nil)
+			b.ExecPrepared("ends", nil, nil, nil)
+			if _, err = h9.PgConn().ExecBatch(ctxT(t), b).ReadAll(); sqlState(err) != "FP003" {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: the pipeline: %v", tail, err)
+		}
+		// The write and its registration were rolled back.
+		wantUnchanged(t, d, "acct", before)
+		if w := lockWatermark(t, d, lock); w != 7 {
+			t.Fatalf("%s: lock %s's watermark %d after the rolled-back registration, want 7", tail, lock, w)
+		}
+		proc, err := sentProc(t, d, h9, "UPDATE acct SET payload = 'h9' WHERE id = 1")
+		if err != nil || proc != "hold_at" {
+			t.Errorf("{UPDATE; Bind of the prepared %q}: the next write %v, sent %s; want hold_at (no registration of 9 committed)", tail, err, proc)
+		}
+		if w := lockWatermark(t, d, lock); w != 9 {
+			t.Errorf("%s: lock %s's watermark %d after the next write, want 9", tail, lock, w)
 		}
 	}
 }
