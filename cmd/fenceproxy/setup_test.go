@@ -74,7 +74,7 @@ tables:
 		{
 			name: "setup without columns", args: []string{"setup", "-c", cfg}, wantCode: 0,
 			want: []string{
-				"database app:\n  created the fenceproxy schema and objects (version 9)\n",
+				"database app:\n  created the fenceproxy schema and objects (version 10)\n",
 				"note: public.config: fence column last_fence is missing: setup adds it with --add-columns",
 			},
 		},
@@ -210,7 +210,7 @@ guard:
 		{
 			name: "setup --guard", args: []string{"setup", "-c", cfg, "--guard"},
 			want: []string{
-				"database app:\n  created the fenceproxy schema and objects (version 9)\n",
+				"database app:\n  created the fenceproxy schema and objects (version 10)\n",
 				"  installed the database guard (its functions and table fenceproxy.guard_exempt)\n",
 				"  set the roles the guard exempts to migrations\n",
 				"  installed the guard on public.config\n",

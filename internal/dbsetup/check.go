@@ -172,7 +172,13 @@ func checkOnce(ctx context.Context, conn *pgx.Conn, specs []rules.TableSpec, opt
 	rep.HoldAt = rep.Enter && obj.holdAt && obj.version >= holdAtVersion
 	rep.ReholdAt = rep.HoldAt && obj.reholdAt && obj.version >= reholdAtVersion
 	if obj.hasVersion && obj.version < Version && obj.version >= lockVersion {
-		gain := "with which a lock registration reads the watermark once, not twice, for a session that registered the same token before"
+		gain := ""
+		if obj.version < nameIndexVersion {
+			gain = "with which the read of a lock's watermark compares names byte by byte, not under the database's collation"
+		}
+		if obj.version < reholdAtVersion {
+			gain = "with which a lock registration reads the watermark once, not twice, for a session that registered the same token before"
+		}
 		if obj.version < holdAtVersion {
 			gain = "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"
 		}

@@ -21,7 +21,7 @@ var objectsSQL string
 // fenceproxy.meta under the key 'version'. Setup refuses to replace objects
 // of a newer version; the proxy works with older ones as far as they go
 // (lockVersion, raisersVersion).
-const Version = 9
+const Version = 10
 
 // lockVersion is the oldest version whose objects lock fencing works
 // with. Versions 2 and 3 added the error raisers (raiserFuncs) and left
@@ -33,7 +33,8 @@ const Version = 9
 // (enterVersion); version 8 the one call in front of a simple Query that
 // registers a lock, fenceproxy.hold_at (holdAtVersion); version 9 its
 // form for a holder that registered its token before, rehold_at
-// (reholdAtVersion).
+// (reholdAtVersion); version 10 the index its read of the watermark uses
+// (nameIndexVersion).
 const lockVersion = 1
 
 // raisersVersion is the oldest version whose error raisers are those of
@@ -69,6 +70,12 @@ const holdAtVersion = 8
 // (Report.ReholdAt).
 const reholdAtVersion = 9
 
+// nameIndexVersion is the version that added the index locks_name_c and
+// rehold_at's read of the watermark by it (the lock names compared byte
+// by byte, not under the database's collation). rehold_at as version 9
+// installed it (rehold_at_v9.sql) is accepted as well.
+const nameIndexVersion = 10
+
 // registerBody is the register procedure's source in objects.sql, the text
 // between its $body$ quotes, as pg_proc.prosrc keeps it. Check compares
 // them: a procedure replaced by hand, or installed by another build of the
@@ -90,6 +97,13 @@ var holdAtBody = dollarBody(objectsSQL, "hold_at")
 // reholdAtBody is the rehold_at procedure's source in objects.sql,
 // compared as registerBody is.
 var reholdAtBody = dollarBody(objectsSQL, "rehold_at")
+
+// reholdAtV9SQL is rehold_at as objects version 9 installed it.
+//
+//go:embed rehold_at_v9.sql
+var reholdAtV9SQL string
+
+var reholdAtBodyV9 = dollarBody(reholdAtV9SQL, "rehold_at")
 
 // registerV1SQL is the register procedure of versions 1 to 3, which Check
 // accepts in a database whose objects are of one of those versions.

@@ -121,7 +121,7 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	o.hold = holdSrc != nil && *holdSrc == holdBody && holdDeclared
 	o.enter = enterSrc != nil && *enterSrc == enterBody && enterDeclared
 	o.holdAt = holdAtSrc != nil && *holdAtSrc == holdAtBody && holdAtDeclared
-	o.reholdAt = reholdAtSrc != nil && *reholdAtSrc == reholdAtBody && reholdAtDeclared
+	o.reholdAt = reholdAtSrc != nil && (*reholdAtSrc == reholdAtBody || *reholdAtSrc == reholdAtBodyV9) && reholdAtDeclared
 	if o.schema {
 		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -1,4 +1,4 @@
--- fenceproxy database objects, version 9. Installed by `fenceproxy setup`
+-- fenceproxy database objects, version 10. Installed by `fenceproxy setup`
 -- in one transaction; every statement is idempotent.
 
 CREATE SCHEMA IF NOT EXISTS fenceproxy;
@@ -22,6 +22,13 @@ CREATE TABLE IF NOT EXISTS fenceproxy.locks (
 );
 REVOKE ALL ON fenceproxy.meta, fenceproxy.locks FROM PUBLIC;
 GRANT SELECT ON fenceproxy.meta, fenceproxy.locks TO PUBLIC;
+-- The lock names again, under the "C" collation (version 10): rehold_at,
+-- a registration's common case, finds its watermark by this index, whose
+-- comparisons are of bytes, where the primary key's are the database's
+-- collation's (strcoll, or ICU's), several times the cost. Equality is
+-- the same under both (a database's default collation is deterministic),
+-- so the index is unique exactly when the key is.
+CREATE UNIQUE INDEX IF NOT EXISTS locks_name_c ON fenceproxy.locks (name COLLATE "C");
 
 -- register(lock_setting, token_setting, required, audit, tag, tables)
 -- registers the session's token for the session's lock, for the rest of
@@ -382,7 +389,9 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.hold_at(bigint, text, text, text) TO PUBLI
 -- holds it shared, only where no other session holds it (a try); else
 -- the statement fails with FP003, and its retry goes through hold_at
 -- (the proxy forgets a registration that failed): two such sessions never
--- wait for each other. It sets no guard memo: the proxy calls it only where
+-- wait for each other. Its read compares the names byte by byte, by the
+-- index locks_name_c (version 10; a test checks the plan). It sets no
+-- guard memo: the proxy calls it only where
 -- no database guard is installed (one installed since is found by the
 -- catalog check, or its trigger finds no memo and registers, which fails
 -- without the settings). Caller's rights, no search_path, every name
@@ -402,7 +411,7 @@ BEGIN
 	END IF;
 	IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
 		v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::pg_catalog.text;
-		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) lk;
 		IF w::pg_catalog.text OPERATOR(pg_catalog.=) tk THEN
 			RETURN;
 		END IF;
@@ -602,5 +611,5 @@ GRANT EXECUTE ON FUNCTION fenceproxy.stale(text, bigint, text), fenceproxy.stale
 	fenceproxy.advance(text, bigint, boolean, text, text),
 	fenceproxy.stale_at(bigint), fenceproxy.stale_at_b(bigint) TO PUBLIC;
 
-INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '9')
+INSERT INTO fenceproxy.meta (key, value) VALUES ('version', '10')
 	ON CONFLICT (key) DO UPDATE SET value = excluded.value;

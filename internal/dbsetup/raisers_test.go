@@ -257,9 +257,14 @@ func setupConfig(t *testing.T, lock string) (string, *pgx.Conn, []rules.TableSpe
 // with versions before 4, reports stale_at (StaleAt) only from version 5,
 // hold (Hold) only from version 6, enter (Enter) only from version 7,
 // hold_at (HoldAt) only from version 8 and rehold_at (ReholdAt) only from
-// version 9.
+// version 9, whose rehold_at (rehold_at_v9.sql) it accepts as this
+// version's.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reholdAtV9, err := os.ReadFile("rehold_at_v9.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,16 +272,17 @@ func TestLockWithOlderObjects(t *testing.T) {
 		version          string
 		raisers, staleAt bool
 		hold, enter      bool
-		holdAt           bool
+		holdAt, reholdAt bool
 		note             string
 	}{
-		{"1", false, false, false, false, false, "whose error raisers and lock registration make fenced writes cheaper"},
-		{"3", true, false, false, false, false, "whose lock registration and error raisers cost the server less"},
-		{"4", true, false, false, false, false, "whose lock registration and error raiser for a stale row cost the server less"},
-		{"5", true, true, false, false, false, "whose lock registration costs the server less"},
-		{"6", true, true, true, false, false, "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol"},
-		{"7", true, true, true, true, false, "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"},
-		{"8", true, true, true, true, true, "with which a lock registration reads the watermark once, not twice, for a session that registered the same token before"},
+		{"1", false, false, false, false, false, false, "whose error raisers and lock registration make fenced writes cheaper"},
+		{"3", true, false, false, false, false, false, "whose lock registration and error raisers cost the server less"},
+		{"4", true, false, false, false, false, false, "whose lock registration and error raiser for a stale row cost the server less"},
+		{"5", true, true, false, false, false, false, "whose lock registration costs the server less"},
+		{"6", true, true, true, false, false, false, "with which fenceproxy sends one statement of its own, not three, before a statement of the extended protocol"},
+		{"7", true, true, true, true, false, false, "with which fenceproxy sends one statement of its own, not four, in front of a simple Query that registers a lock"},
+		{"8", true, true, true, true, true, false, "with which a lock registration reads the watermark once, not twice, for a session that registered the same token before"},
+		{"9", true, true, true, true, true, true, "with which the read of a lock's watermark compares names byte by byte, not under the database's collation"},
 	} {
 		t.Run("version "+tc.version, func(t *testing.T) {
 			db, conn, sp := setupConfig(t, rules.LockRequired)
@@ -284,7 +290,12 @@ func TestLockWithOlderObjects(t *testing.T) {
 				execSQL(t, conn, string(oldRegister))
 			}
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
-			execSQL(t, conn, "DROP PROCEDURE fenceproxy.rehold_at(bigint, text, text, text)")
+			if tc.reholdAt {
+				execSQL(t, conn, string(reholdAtV9))
+				execSQL(t, conn, "DROP INDEX fenceproxy.locks_name_c")
+			} else {
+				execSQL(t, conn, "DROP PROCEDURE fenceproxy.rehold_at(bigint, text, text, text)")
+			}
 			if !tc.holdAt {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold_at(bigint, text, text, text)")
 			}
@@ -305,8 +316,8 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold != tc.hold || rep.Enter != tc.enter || rep.HoldAt != tc.holdAt || rep.ReholdAt || len(rep.Notes) != 1 ||
-				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 9, "+tc.note) {
+			if !rep.OK() || rep.Raisers != tc.raisers || rep.StaleAt != tc.staleAt || rep.Hold != tc.hold || rep.Enter != tc.enter || rep.HoldAt != tc.holdAt || rep.ReholdAt != tc.reholdAt || len(rep.Notes) != 1 ||
+				!strings.Contains(rep.Notes[0].Text, "version "+tc.version+": fenceproxy setup upgrades them to version 10, "+tc.note) {
 				t.Fatalf("check: %+v", rep)
 			}
 			// The old procedure registers and refuses a stale token.
@@ -322,7 +333,7 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 9"; len(up.Actions) != 1 || up.Actions[0] != want {
+			if want := "upgraded the fenceproxy objects from version " + tc.version + " to 10"; len(up.Actions) != 1 || up.Actions[0] != want {
 				t.Errorf("setup: %+v, want %q", up.Actions, want)
 			}
 			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || !rep.OK() || !rep.Raisers || !rep.StaleAt || !rep.Hold || !rep.Enter || !rep.HoldAt || !rep.ReholdAt || len(rep.Notes) != 0 {
@@ -331,12 +342,16 @@ func TestLockWithOlderObjects(t *testing.T) {
 			if w := watermark(t, db, "locks/config"); w != 5 {
 				t.Errorf("watermark %d after the upgrade, want 5", w)
 			}
+			var index bool
+			if err := conn.QueryRow(t.Context(), "SELECT pg_catalog.to_regclass('fenceproxy.locks_name_c') IS NOT NULL").Scan(&index); err != nil || !index {
+				t.Errorf("index locks_name_c after the upgrade: %v, %v", index, err)
+			}
 
-			// Version 9 objects with the old procedure: not this fenceproxy's.
+			// Version 10 objects with the old procedure: not this fenceproxy's.
 			execSQL(t, conn, string(oldRegister))
 			if rep, err = dbsetup.Check(t.Context(), conn, sp); err != nil || rep.OK() || rep.Hold || rep.Enter || rep.HoldAt || rep.ReholdAt ||
-				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 9)") {
-				t.Errorf("check of version 9 objects with the old procedure: %+v, %v", rep, err)
+				!strings.Contains(rep.Problems[0].Description, "procedure fenceproxy.register is not this fenceproxy's (version 10)") {
+				t.Errorf("check of version 10 objects with the old procedure: %+v, %v", rep, err)
 			}
 		})
 	}
@@ -433,5 +448,57 @@ func TestCheckHold(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestReholdAtReadsByNameIndex: rehold_at's read of the watermark, as
+// objects.sql writes it, can be served by the index locks_name_c, which
+// setup creates (its comparisons are of bytes, the primary key's under
+// the database's collation); the read as version 9 wrote it, comparing
+// under the column's collation, cannot.
+func TestReholdAtReadsByNameIndex(t *testing.T) {
+	_, conn, _ := setupConfig(t, rules.LockRequired)
+	read := func(file string) string {
+		t.Helper()
+		src, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(src)
+		i := strings.Index(s, "PROCEDURE fenceproxy.rehold_at(")
+		j := strings.Index(s[i:], "SELECT l.token INTO w FROM fenceproxy.locks l")
+		k := strings.IndexByte(s[i+j:], ';')
+		if i < 0 || j < 0 || k < 0 || !strings.HasSuffix(s[i+j:i+j+k], " lk") {
+			t.Fatalf("%s: no read of the watermark in rehold_at", file)
+		}
+		q := strings.Replace(s[i+j:i+j+k], " INTO w", "", 1)
+		return strings.TrimSuffix(q, "lk") + "$1"
+	}
+	plan := func(q string) string {
+		t.Helper()
+		tx, err := conn.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(t.Context())
+		// Where an index can serve the read, the planner takes it.
+		execSQL(t, tx.Conn(), "SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan")
+		execSQL(t, tx.Conn(), "PREPARE watermark_read(text) AS "+q)
+		defer execSQL(t, tx.Conn(), "DEALLOCATE watermark_read")
+		rows, err := tx.Query(t.Context(), "EXPLAIN EXECUTE watermark_read('locks/config')", pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	if p := plan(read("objects.sql")); !strings.Contains(p, "locks_name_c") {
+		t.Errorf("rehold_at's read does not use locks_name_c:\n%s", p)
+	}
+	if p := plan(read("rehold_at_v9.sql")); strings.Contains(p, "locks_name_c") || !strings.Contains(p, "locks_pkey") {
+		t.Errorf("version 9's read, under the column's collation: want the primary key, got\n%s", p)
 	}
 }

@@ -51,7 +51,7 @@ func TestSetupTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"created the fenceproxy schema and objects (version 9)",
+		"created the fenceproxy schema and objects (version 10)",
 		"installed the catalog watch (event triggers fenceproxy_catalog_ddl and fenceproxy_catalog_drop)",
 		"added column last_fence bigint NOT NULL DEFAULT 0 to public.config",
 	}
@@ -123,14 +123,14 @@ func TestSetupRefusesDowngrade(t *testing.T) {
 	if _, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '10' WHERE key = 'version'")
+	execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '11' WHERE key = 'version'")
 
 	rep, err := dbsetup.Setup(t.Context(), conn, sp, dbsetup.SetupOptions{AddColumns: true})
 	var newer *dbsetup.NewerError
-	if !errors.As(err, &newer) || newer.Found != 10 {
-		t.Fatalf("setup over version 10: %+v, %v; want a NewerError", rep, err)
+	if !errors.As(err, &newer) || newer.Found != 11 {
+		t.Fatalf("setup over version 11: %+v, %v; want a NewerError", rep, err)
 	}
-	if msg := err.Error(); !strings.Contains(msg, "version 10") || !strings.Contains(msg, "version 9") {
+	if msg := err.Error(); !strings.Contains(msg, "version 11") || !strings.Contains(msg, "version 10") {
 		t.Errorf("error %q does not name both versions", msg)
 	}
 	var version string
@@ -139,8 +139,8 @@ func TestSetupRefusesDowngrade(t *testing.T) {
 		(SELECT count(*) FROM pg_attribute WHERE attrelid = 'config'::regclass AND attname = 'last_fence')`).Scan(&version, &columns); err != nil {
 		t.Fatal(err)
 	}
-	if version != "10" || columns != 0 {
-		t.Errorf("after the refused setup: version %s, %d fence columns; want 10 and 0", version, columns)
+	if version != "11" || columns != 0 {
+		t.Errorf("after the refused setup: version %s, %d fence columns; want 11 and 0", version, columns)
 	}
 }
 

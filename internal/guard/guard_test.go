@@ -357,7 +357,7 @@ func TestGuardSetupAndCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"created the fenceproxy schema and objects (version 9)",
+		"created the fenceproxy schema and objects (version 10)",
 		"installed the catalog watch (event triggers fenceproxy_catalog_ddl and fenceproxy_catalog_drop)",
 		"installed the database guard (its functions and table fenceproxy.guard_exempt)",
 		"installed the guard on public.config",
