@@ -71,9 +71,10 @@ const holdAtVersion = 8
 const reholdAtVersion = 9
 
 // nameIndexVersion is the version that added the index locks_name_c and
-// rehold_at's read of the watermark by it (the lock names compared byte
-// by byte, not under the database's collation). rehold_at as version 9
-// installed it (rehold_at_v9.sql) is accepted as well.
+// the reads of the watermark by it in hold, hold_at and rehold_at (the
+// lock names compared byte by byte, not under the database's collation).
+// Those procedures as earlier versions installed them (hold_v6.sql,
+// hold_at_v8.sql, rehold_at_v9.sql) are accepted as well.
 const nameIndexVersion = 10
 
 // registerBody is the register procedure's source in objects.sql, the text
@@ -97,6 +98,20 @@ var holdAtBody = dollarBody(objectsSQL, "hold_at")
 // reholdAtBody is the rehold_at procedure's source in objects.sql,
 // compared as registerBody is.
 var reholdAtBody = dollarBody(objectsSQL, "rehold_at")
+
+// holdV6SQL and holdAtV8SQL are hold and hold_at as objects versions 6
+// (hold) or 8 (hold_at) to 9 installed them, accepted as current.
+//
+//go:embed hold_v6.sql
+var holdV6SQL string
+
+//go:embed hold_at_v8.sql
+var holdAtV8SQL string
+
+var (
+	holdBodyV6   = dollarBody(holdV6SQL, "hold")
+	holdAtBodyV8 = dollarBody(holdAtV8SQL, "hold_at")
+)
 
 // reholdAtV9SQL is rehold_at as objects version 9 installed it.
 //

@@ -22,8 +22,9 @@ CREATE TABLE IF NOT EXISTS fenceproxy.locks (
 );
 REVOKE ALL ON fenceproxy.meta, fenceproxy.locks FROM PUBLIC;
 GRANT SELECT ON fenceproxy.meta, fenceproxy.locks TO PUBLIC;
--- The lock names again, under the "C" collation (version 10): rehold_at,
--- a registration's common case, finds its watermark by this index, whose
+-- The lock names again, under the "C" collation (version 10): hold,
+-- hold_at and rehold_at, a registration's common case, find the watermark
+-- by this index, whose
 -- comparisons are of bytes, where the primary key's are the database's
 -- collation's (strcoll, or ICU's), several times the cost. Equality is
 -- the same under both (a database's default collation is deterministic),
@@ -211,8 +212,9 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.register(text, text, boolean, boolean, tex
 -- search_path (register's SECURITY DEFINER and SET search_path switch the
 -- user and the settings around every call: hold saves about a tenth of a
 -- registration's instructions). It only reads (fenceproxy.locks is
--- readable by PUBLIC); every other case is register's, which it calls,
--- and the watermark moves in register only. With no search_path of its
+-- readable by PUBLIC, by the index locks_name_c since version 10); every
+-- other case is register's, which it calls, and the watermark moves in
+-- register only. With no search_path of its
 -- own, every name is qualified, operators and types too (PL/pgSQL
 -- resolves a type name of the body on the caller's search_path, where
 -- pg_temp comes before pg_catalog), so that the caller's search_path
@@ -236,13 +238,13 @@ BEGIN
 			AND pg_catalog.ltrim(tk, '0123456789') OPERATOR(pg_catalog.=) ''
 			AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
 		tok := tk::pg_catalog.int8;
-		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) lk;
 		IF w OPERATOR(pg_catalog.=) tok THEN
 			-- Held shared, then read again: a newer holder may have
 			-- registered while we waited (each read of a procedure that
 			-- is not STABLE takes a new snapshot under READ COMMITTED).
 			v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::pg_catalog.text;
-			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) lk;
 			IF w OPERATOR(pg_catalog.=) tok THEN
 				v := pg_catalog.set_config('fenceproxy.guard_registered', lk OPERATOR(pg_catalog.||) E'\n' OPERATOR(pg_catalog.||) tok::pg_catalog.text, true);
 				RETURN;
@@ -318,7 +320,8 @@ GRANT EXECUTE ON PROCEDURE fenceproxy.enter(text, text, text, text, bigint, bool
 -- which may hold line breaks); each argument of a CALL costs the server
 -- about as much as a line of the body, so the common case reads one. It
 -- runs with the caller's rights and sets no search_path; every name in
--- it is qualified.
+-- it is qualified. Its reads of the watermark, hold's, use the index
+-- locks_name_c (version 10).
 CREATE OR REPLACE PROCEDURE fenceproxy.hold_at(want bigint, lk text, tk text, rest text)
 LANGUAGE plpgsql
 AS $hold_at$
@@ -341,13 +344,13 @@ BEGIN
 			AND pg_catalog.ltrim(tk, '0123456789') OPERATOR(pg_catalog.=) ''
 			AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
 		tok := tk::pg_catalog.int8;
-		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+		SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) lk;
 		IF w OPERATOR(pg_catalog.=) tok THEN
 			-- Held shared, then read again: a newer holder may have
 			-- registered while we waited (each read of a procedure that
 			-- is not STABLE takes a new snapshot under READ COMMITTED).
 			v := pg_catalog.pg_advisory_xact_lock_shared(1179667531, pg_catalog.hashtext(lk))::pg_catalog.text;
-			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name OPERATOR(pg_catalog.=) lk;
+			SELECT l.token INTO w FROM fenceproxy.locks l WHERE l.name COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) lk;
 			IF w OPERATOR(pg_catalog.=) tok THEN
 				v := pg_catalog.set_config('fenceproxy.guard_registered', lk OPERATOR(pg_catalog.||) E'\n' OPERATOR(pg_catalog.||) tok::pg_catalog.text, true);
 				RETURN;

@@ -257,16 +257,21 @@ func setupConfig(t *testing.T, lock string) (string, *pgx.Conn, []rules.TableSpe
 // with versions before 4, reports stale_at (StaleAt) only from version 5,
 // hold (Hold) only from version 6, enter (Enter) only from version 7,
 // hold_at (HoldAt) only from version 8 and rehold_at (ReholdAt) only from
-// version 9, whose rehold_at (rehold_at_v9.sql) it accepts as this
-// version's.
+// version 9; hold, hold_at and rehold_at as those versions installed
+// them (hold_v6.sql, hold_at_v8.sql, rehold_at_v9.sql, without the index
+// of version 10) it accepts as this version's.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	reholdAtV9, err := os.ReadFile("rehold_at_v9.sql")
-	if err != nil {
-		t.Fatal(err)
+	// Each version's procedures as it installed them, where they differ
+	// from this version's.
+	var holdV6, holdAtV8, reholdAtV9 []byte
+	for file, p := range map[string]*[]byte{"hold_v6.sql": &holdV6, "hold_at_v8.sql": &holdAtV8, "rehold_at_v9.sql": &reholdAtV9} {
+		if *p, err = os.ReadFile(file); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, tc := range []struct {
 		version          string
@@ -290,14 +295,19 @@ func TestLockWithOlderObjects(t *testing.T) {
 				execSQL(t, conn, string(oldRegister))
 			}
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
+			execSQL(t, conn, "DROP INDEX fenceproxy.locks_name_c")
 			if tc.reholdAt {
 				execSQL(t, conn, string(reholdAtV9))
-				execSQL(t, conn, "DROP INDEX fenceproxy.locks_name_c")
 			} else {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.rehold_at(bigint, text, text, text)")
 			}
-			if !tc.holdAt {
+			if tc.holdAt {
+				execSQL(t, conn, string(holdAtV8))
+			} else {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold_at(bigint, text, text, text)")
+			}
+			if tc.hold {
+				execSQL(t, conn, string(holdV6))
 			}
 			if !tc.enter {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text)")
@@ -451,28 +461,43 @@ func TestCheckHold(t *testing.T) {
 	}
 }
 
-// TestReholdAtReadsByNameIndex: rehold_at's read of the watermark, as
-// objects.sql writes it, can be served by the index locks_name_c, which
-// setup creates (its comparisons are of bytes, the primary key's under
-// the database's collation); the read as version 9 wrote it, comparing
-// under the column's collation, cannot.
-func TestReholdAtReadsByNameIndex(t *testing.T) {
+// TestReadsByNameIndex: the reads of the watermark in hold, hold_at and
+// rehold_at, as objects.sql writes them, can be served by the index
+// locks_name_c, which setup creates (its comparisons are of bytes, the
+// primary key's under the database's collation); the reads as earlier
+// versions wrote them, comparing under the column's collation, cannot.
+func TestReadsByNameIndex(t *testing.T) {
 	_, conn, _ := setupConfig(t, rules.LockRequired)
-	read := func(file string) string {
+	// reads returns the reads of the watermark in the procedure name of
+	// file, with $1 for the lock name.
+	reads := func(file, name string) []string {
 		t.Helper()
 		src, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
 		s := string(src)
-		i := strings.Index(s, "PROCEDURE fenceproxy.rehold_at(")
-		j := strings.Index(s[i:], "SELECT l.token INTO w FROM fenceproxy.locks l")
-		k := strings.IndexByte(s[i+j:], ';')
-		if i < 0 || j < 0 || k < 0 || !strings.HasSuffix(s[i+j:i+j+k], " lk") {
-			t.Fatalf("%s: no read of the watermark in rehold_at", file)
+		i := strings.Index(s, "PROCEDURE fenceproxy."+name+"(")
+		if i < 0 {
+			t.Fatalf("%s: no procedure %s", file, name)
 		}
-		q := strings.Replace(s[i+j:i+j+k], " INTO w", "", 1)
-		return strings.TrimSuffix(q, "lk") + "$1"
+		s = s[i:]
+		s = s[:strings.Index(s, "$"+name+"$;")]
+		var out []string
+		for {
+			j := strings.Index(s, "SELECT l.token INTO w FROM fenceproxy.locks l")
+			if j < 0 {
+				break
+			}
+			k := strings.IndexByte(s[j:], ';')
+			q := s[j : j+k]
+			if !strings.HasSuffix(q, " lk") {
+				t.Fatalf("%s: %s: a read of the watermark not by lk: %s", file, name, q)
+			}
+			out = append(out, strings.TrimSuffix(strings.Replace(q, " INTO w", "", 1), "lk")+"$1")
+			s = s[j+k:]
+		}
+		return out
 	}
 	plan := func(q string) string {
 		t.Helper()
@@ -495,10 +520,25 @@ func TestReholdAtReadsByNameIndex(t *testing.T) {
 		}
 		return strings.Join(lines, "\n")
 	}
-	if p := plan(read("objects.sql")); !strings.Contains(p, "locks_name_c") {
-		t.Errorf("rehold_at's read does not use locks_name_c:\n%s", p)
-	}
-	if p := plan(read("rehold_at_v9.sql")); strings.Contains(p, "locks_name_c") || !strings.Contains(p, "locks_pkey") {
-		t.Errorf("version 9's read, under the column's collation: want the primary key, got\n%s", p)
+	for _, tc := range []struct {
+		name, old string
+		n         int
+	}{
+		{"hold", "hold_v6.sql", 2},
+		{"hold_at", "hold_at_v8.sql", 2},
+		{"rehold_at", "rehold_at_v9.sql", 1},
+	} {
+		now, before := reads("objects.sql", tc.name), reads(tc.old, tc.name)
+		if len(now) != tc.n || len(before) != tc.n {
+			t.Fatalf("%s: %d reads of the watermark, %d in %s; want %d", tc.name, len(now), len(before), tc.old, tc.n)
+		}
+		for i := range now {
+			if p := plan(now[i]); !strings.Contains(p, "locks_name_c") {
+				t.Errorf("%s's read %d does not use locks_name_c:\n%s", tc.name, i+1, p)
+			}
+			if p := plan(before[i]); strings.Contains(p, "locks_name_c") || !strings.Contains(p, "locks_pkey") {
+				t.Errorf("%s's read %d as %s wrote it, under the column's collation: want the primary key, got\n%s", tc.name, i+1, tc.old, p)
+			}
+		}
 	}
 }
