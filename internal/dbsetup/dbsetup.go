@@ -73,8 +73,8 @@ const reholdAtVersion = 9
 // nameIndexVersion is the version that added the index locks_name_c and
 // the reads of the watermark by it in hold, hold_at and rehold_at (the
 // lock names compared byte by byte, not under the database's collation).
-// Those procedures as earlier versions installed them (hold_v6.sql,
-// hold_at_v8.sql, rehold_at_v9.sql) are accepted as well.
+// Those procedures as earlier versions installed them (byPrimaryKey) are
+// accepted as well.
 const nameIndexVersion = 10
 
 // registerBody is the register procedure's source in objects.sql, the text
@@ -99,26 +99,25 @@ var holdAtBody = dollarBody(objectsSQL, "hold_at")
 // compared as registerBody is.
 var reholdAtBody = dollarBody(objectsSQL, "rehold_at")
 
-// holdV6SQL and holdAtV8SQL are hold and hold_at as objects versions 6
-// (hold) or 8 (hold_at) to 9 installed them, accepted as current.
-//
-//go:embed hold_v6.sql
-var holdV6SQL string
+// byPrimaryKey returns sql (a procedure's body, or its CREATE statement
+// from objects.sql) with its reads of the watermark as versions before
+// nameIndexVersion wrote them: the lock names compared under the column's
+// collation, by the primary key, rather than by locks_name_c. hold (as
+// versions 6 to 9 installed it), hold_at (8 and 9) and rehold_at (9)
+// were exactly that; the check accepts them as current, the same
+// procedures reading more slowly.
+func byPrimaryKey(sql string) string {
+	return strings.ReplaceAll(sql, `l.name COLLATE pg_catalog."C" OPERATOR`, `l.name OPERATOR`)
+}
 
-//go:embed hold_at_v8.sql
-var holdAtV8SQL string
-
+// holdBodyByKey, holdAtBodyByKey and reholdAtBodyByKey are the bodies of
+// hold, hold_at and rehold_at as versions before nameIndexVersion
+// installed them (byPrimaryKey).
 var (
-	holdBodyV6   = dollarBody(holdV6SQL, "hold")
-	holdAtBodyV8 = dollarBody(holdAtV8SQL, "hold_at")
+	holdBodyByKey     = byPrimaryKey(holdBody)
+	holdAtBodyByKey   = byPrimaryKey(holdAtBody)
+	reholdAtBodyByKey = byPrimaryKey(reholdAtBody)
 )
-
-// reholdAtV9SQL is rehold_at as objects version 9 installed it.
-//
-//go:embed rehold_at_v9.sql
-var reholdAtV9SQL string
-
-var reholdAtBodyV9 = dollarBody(reholdAtV9SQL, "rehold_at")
 
 // registerV1SQL is the register procedure of versions 1 to 3, which Check
 // accepts in a database whose objects are of one of those versions.

@@ -118,10 +118,10 @@ func readObjects(ctx context.Context, tx pgx.Tx) (objects, error) {
 	o.register = src != nil
 	o.registerCurrent = src != nil && *src == registerBody && declared
 	o.registerV1 = src != nil && *src == registerBodyV1 && declared
-	o.hold = holdSrc != nil && (*holdSrc == holdBody || *holdSrc == holdBodyV6) && holdDeclared
+	o.hold = holdSrc != nil && (*holdSrc == holdBody || *holdSrc == holdBodyByKey) && holdDeclared
 	o.enter = enterSrc != nil && *enterSrc == enterBody && enterDeclared
-	o.holdAt = holdAtSrc != nil && (*holdAtSrc == holdAtBody || *holdAtSrc == holdAtBodyV8) && holdAtDeclared
-	o.reholdAt = reholdAtSrc != nil && (*reholdAtSrc == reholdAtBody || *reholdAtSrc == reholdAtBodyV9) && reholdAtDeclared
+	o.holdAt = holdAtSrc != nil && (*holdAtSrc == holdAtBody || *holdAtSrc == holdAtBodyByKey) && holdAtDeclared
+	o.reholdAt = reholdAtSrc != nil && (*reholdAtSrc == reholdAtBody || *reholdAtSrc == reholdAtBodyByKey) && reholdAtDeclared
 	if o.schema {
 		if o.raisers, o.staleAt, err = readRaisers(ctx, tx); err != nil {
 			return o, err

@@ -258,20 +258,22 @@ func setupConfig(t *testing.T, lock string) (string, *pgx.Conn, []rules.TableSpe
 // hold (Hold) only from version 6, enter (Enter) only from version 7,
 // hold_at (HoldAt) only from version 8 and rehold_at (ReholdAt) only from
 // version 9; hold, hold_at and rehold_at as those versions installed
-// them (hold_v6.sql, hold_at_v8.sql, rehold_at_v9.sql, without the index
-// of version 10) it accepts as this version's.
+// them (their reads by the primary key, without the index of version 10)
+// it accepts as this version's.
 func TestLockWithOlderObjects(t *testing.T) {
 	oldRegister, err := os.ReadFile("register_v1.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Each version's procedures as it installed them, where they differ
-	// from this version's.
-	var holdV6, holdAtV8, reholdAtV9 []byte
-	for file, p := range map[string]*[]byte{"hold_v6.sql": &holdV6, "hold_at_v8.sql": &holdAtV8, "rehold_at_v9.sql": &reholdAtV9} {
-		if *p, err = os.ReadFile(file); err != nil {
-			t.Fatal(err)
-		}
+	// hold, hold_at and rehold_at as versions 6 to 9 installed them: the
+	// reads of the watermark by the primary key.
+	objects, err := os.ReadFile("objects.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKey := func(name string) string {
+		t.Helper()
+		return dbsetup.ByPrimaryKey(procedureSQL(t, string(objects), name))
 	}
 	for _, tc := range []struct {
 		version          string
@@ -297,17 +299,17 @@ func TestLockWithOlderObjects(t *testing.T) {
 			execSQL(t, conn, "UPDATE fenceproxy.meta SET value = '"+tc.version+"' WHERE key = 'version'")
 			execSQL(t, conn, "DROP INDEX fenceproxy.locks_name_c")
 			if tc.reholdAt {
-				execSQL(t, conn, string(reholdAtV9))
+				execSQL(t, conn, byKey("rehold_at"))
 			} else {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.rehold_at(bigint, text, text, text)")
 			}
 			if tc.holdAt {
-				execSQL(t, conn, string(holdAtV8))
+				execSQL(t, conn, byKey("hold_at"))
 			} else {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.hold_at(bigint, text, text, text)")
 			}
 			if tc.hold {
-				execSQL(t, conn, string(holdV6))
+				execSQL(t, conn, byKey("hold"))
 			}
 			if !tc.enter {
 				execSQL(t, conn, "DROP PROCEDURE fenceproxy.enter(text, text, text, text, bigint, boolean, boolean, boolean, text, text)")
@@ -468,21 +470,15 @@ func TestCheckHold(t *testing.T) {
 // versions wrote them, comparing under the column's collation, cannot.
 func TestReadsByNameIndex(t *testing.T) {
 	_, conn, _ := setupConfig(t, rules.LockRequired)
-	// reads returns the reads of the watermark in the procedure name of
-	// file, with $1 for the lock name.
-	reads := func(file, name string) []string {
+	objects, err := os.ReadFile("objects.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// reads returns the reads of the watermark in procedure name of the
+	// objects src, with $1 for the lock name.
+	reads := func(src, name string) []string {
 		t.Helper()
-		src, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := string(src)
-		i := strings.Index(s, "PROCEDURE fenceproxy."+name+"(")
-		if i < 0 {
-			t.Fatalf("%s: no procedure %s", file, name)
-		}
-		s = s[i:]
-		s = s[:strings.Index(s, "$"+name+"$;")]
+		s := procedureSQL(t, src, name)
 		var out []string
 		for {
 			j := strings.Index(s, "SELECT l.token INTO w FROM fenceproxy.locks l")
@@ -492,7 +488,7 @@ func TestReadsByNameIndex(t *testing.T) {
 			k := strings.IndexByte(s[j:], ';')
 			q := s[j : j+k]
 			if !strings.HasSuffix(q, " lk") {
-				t.Fatalf("%s: %s: a read of the watermark not by lk: %s", file, name, q)
+				t.Fatalf("%s: a read of the watermark not by lk: %s", name, q)
 			}
 			out = append(out, strings.TrimSuffix(strings.Replace(q, " INTO w", "", 1), "lk")+"$1")
 			s = s[j+k:]
@@ -521,24 +517,40 @@ func TestReadsByNameIndex(t *testing.T) {
 		return strings.Join(lines, "\n")
 	}
 	for _, tc := range []struct {
-		name, old string
-		n         int
+		name string
+		n    int
 	}{
-		{"hold", "hold_v6.sql", 2},
-		{"hold_at", "hold_at_v8.sql", 2},
-		{"rehold_at", "rehold_at_v9.sql", 1},
+		{"hold", 2},
+		{"hold_at", 2},
+		{"rehold_at", 1},
 	} {
-		now, before := reads("objects.sql", tc.name), reads(tc.old, tc.name)
+		now, before := reads(string(objects), tc.name), reads(dbsetup.ByPrimaryKey(string(objects)), tc.name)
 		if len(now) != tc.n || len(before) != tc.n {
-			t.Fatalf("%s: %d reads of the watermark, %d in %s; want %d", tc.name, len(now), len(before), tc.old, tc.n)
+			t.Fatalf("%s: %d reads of the watermark, %d by the primary key; want %d", tc.name, len(now), len(before), tc.n)
 		}
 		for i := range now {
 			if p := plan(now[i]); !strings.Contains(p, "locks_name_c") {
 				t.Errorf("%s's read %d does not use locks_name_c:\n%s", tc.name, i+1, p)
 			}
 			if p := plan(before[i]); strings.Contains(p, "locks_name_c") || !strings.Contains(p, "locks_pkey") {
-				t.Errorf("%s's read %d as %s wrote it, under the column's collation: want the primary key, got\n%s", tc.name, i+1, tc.old, p)
+				t.Errorf("%s's read %d as versions before 10 wrote it, under the column's collation: want the primary key, got\n%s", tc.name, i+1, p)
 			}
 		}
 	}
+}
+
+// procedureSQL returns the CREATE statement of procedure name in the
+// objects src (objects.sql's text).
+func procedureSQL(t *testing.T, src, name string) string {
+	t.Helper()
+	i := strings.Index(src, "CREATE OR REPLACE PROCEDURE fenceproxy."+name+"(")
+	if i < 0 {
+		t.Fatalf("objects.sql: no procedure %s", name)
+	}
+	end := "$" + name + "$;"
+	j := strings.Index(src[i:], end)
+	if j < 0 {
+		t.Fatalf("objects.sql: procedure %s has no %s", name, end)
+	}
+	return src[i : i+j+len(end)]
 }
