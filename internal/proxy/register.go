@@ -274,15 +274,23 @@ func (r *requests) holdAtProc(l *rules.LockCall, cur fenceValues) string {
 }
 
 // holdAtRest is the last argument of rules.HoldAtProc: register's other
-// arguments, one per line (holdAtFits saw that none but the last may
-// hold a line break).
+// arguments (holdAtRestParts), one per line (holdAtFits saw that none but
+// the last may hold a line break).
 func holdAtRest(a *rules.RegArgs) string {
-	return a.TokenSetting + "\n" + a.LockSetting + "\n" + boolText(a.Required) + "\n" + boolText(a.Audit) + "\n" + a.Tag + "\n" + a.Tables
+	p := holdAtRestParts(a)
+	return strings.Join(p[:], "\n")
+}
+
+// holdAtRestParts are the lines of holdAtRest: the token setting's name,
+// the lock setting's name, required and audit ('t' or 'f'), the audit tag
+// and the table list.
+func holdAtRestParts(a *rules.RegArgs) [6]string {
+	return [...]string{a.TokenSetting, a.LockSetting, boolText(a.Required), boolText(a.Audit), a.Tag, a.Tables}
 }
 
 // appendHoldAtRest appends holdAtRest(a) to b.
 func appendHoldAtRest(b []byte, a *rules.RegArgs) []byte {
-	for i, p := range [...]string{a.TokenSetting, a.LockSetting, boolText(a.Required), boolText(a.Audit), a.Tag, a.Tables} {
+	for i, p := range holdAtRestParts(a) {
 		if i > 0 {
 			b = append(b, '\n')
 		}
@@ -293,19 +301,25 @@ func appendHoldAtRest(b []byte, a *rules.RegArgs) []byte {
 
 // holdAtRestLen is the length of holdAtRest(a).
 func holdAtRestLen(a *rules.RegArgs) int {
-	return len(a.TokenSetting) + len(a.LockSetting) + len(a.Tag) + len(a.Tables) + 7
+	n := 0
+	for _, p := range holdAtRestParts(a) {
+		n += len(p) + 1
+	}
+	return n - 1
 }
 
 // writeHoldAtRest writes quoteFenceValue(holdAtRest(a)) to b, without
-// building the argument first where no part needs dollar quotes.
+// building the argument first where no line needs dollar quotes.
 func writeHoldAtRest(b *strings.Builder, a *rules.RegArgs) {
-	if strings.ContainsAny(a.TokenSetting, `'\`) || strings.ContainsAny(a.LockSetting, `'\`) ||
-		strings.ContainsAny(a.Tag, `'\`) || strings.ContainsAny(a.Tables, `'\`) {
-		b.WriteString(quoteFenceValue(holdAtRest(a)))
-		return
+	parts := holdAtRestParts(a)
+	for _, p := range parts {
+		if strings.ContainsAny(p, `'\`) {
+			b.WriteString(quoteFenceValue(holdAtRest(a)))
+			return
+		}
 	}
 	b.WriteByte('\'')
-	for i, p := range [...]string{a.TokenSetting, a.LockSetting, boolText(a.Required), boolText(a.Audit), a.Tag, a.Tables} {
+	for i, p := range parts {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
