@@ -212,14 +212,7 @@ func holdAtBehindPooler(t *testing.T, mode pgx.QueryExecMode) {
 	if r := snapshot(t, d, "acct")[2]; r.Payload != "w44" || r.Fence != 44 {
 		t.Errorf("row 2 = %+v, want payload w44 fence 44", r)
 	}
-	// The pool's one server connection flushes its counts when next idle.
-	flush := pe.bouncerDirect(t, "postgres", db)
-	mustExec(t, flush, "SELECT pg_stat_force_next_flush()")
-	flush.Close(ctxT(t))
-	waitUntil(t, "a call of hold_at counted", func() bool {
-		n := testutil.QueryStrings(t, d, "SELECT coalesce(sum(calls), 0)::text FROM pg_stat_user_functions WHERE schemaname = 'fenceproxy' AND funcname = 'hold_at'")
-		return len(n) == 1 && n[0] != "0"
-	})
+	waitPooledCall(t, pe, d, db, "hold_at")
 
 	pe.pollute(t, db, "99", "L")
 	stale := pe.session(t, db, mode)
@@ -404,4 +397,18 @@ func TestHoldAtRenamedSettings(t *testing.T) {
 	if after := tableText(t, d, "jobs"); after != before {
 		t.Errorf("a stale write changed jobs:\n before %s\n after  %s", before, after)
 	}
+}
+
+// waitPooledCall waits until the server has counted a call of procedure
+// fenceproxy.proc (track_functions) made through pe's pool, whose one
+// server connection flushes its counts when next idle.
+func waitPooledCall(t *testing.T, pe *poolerEnv, d *pgx.Conn, db, proc string) {
+	t.Helper()
+	flush := pe.bouncerDirect(t, "postgres", db)
+	mustExec(t, flush, "SELECT pg_stat_force_next_flush()")
+	flush.Close(ctxT(t))
+	waitUntil(t, "a call of "+proc+" counted", func() bool {
+		n := testutil.QueryStrings(t, d, "SELECT coalesce(sum(calls), 0)::text FROM pg_stat_user_functions WHERE schemaname = 'fenceproxy' AND funcname = '"+proc+"'")
+		return len(n) == 1 && n[0] != "0"
+	})
 }

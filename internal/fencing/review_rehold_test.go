@@ -609,13 +609,7 @@ func TestReviewReholdBehindPooler(t *testing.T) {
 	if w := lockWatermark(t, d, "L"); w != 44 {
 		t.Errorf("lock L's watermark %d, want 44 (never a connection's 45 or 99)", w)
 	}
-	flush := pe.bouncerDirect(t, "postgres", db)
-	mustExec(t, flush, "SELECT pg_stat_force_next_flush()")
-	flush.Close(ctxT(t))
-	waitUntil(t, "a call of rehold_at counted", func() bool {
-		n := testutil.QueryStrings(t, d, "SELECT coalesce(sum(calls), 0)::text FROM pg_stat_user_functions WHERE schemaname = 'fenceproxy' AND funcname = 'rehold_at'")
-		return len(n) == 1 && n[0] != "0"
-	})
+	waitPooledCall(t, pe, d, db, "rehold_at")
 }
 
 // TestReviewReholdConcurrentHolders: three generations of holders, each
