@@ -154,15 +154,16 @@ type lockUse struct {
 
 // dataStatement reports whether a top-level statement reads or writes
 // table data, so that it registers: queries, writes, COPY, cursors,
-// EXPLAIN (ANALYZE runs the statement), CREATE TABLE AS and REFRESH
+// EXPLAIN (ANALYZE runs the statement), CREATE TABLE AS, REFRESH
 // MATERIALIZED VIEW (which registers only for a materialized view the
-// database's Readers list). DDL and utility statements on protected
-// tables do not register.
+// database's Readers list) and CALL (a procedure the Readers list as
+// reaching a table, or arguments that name one). DDL and utility
+// statements on protected tables do not register.
 func dataStatement(n *pg.Node) bool {
 	switch n.Node.(type) {
 	case *pg.Node_SelectStmt, *pg.Node_InsertStmt, *pg.Node_UpdateStmt, *pg.Node_DeleteStmt,
 		*pg.Node_MergeStmt, *pg.Node_CopyStmt, *pg.Node_ExplainStmt, *pg.Node_DeclareCursorStmt,
-		*pg.Node_CreateTableAsStmt, *pg.Node_RefreshMatViewStmt:
+		*pg.Node_CreateTableAsStmt, *pg.Node_RefreshMatViewStmt, *pg.Node_CallStmt:
 		return true
 	}
 	return false

@@ -58,6 +58,16 @@ func TestReadersDecide(t *testing.T) {
 		{"SELECT other.read_jobs()", rules.Forward, nil, false, false},
 		{"SELECT * FROM read_jobs", rules.Forward, nil, false, false}, // a relation of that name
 		{"SELECT read_jobs(); SELECT * FROM jobs_parent", rules.Forward, []int{0, 2}, true, false},
+		// A procedure the readers list (one whose body names jobs) is
+		// run by CALL: it registers, as the function does; so does a
+		// CALL whose arguments read a table. Another procedure does not.
+		{"CALL read_jobs()", rules.Forward, []int{0}, false, false},
+		{"call public.READ_JOBS(1, 'x')", rules.Forward, []int{0}, false, false},
+		{"SELECT 1; CALL read_jobs()", rules.Forward, []int{1}, false, false},
+		{"CALL other.read_jobs()", rules.Forward, nil, false, false},
+		{"CALL unlisted(1)", rules.Forward, nil, false, false},
+		{"CALL unlisted((SELECT max(n) FROM jobs_parent))", rules.Forward, []int{0}, true, false},
+		{"CALL unlisted((SELECT max(n) FROM public.acct))", rules.Forward, []int{0}, false, false},
 		// A materialized view's refresh reads acct; a read of it does not.
 		{"REFRESH MATERIALIZED VIEW mv", rules.Forward, []int{0}, false, false},
 		{"REFRESH MATERIALIZED VIEW CONCURRENTLY public.mv WITH DATA", rules.Forward, []int{0}, false, false},

@@ -1,0 +1,135 @@
+package fencing_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fenceproxy/fenceproxy/internal/testutil"
+)
+
+// callSchema: procedures created on a direct connection. bump writes the
+// lock-fenced acct; bump_commit does too and commits in between; tick
+// writes only the unprotected plain and commits.
+const callSchema = `
+CREATE TABLE plain (id bigint PRIMARY KEY, n int NOT NULL DEFAULT 0);
+CREATE PROCEDURE bump(i bigint) LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i$$;
+CREATE PROCEDURE bump_commit(i bigint) LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE acct SET n = n + 1 WHERE id = i;
+	COMMIT;
+	UPDATE acct SET n = n + 1 WHERE id = i;
+END$$;
+CREATE PROCEDURE tick() LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO plain (id, n) VALUES (100, 0) ON CONFLICT (id) DO UPDATE SET n = plain.n + 1;
+	COMMIT;
+END$$;`
+
+// TestLockCallOfProcedure: a CALL of a procedure whose body writes a
+// lock-fenced table registers the session's lock as any statement that
+// reads or writes it does (the database's readers list the procedure), in
+// the simple and the extended protocol, pipelined too. A stale holder's
+// CALL fails with FP001 and changes nothing; a newer holder whose first
+// touch is a CALL moves the watermark, so the older holder's next write
+// is refused. A procedure that commits cannot keep its registration for
+// what it writes after the COMMIT: it fails and writes nothing. A CALL of
+// a procedure that reaches no protected table registers nothing and may
+// commit as it would directly.
+func TestLockCallOfProcedure(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, _ := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := bindDB(t, callSchema)
+	oldQ := runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeSimpleProtocol))
+	oldB := runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeCacheStatement))
+
+	// The holder of 50 registers by its first CALL.
+	if err := rvExec(t, oldQ, "CALL bump(3)"); err != nil {
+		t.Fatalf("CALL bump(3) of the current holder: %v", err)
+	}
+	if w := lockWatermark(t, d, "L"); w != 50 {
+		t.Fatalf("watermark after the first CALL: %d, want 50", w)
+	}
+	if _, err := oldB.Exec(ctxT(t), "CALL bump($1)", 3); err != nil {
+		t.Fatalf("CALL bump($1) of the current holder: %v", err)
+	}
+	if r := snapshot(t, d, "acct")[3]; r.N != 2 {
+		t.Fatalf("row 3 after two CALLs: %+v", r)
+	}
+
+	// The newer holder's first touch is a CALL: it registers 51.
+	newer := runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeCacheStatement))
+	if _, err := newer.Exec(ctxT(t), "CALL bump($1)", 2); err != nil {
+		t.Fatal(err)
+	}
+	if w := lockWatermark(t, d, "L"); w != 51 {
+		t.Fatalf("watermark after the newer holder's CALL: %d, want 51", w)
+	}
+
+	before := snapshot(t, d, "acct")
+	if err := rvExec(t, oldQ, "UPDATE acct SET n = n + 1 WHERE id = 1"); sqlState(err) != "FP001" {
+		t.Errorf("stale UPDATE after the newer holder's CALL: %v, want FP001", err)
+	}
+	for _, sql := range []string{"CALL bump(1)", "CALL public.bump(1)", "call BUMP(1); SELECT 1"} {
+		if err := rvExec(t, oldQ, sql); sqlState(err) != "FP001" {
+			t.Errorf("stale %q: %v, want FP001", sql, err)
+		}
+	}
+	if _, err := oldB.Exec(ctxT(t), "CALL bump($1)", 1); sqlState(err) != "FP001" {
+		t.Errorf("stale CALL bump($1): %v, want FP001", err)
+	}
+	if _, err := oldB.Prepare(ctxT(t), "b", "CALL bump($1)"); err != nil {
+		t.Fatal(err)
+	}
+	errs := raPipeline(t, oldB, 1,
+		&pgproto3.Bind{PreparedStatement: "b", Parameters: [][]byte{[]byte("1")}}, &pgproto3.Execute{},
+		&pgproto3.Bind{PreparedStatement: "b", Parameters: [][]byte{[]byte("2")}}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) == 0 {
+		t.Error("stale pipeline of two CALLs ran")
+	}
+	for _, e := range errs {
+		if !strings.HasPrefix(e, "FP001:") {
+			t.Errorf("stale pipeline of two CALLs: %v, want FP001", e)
+		}
+	}
+	wantUnchanged(t, d, "acct", before)
+
+	// The current holder's procedure that commits, in a simple Query:
+	// the registration in front makes the Query one implicit transaction
+	// block, where the server refuses the procedure's COMMIT (2D000):
+	// nothing is written.
+	newerQ := runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, newerQ, "CALL bump_commit(1)"); sqlState(err) != "2D000" {
+		t.Errorf("CALL bump_commit(1): %v, want 2D000 (its COMMIT would end the registration's transaction)", err)
+	}
+	wantUnchanged(t, d, "acct", before)
+	t.Run("extended", func(t *testing.T) {
+		// In the extended protocol the server lets the procedure commit
+		// (the registration's Execute and the CALL's, before one Sync,
+		// make no transaction block): what it writes after its COMMIT
+		// runs without the registration's advisory lock.
+		_, err := newer.Exec(ctxT(t), "CALL bump_commit($1)", 1)
+		if err == nil {
+			t.Skip("HOLE (documented in design.md, \"Lock fencing\"): a procedure that commits, called in the extended protocol outside a transaction block, writes after its COMMIT without the registration")
+		}
+		wantUnchanged(t, d, "acct", before)
+	})
+
+	// A procedure that reaches no protected table commits as it would
+	// directly, and registers nothing.
+	for _, c := range []*pgx.Conn{oldQ, newerQ} {
+		if err := rvExec(t, c, "CALL tick()"); err != nil {
+			t.Errorf("CALL tick(): %v", err)
+		}
+	}
+	if got := testutil.QueryStrings(t, d, "SELECT n::text FROM plain WHERE id = 100"); len(got) != 1 || got[0] != "1" {
+		t.Errorf("plain row 100 after two ticks: %v, want [1]", got)
+	}
+	if w := lockWatermark(t, d, "L"); w != 51 {
+		t.Errorf("watermark %d, want 51", w)
+	}
+}
