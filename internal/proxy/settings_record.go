@@ -83,9 +83,22 @@ type fenceRecord struct {
 // portalLife is what became of a portal since its Bind, at savepoint
 // depth depth: dead once its transaction ended or a rollback to a
 // savepoint set before the Bind undid it (watch: being followed).
+// earlier counts the ReadyForQuerys still to come, when the following
+// began, for segments sent before the portal's (a pipeline's earlier
+// Syncs): what their statements did, the portal's segment came after.
 type portalLife struct {
 	watch, dead bool
 	depth       int
+	earlier     int
+}
+
+// endPortal records that the followed portal died (its transaction ended,
+// or a rollback undid its Bind), unless what ended it belongs to an
+// earlier segment.
+func (f *fenceRecord) endPortal() {
+	if f.portal.earlier == 0 {
+		f.portal.dead = true
+	}
 }
 
 func (f *fenceRecord) forgetRegistration() { f.registered = false }
@@ -158,7 +171,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		f.pend.copyFrom(f.cur, which)
 	case rules.TxBegin:
 	case rules.TxCommit, rules.TxPrepare:
-		f.portal.dead = true
+		f.endPortal()
 		f.forgetRegistration()
 		if op.Kind == rules.TxCommit && !f.failed && f.candSet && !f.mayEnd {
 			f.held = f.cand
@@ -171,7 +184,7 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 		}
 		f.inTx = op.Chain
 	case rules.TxRollback:
-		f.portal.dead = true
+		f.endPortal()
 		f.forgetRegistration()
 		f.candSet = false
 		f.revert()
@@ -191,10 +204,10 @@ func (f *fenceRecord) apply(op rules.SettingOp, v string, local, null bool, whic
 			f.pend, f.cur = f.saves[i].pend, f.saves[i].cur
 			f.saves = f.saves[:i+1]
 			if i < f.portal.depth {
-				f.portal.dead = true // bound after the savepoint
+				f.endPortal() // bound after the savepoint
 			}
 		} else {
-			f.portal.dead = true
+			f.endPortal()
 		}
 		f.failed = false
 	}
@@ -212,6 +225,11 @@ func (f *fenceRecord) savepoint(name string) int {
 // ready records a ReadyForQuery: 'I' ends the transaction (committed
 // unless it failed or was rolled back).
 func (f *fenceRecord) ready(status byte) {
+	defer func() {
+		if f.portal.earlier > 0 {
+			f.portal.earlier-- // one earlier segment answered
+		}
+	}()
 	if status != 'T' {
 		f.forgetRegistration()
 		// 'I': the transaction of a registration that succeeded ended
@@ -223,7 +241,7 @@ func (f *fenceRecord) ready(status byte) {
 	}
 	switch status {
 	case 'I':
-		f.portal.dead = true
+		f.endPortal()
 		if f.inTx {
 			if f.failed {
 				f.revert()

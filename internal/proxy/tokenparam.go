@@ -284,7 +284,7 @@ func (r *requests) closeLive() error {
 		r.mu.Unlock()
 		return errSessionDone
 	}
-	r.fence.portal = portalLife{watch: true, depth: r.liveDepth}
+	r.fence.portal = portalLife{watch: true, depth: r.liveDepth, earlier: r.state.inFlight}
 	key := serverKey(name)
 	var id uint64
 	if pe := r.ps.portals[key]; pe != nil {
