@@ -209,3 +209,39 @@ func TestReadersCode(t *testing.T) {
 		}
 	}
 }
+
+// TestReadersEndsTx: a function reader is marked EndsTx where its body
+// may commit or roll back (COMMIT or ROLLBACK anywhere in it, whatever
+// the language, or a CALL of another procedure), and not otherwise.
+func TestReadersEndsTx(t *testing.T) {
+	db := newDatabase(t)
+	conn := connect(t, db)
+	execSQL(t, conn, `
+		CREATE TABLE acct (id bigint, n int);
+		CREATE PROCEDURE plain_p(i bigint) LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i$$;
+		CREATE PROCEDURE commits_p(i bigint) LANGUAGE plpgsql AS $$BEGIN UPDATE acct SET n = 1 WHERE id = i; Commit; END$$;
+		CREATE PROCEDURE rolls_p() LANGUAGE plpgsql AS $$BEGIN DELETE FROM acct; ROLLBACK; END$$;
+		CREATE PROCEDURE calls_p() LANGUAGE plpgsql AS $$BEGIN CALL plain_p(1); END$$;
+		CREATE FUNCTION reads_f() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM acct$$;`)
+	reach, err := catalog.Paths(t.Context(), conn, nil, []catalog.Rel{{Schema: "public", Name: "acct"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"plain_p": false, "commits_p": true, "rolls_p": true, "calls_p": true, "reads_f": false}
+	seen := map[string]bool{}
+	for _, r := range reach.Readers {
+		w, ok := want[r.Name]
+		if !ok {
+			continue
+		}
+		seen[r.Name] = true
+		if !r.Function || r.EndsTx != w {
+			t.Errorf("%s: Function %v EndsTx %v, want a function with EndsTx %v", r.Name, r.Function, r.EndsTx, w)
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("%s: not a reader of acct", name)
+		}
+	}
+}

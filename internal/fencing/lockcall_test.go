@@ -35,7 +35,9 @@ END$$;`
 // CALL fails with FP001 and changes nothing; a newer holder whose first
 // touch is a CALL moves the watermark, so the older holder's next write
 // is refused. A procedure that commits cannot keep its registration for
-// what it writes after the COMMIT: it fails and writes nothing. A CALL of
+// what it writes after the COMMIT: it fails and writes nothing (in a
+// simple Query and in a transaction block the server refuses its COMMIT;
+// in the extended protocol outside one the proxy refuses it). A CALL of
 // a procedure that reaches no protected table registers nothing and may
 // commit as it would directly.
 func TestLockCallOfProcedure(t *testing.T) {
@@ -107,17 +109,55 @@ func TestLockCallOfProcedure(t *testing.T) {
 		t.Errorf("CALL bump_commit(1): %v, want 2D000 (its COMMIT would end the registration's transaction)", err)
 	}
 	wantUnchanged(t, d, "acct", before)
-	t.Run("extended", func(t *testing.T) {
-		// In the extended protocol the server lets the procedure commit
-		// (the registration's Execute and the CALL's, before one Sync,
-		// make no transaction block): what it writes after its COMMIT
-		// runs without the registration's advisory lock.
-		_, err := newer.Exec(ctxT(t), "CALL bump_commit($1)", 1)
-		if err == nil {
-			t.Skip("HOLE (documented in design.md, \"Lock fencing\"): a procedure that commits, called in the extended protocol outside a transaction block, writes after its COMMIT without the registration")
-		}
-		wantUnchanged(t, d, "acct", before)
-	})
+	// In the extended protocol outside a transaction block the server
+	// would let it commit: the proxy refuses the Bind (FP003), also for a
+	// DO block that commits; a procedure whose code cannot commit runs.
+	if _, err := newer.Exec(ctxT(t), "CALL bump_commit($1)", 1); sqlState(err) != "FP003" || !strings.Contains(err.Error(), "may commit") {
+		t.Errorf("CALL bump_commit($1) outside a transaction block: %v, want FP003", err)
+	}
+	if _, err := newer.Exec(ctxT(t), "DO $$BEGIN UPDATE acct SET n = n + 1 WHERE id = 1; COMMIT; END$$"); sqlState(err) != "FP003" {
+		t.Errorf("a DO block that commits, outside a transaction block: %v, want FP003", err)
+	}
+	wantUnchanged(t, d, "acct", before)
+	// Inside one (BEGIN answered before, or sent in the same pipeline, as
+	// JDBC does) the proxy lets it go and the server refuses its COMMIT.
+	tx, err := newer.Begin(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctxT(t), "CALL bump_commit($1)", 1); sqlState(err) != "2D000" {
+		t.Errorf("CALL bump_commit($1) in a transaction block: %v, want 2D000", err)
+	}
+	_ = tx.Rollback(ctxT(t))
+	rbPrepare(t, newer, "bc", "CALL bump_commit($1)")
+	rbPrepare(t, newer, "begin", "BEGIN")
+	rbPrepare(t, newer, "commit", "COMMIT")
+	errs = raPipeline(t, newer, 1,
+		&pgproto3.Bind{PreparedStatement: "begin"}, &pgproto3.Execute{},
+		&pgproto3.Bind{PreparedStatement: "bc", Parameters: [][]byte{[]byte("1")}}, &pgproto3.Execute{},
+		&pgproto3.Bind{PreparedStatement: "commit"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 1 || !strings.HasPrefix(errs[0], "2D000") {
+		t.Errorf("BEGIN, CALL bump_commit, COMMIT in one pipeline: %v, want one 2D000", errs)
+	}
+	if err := rvExec(t, newer, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	// After a COMMIT in the same segment the block is over: refused.
+	errs = raPipeline(t, newer, 1,
+		&pgproto3.Bind{PreparedStatement: "begin"}, &pgproto3.Execute{},
+		&pgproto3.Bind{PreparedStatement: "commit"}, &pgproto3.Execute{},
+		&pgproto3.Bind{PreparedStatement: "bc", Parameters: [][]byte{[]byte("1")}}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 1 || !strings.HasPrefix(errs[0], "FP003") {
+		t.Errorf("BEGIN, COMMIT, CALL bump_commit in one pipeline: %v, want one FP003", errs)
+	}
+	wantUnchanged(t, d, "acct", before)
+	if _, err := newer.Exec(ctxT(t), "CALL bump($1)", 3); err != nil {
+		t.Errorf("CALL bump($1) outside a transaction block: %v", err)
+	}
+	before = snapshot(t, d, "acct")
+	if before[3].N != 3 || before[3].Fence != 0 {
+		t.Errorf("row 3 after the newer holder's CALL: %+v", before[3])
+	}
 
 	// A procedure that reaches no protected table commits as it would
 	// directly, and registers nothing.

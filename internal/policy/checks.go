@@ -246,7 +246,7 @@ func indirectRules(paths []catalog.IndirectPath) []rules.Indirect {
 func readerRules(list []catalog.Reader) []rules.Reader {
 	out := make([]rules.Reader, len(list))
 	for i, x := range list {
-		out[i] = rules.Reader{Schema: x.Schema, Name: x.Name, Target: x.Target, Function: x.Function, Refresh: x.Refresh, Maybe: x.Maybe}
+		out[i] = rules.Reader{Schema: x.Schema, Name: x.Name, Target: x.Target, Function: x.Function, Refresh: x.Refresh, Maybe: x.Maybe, EndsTx: x.EndsTx}
 	}
 	return out
 }

@@ -390,6 +390,12 @@ func (r *requests) relayExecute(body []byte) error {
 		r.mu.Lock()
 		for _, a := range pe.fence {
 			r.ps.expect(0, r.fenceDone(a))
+			switch {
+			case a.op.Kind == rules.TxBegin || a.op.Chain && (a.op.Kind == rules.TxCommit || a.op.Kind == rules.TxRollback):
+				r.state.segTx = 'B'
+			case a.op.Kind == rules.TxCommit || a.op.Kind == rules.TxRollback || a.op.Kind == rules.TxPrepare:
+				r.state.segTx = 'X'
+			}
 		}
 		pe.fence = nil
 		r.mu.Unlock()

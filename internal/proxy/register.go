@@ -24,6 +24,14 @@ func (r *requests) bindLock(def *stmtDef, gen uint64) bindVerdict {
 		return bindVerdict{}
 	}
 	if l := def.lock; l != nil && len(l.Calls) > 0 && (r.lockNamed || l.Required) {
+		if l.EndsTx {
+			r.mu.Lock()
+			in := r.state.inBlock()
+			r.mu.Unlock()
+			if !in {
+				return bindVerdict{refuse: errEndsTxOutsideBlock}
+			}
+		}
 		return bindVerdict{call: l.Call, reg: l}
 	}
 	if len(def.ops) == 0 {
@@ -40,6 +48,14 @@ func (r *requests) bindLock(def *stmtDef, gen uint64) bindVerdict {
 	}
 	return bindVerdict{}
 }
+
+// errEndsTxOutsideBlock refuses the Bind of a statement that registers a
+// lock and may commit from stored code (rules.LockCall.EndsTx) where the
+// server would let it: what it runs after its COMMIT would go without
+// the registration. Inside a transaction block the server refuses such a
+// COMMIT, and a simple Query's registration makes one.
+var errEndsTxOutsideBlock = refusePrepared("this CALL or DO reaches a lock-fenced table and may commit or roll back its transaction, which would end its lock registration; it was not run outside a transaction block",
+	"Run it inside BEGIN ... COMMIT, where the server refuses a COMMIT in it, or keep transaction control out of code that writes lock-fenced tables.")
 
 // beforeBind sends what goes before a client's Bind, in this order: the
 // session's fence settings (prelude), the catalog check (check.Pre) and

@@ -177,7 +177,9 @@ func (t *tracker) track(typ byte) bool {
 		t.state.inFlight++
 		t.state.lastWasQuery = true
 		t.state.copyEndSent = false
+		t.state.segTx = 0
 	case 'S':
+		t.state.segTx = 0
 		if t.ps != nil && t.ps.qHead < len(t.ps.queries) {
 			// A Query is unanswered: a COPY FROM STDIN of it (a Query
 			// may run several) would ignore this Sync.

@@ -73,8 +73,23 @@ type relayState struct {
 	copyEndSent bool
 	// execsSinceIdle: Executes sent since the session was last seen idle.
 	execsSinceIdle int
-	draining       bool
-	finishing      bool // the session is being closed
+	// segTx is what the client's Executes since the last Sync did to
+	// the transaction block, per their statements' transaction commands:
+	// 0 nothing, 'B' began one (BEGIN, START TRANSACTION, AND CHAIN),
+	// 'X' ended one (inBlock).
+	segTx     byte
+	draining  bool
+	finishing bool // the session is being closed
+}
+
+// inBlock reports whether the server will run the next Execute inside a
+// transaction block, where stored code cannot commit: one that this
+// segment began, or one that was open when everything sent before the
+// segment was answered and that the segment has not ended. Sending
+// order makes it certain: if what began the block failed, the server
+// skips the rest of the segment.
+func (st relayState) inBlock() bool {
+	return st.segTx == 'B' || st.segTx == 0 && st.inFlight == 0 && !st.desync && (st.txStatus == 'T' || st.txStatus == 'E')
 }
 
 func (st relayState) idle() bool {

@@ -6,6 +6,8 @@ import (
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/fenceproxy/fenceproxy/internal/sqllex"
 )
 
 // Lock fencing (docs/design.md, "Lock fencing"): before a statement that
@@ -95,6 +97,16 @@ type LockCall struct {
 	HoldAt bool
 	// ReholdAt, the policy's: the database has ReholdAtProc too.
 	ReholdAt bool
+	// EndsTx: a statement that registers may commit or roll back its
+	// transaction from stored code that reaches a lock-fenced table (a
+	// CALL of a procedure the database's readers mark Reader.EndsTx, a DO
+	// block whose code names COMMIT, ROLLBACK or CALL): what it runs after
+	// that would go without the registration. A simple Query's
+	// registration in front makes the text one transaction block, where
+	// the server refuses such a COMMIT; the relay refuses the Bind of such
+	// a statement where the server would let it commit (outside a
+	// transaction block).
+	EndsTx bool
 	// at and size: where in the decided text each registration was
 	// inserted and how many bytes it took (with its semicolon).
 	at, size []int
@@ -150,6 +162,8 @@ type lockUse struct {
 	// prepare: the statement is a PREPARE of a statement that registers;
 	// the registration is for when it is executed, not now.
 	prepare bool
+	// endsTx: LockCall.EndsTx, for this statement.
+	endsTx bool
 }
 
 // dataStatement reports whether a top-level statement reads or writes
@@ -245,6 +259,14 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 		})
 		if u != nil {
 			u.prepare = prepare
+			switch {
+			case do:
+				u.endsTx = sqllex.ContainsAnyWordFold(codeBody(stmt.GetDoStmt(), ""), txEndWords)
+			case stmt.GetCallStmt() != nil && readers != nil:
+				if fc := stmt.GetCallStmt().GetFunccall(); fc != nil {
+					u.endsTx = readers.endsTx(r, fc.Funcname)
+				}
+			}
 			if out == nil {
 				out = make([]*lockUse, len(tree.Stmts))
 			}
@@ -253,6 +275,10 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 	}
 	return out
 }
+
+// txEndWords are the words of a DO block's code that may end its
+// transaction (LockCall.EndsTx).
+var txEndWords = []string{"commit", "rollback", "call"}
 
 // callArgs are what the registration statement for u depends on.
 func callArgs(u *lockUse) (list string, required, audit bool) {
@@ -335,6 +361,7 @@ func (r *Rules) lockCall(final string, version int32, uses []*lockUse) (*LockCal
 		if u != nil {
 			lc.Required = lc.Required || u.required || (len(u.enforce) == 0 && u.auditReq)
 			lc.Audit = lc.Audit || len(u.enforce) == 0
+			lc.EndsTx = lc.EndsTx || u.endsTx && !u.prepare
 		}
 	}
 	if len(uses) == 1 {

@@ -40,6 +40,10 @@ type Reader struct {
 	// defaults): it registers, but only in a session that named a lock
 	// (lock: required does not apply). Function implies it.
 	Maybe bool
+	// EndsTx, with Function: a procedure of that name may commit or roll
+	// back its transaction, so a CALL of it may go on without the
+	// registration made before it (LockCall.EndsTx).
+	EndsTx bool
 }
 
 // readerKind is what names a Reader: a relation in a statement, a
@@ -219,6 +223,30 @@ func (s *Readers) funcTargets(r *Rules, name []*pg.Node, add func(t *tableRule, 
 		schema = name[len(name)-2].GetString_().GetSval()
 	}
 	s.targets(r, schema, name[len(name)-1].GetString_().GetSval(), readFunc, add)
+}
+
+// endsTx reports whether a procedure named by the qualified name name (a
+// list of strings) that reaches a lock-fenced table of r may end its
+// transaction (Reader.EndsTx).
+func (s *Readers) endsTx(r *Rules, name []*pg.Node) bool {
+	if len(name) == 0 {
+		return false
+	}
+	var schema string
+	if len(name) > 1 {
+		schema = name[len(name)-2].GetString_().GetSval()
+	}
+	for _, x := range s.by[readFunc][name[len(name)-1].GetString_().GetSval()] {
+		if !x.EndsTx || !sameSchema(schema, x.Schema) {
+			continue
+		}
+		for _, t := range r.tables {
+			if t.display == x.Target && t.lock != lockOff {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // codeTargets calls add, optional, for each table of r with lock

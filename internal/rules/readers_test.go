@@ -223,3 +223,54 @@ func TestOtherPositions(t *testing.T) {
 		t.Errorf("DO naming a reader after a statement: %+v %v", d.Lock, d.Err)
 	}
 }
+
+// TestReadersEndsTx: a statement that registers and may end its
+// transaction from stored code reaching a lock-fenced table is marked
+// (LockCall.EndsTx): a CALL of a procedure the readers mark EndsTx, a DO
+// block whose code names COMMIT, ROLLBACK or CALL. Other statements that
+// register are not, nor a CALL of such a procedure whose only table is
+// not lock-fenced.
+func TestReadersEndsTx(t *testing.T) {
+	r := mustCompile(t, rules.Config{CacheSize: rules.DefaultCacheSize, Tables: []rules.Table{
+		{Table: "public.acct"},
+		{Table: "public.notes", Lock: rules.LockOff},
+	}})
+	readers := rules.NewReaders([]rules.Reader{
+		{Schema: "public", Name: "batch", Target: "public.acct", Function: true, EndsTx: true},
+		{Schema: "public", Name: "bump", Target: "public.acct", Function: true},
+		{Schema: "public", Name: "notes_batch", Target: "public.notes", Function: true, EndsTx: true},
+		{Schema: "public", Name: "acct_v", Target: "public.acct"},
+	})
+	s := rules.Session{Lexing: utf8, Readers: readers}
+	for _, c := range []struct {
+		sql    string
+		lock   bool // registers
+		endsTx bool
+	}{
+		{"CALL batch(1)", true, true},
+		{"call public.BATCH()", true, true},
+		{"CALL other.batch()", false, false},
+		{"CALL bump(1)", true, false},
+		{"SELECT 1; CALL batch(1)", true, true},
+		{"CALL notes_batch()", false, false},
+		{"SELECT batch()", true, false}, // a function call cannot commit
+		{"DO $$BEGIN UPDATE acct_v SET n = 1; COMMIT; END$$", true, true},
+		{"DO $$BEGIN PERFORM 1 FROM acct_v; CALL x(); END$$", true, true},
+		{"DO $$BEGIN UPDATE acct_v SET n = 1; END$$", true, false},
+		{"DO $$BEGIN COMMIT; END$$", false, false}, // reaches no lock-fenced table
+		{"SELECT * FROM acct_v", true, false},
+	} {
+		d, _, ok := r.DecideFor(s, c.sql)
+		if !ok {
+			t.Errorf("%q: not decided", c.sql)
+			continue
+		}
+		if got := d.Lock != nil && len(d.Lock.Calls) > 0; got != c.lock {
+			t.Errorf("%q: registers %v, want %v (%+v)", c.sql, got, c.lock, d.Lock)
+			continue
+		}
+		if got := d.Lock != nil && d.Lock.EndsTx; got != c.endsTx {
+			t.Errorf("%q: EndsTx %v, want %v", c.sql, got, c.endsTx)
+		}
+	}
+}
