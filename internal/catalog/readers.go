@@ -39,7 +39,7 @@ type Reader struct {
 	// not require a lock (lock: required) for it. Functions are Maybe.
 	Maybe bool
 	// EndsTx, with Function: the body may end its transaction when it
-	// runs as a procedure (bodyMayEndTx): a CALL of it may commit what
+	// runs as a procedure (sqllex.MayEndTx): a CALL of it may commit what
 	// registered before it and go on without the registration.
 	EndsTx bool
 }
@@ -199,7 +199,7 @@ type pathFunc struct {
 	oid          uint32
 	schema, name string
 	body         string   // the source, for names that are not words
-	endsTx       bool     // bodyMayEndTx
+	endsTx       bool     // sqllex.MayEndTx
 	words        []string // ASCII-lowered, each once (bodyWords)
 	calls        []uint32
 	// anyName: the body holds a Unicode escape (U&"…"), which may spell
@@ -257,7 +257,7 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 			return nil, err
 		}
 		f.words = bodyWords(f.body)
-		f.endsTx = bodyMayEndTx(f.body, f.words)
+		f.endsTx = sqllex.MayEndTx(f.body)
 		f.anyName = sqllex.HasUnicodeEscape(f.body)
 		for _, c := range calls {
 			if c >= firstNormalOID && !slices.Contains(f.calls, c) {
@@ -278,16 +278,6 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 		out = append(out, f)
 	}
 	return out, rows.Err()
-}
-
-// bodyMayEndTx reports whether a procedure with this body may commit or
-// roll back its transaction: its source holds "commit" or "rollback"
-// anywhere, ASCII case ignored (PL/pgSQL's COMMIT, PL/Python's
-// plpy.commit(), PL/Perl's spi_commit), or the word CALL (a procedure it
-// calls may). A name or a comment that holds them counts too.
-func bodyMayEndTx(body string, words []string) bool {
-	lower := strings.ToLower(body)
-	return strings.Contains(lower, "commit") || strings.Contains(lower, "rollback") || slices.Contains(words, "call")
 }
 
 // bodyWords returns the words of a function's body (sqllex.Words),

@@ -100,7 +100,7 @@ type LockCall struct {
 	// EndsTx: a statement that registers may commit or roll back its
 	// transaction from stored code that reaches a lock-fenced table (a
 	// CALL of a procedure the database's readers mark Reader.EndsTx, a DO
-	// block whose code names COMMIT, ROLLBACK or CALL): what it runs after
+	// block whose code may, sqllex.MayEndTx): what it runs after
 	// that would go without the registration. A simple Query's
 	// registration in front makes the text one transaction block, where
 	// the server refuses such a COMMIT; the relay refuses the Bind of such
@@ -261,7 +261,7 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 			u.prepare = prepare
 			switch {
 			case do:
-				u.endsTx = sqllex.ContainsAnyWordFold(codeBody(stmt.GetDoStmt(), ""), txEndWords)
+				u.endsTx = sqllex.MayEndTx(codeBody(stmt.GetDoStmt(), ""))
 			case stmt.GetCallStmt() != nil && readers != nil:
 				if fc := stmt.GetCallStmt().GetFunccall(); fc != nil {
 					u.endsTx = readers.endsTx(r, fc.Funcname)
@@ -275,10 +275,6 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 	}
 	return out
 }
-
-// txEndWords are the words of a DO block's code that may end its
-// transaction (LockCall.EndsTx).
-var txEndWords = []string{"commit", "rollback", "call"}
 
 // callArgs are what the registration statement for u depends on.
 func callArgs(u *lockUse) (list string, required, audit bool) {

@@ -141,3 +141,13 @@ func isWord(n string) bool {
 	}
 	return true
 }
+
+// MayEndTx reports whether code, a procedure's body or a DO block's, may
+// commit or roll back its transaction when it runs outside a transaction
+// block: it holds "commit" or "rollback" anywhere, ASCII case ignored
+// (PL/pgSQL's COMMIT and ROLLBACK, PL/Python's plpy.commit(), PL/Perl's
+// spi_commit), or the word CALL (a procedure it calls may). A name, a
+// string or a comment that holds them counts too.
+func MayEndTx(code string) bool {
+	return ContainsFold(code, "commit") || ContainsFold(code, "rollback") || ContainsWordFold(code, "call")
+}

@@ -88,3 +88,24 @@ func BenchmarkContainsAnyWordFold(b *testing.B) {
 		}
 	})
 }
+
+func TestMayEndTx(t *testing.T) {
+	for _, c := range []struct {
+		code string
+		want bool
+	}{
+		{"BEGIN UPDATE t SET n = 1; COMMIT; END", true},
+		{"begin delete from t; Rollback; end", true},
+		{"plpy.execute('update t set n = 1'); plpy.commit()", true},
+		{"spi_exec_query('update t set n = 1'); spi_commit();", true},
+		{"BEGIN CALL other(1); END", true},
+		{"BEGIN UPDATE t SET committed = true; END", true}, // a name counts
+		{"UPDATE t SET n = n + 1 WHERE id = i", false},
+		{"BEGIN PERFORM recall(1); END", false}, // "call" inside a word
+		{"SELECT callback FROM t", false},
+	} {
+		if got := sqllex.MayEndTx(c.code); got != c.want {
+			t.Errorf("MayEndTx(%q) = %v, want %v", c.code, got, c.want)
+		}
+	}
+}
