@@ -173,3 +173,75 @@ func TestLockCallOfProcedure(t *testing.T) {
 		t.Errorf("watermark %d, want 51", w)
 	}
 }
+
+// TestLockFunctionCallMessage: the protocol's FunctionCall message runs
+// a function by OID, with no statement a lock registration could go
+// before. In a session that names a lock, a user's function is refused
+// (FP003) and writes nothing, even one that would register as SELECT
+// f(); PostgreSQL's own functions still run, and in a session that names
+// no lock a user's function runs as it would directly.
+func TestLockFunctionCallMessage(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, _ := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := bindDB(t, `CREATE FUNCTION bump_f(i bigint) RETURNS int LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i RETURNING n$$;`)
+	var bumpF, abs uint32
+	if err := d.QueryRow(ctxT(t), "SELECT 'bump_f(bigint)'::regprocedure::oid, 'abs(integer)'::regprocedure::oid").Scan(&bumpF, &abs); err != nil {
+		t.Fatal(err)
+	}
+	call := func(c *pgx.Conn, oid uint32, arg string) (string, []string) {
+		t.Helper()
+		fe := c.PgConn().Frontend()
+		fe.Send(&pgproto3.FunctionCall{Function: oid, ArgFormatCodes: []uint16{0}, Arguments: [][]byte{[]byte(arg)}})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var result string
+		var errs []string
+		for {
+			msg, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := msg.(type) {
+			case *pgproto3.FunctionCallResponse:
+				result = string(m.Result)
+			case *pgproto3.ErrorResponse:
+				errs = append(errs, m.Code+": "+m.Message)
+			case *pgproto3.ReadyForQuery:
+				return result, errs
+			}
+		}
+	}
+	stale := runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, stale, "SELECT n FROM acct WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	newer := runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, newer, "SELECT bump_f(3)"); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, d, "acct")
+	if _, errs := call(stale, bumpF, "1"); len(errs) != 1 || !strings.HasPrefix(errs[0], "FP003") {
+		t.Errorf("a stale holder's FunctionCall of bump_f: %v, want FP003", errs)
+	}
+	if _, errs := call(newer, bumpF, "1"); len(errs) != 1 || !strings.HasPrefix(errs[0], "FP003") {
+		t.Errorf("the current holder's FunctionCall of bump_f: %v, want FP003", errs)
+	}
+	wantUnchanged(t, d, "acct", before)
+	if got, errs := call(stale, abs, "-5"); len(errs) > 0 || got != "5" {
+		t.Errorf("FunctionCall of abs: %q %v, want 5", got, errs)
+	}
+	// The session goes on.
+	if err := rvExec(t, stale, "SELECT 1"); err != nil {
+		t.Errorf("after the refused FunctionCall: %v", err)
+	}
+	plain := runPid(t, readerSession(t, p, db, "", "", pgx.QueryExecModeSimpleProtocol))
+	if got, errs := call(plain, bumpF, "2"); len(errs) > 0 || got != "1" {
+		t.Errorf("FunctionCall of bump_f without a lock: %q %v, want 1", got, errs)
+	}
+	if w := lockWatermark(t, d, "L"); w != 51 {
+		t.Errorf("watermark %d, want 51", w)
+	}
+}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -106,6 +107,10 @@ func (r *requests) copyClientToUpstream() error {
 			}
 			r.cr.release()
 			if err != nil {
+				return err
+			}
+		case 'F':
+			if err := r.relayFunctionCall(n); err != nil {
 				return err
 			}
 		case 'X':
@@ -275,6 +280,12 @@ func noBudgetRefusal(err error) *rules.Error {
 func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
 	e := noBudgetRefusal(err)
 	r.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message), zap.Error(err))
+	return r.refuseInstead(typ, start, e)
+}
+
+// refuseInstead sends, in place of a client's Query or Parse (start is its
+// first bytes), a statement that fails with e.
+func (r *requests) refuseInstead(typ byte, start []byte, e *rules.Error) error {
 	var p pgproto3.Parse
 	if typ == 'P' {
 		name, _, ok := cstring(start)
@@ -299,6 +310,60 @@ func (r *requests) refuseUnheld(typ byte, start []byte, err error) error {
 	}
 	return upstreamErr(writeMsg(r.uw, msg))
 }
+
+// relayFunctionCall forwards a FunctionCall, the protocol's call of a
+// function by its OID (libpq's PQfn, which its large-object functions
+// use), of n bytes. A user's function (OID 16384 and up) may read or
+// write a lock-fenced table, and a FunctionCall has no statement that a
+// lock registration could go in front of: where the session may register
+// (it names a lock), it is refused as a refused Query is (the client gets
+// the error and ReadyForQuery, as for a FunctionCall that failed).
+// PostgreSQL's own functions pass.
+func (r *requests) relayFunctionCall(n int) error {
+	if n < 4 {
+		return r.forwardUnread('F', n)
+	}
+	named := r.lockNamed
+	if r.fence.on {
+		var ok bool
+		var err error
+		if named, ok, err = r.fenceReady(); err != nil {
+			return err
+		}
+		named = named || !ok
+	}
+	if !named {
+		return r.forwardUnread('F', n)
+	}
+	body, err := r.cr.body(n)
+	if errors.Is(err, errNoBudget) {
+		err = r.refuseUnheld('Q', nil, err)
+		r.cr.release()
+		return err
+	}
+	if err != nil {
+		return clientErr(err)
+	}
+	oid := binary.BigEndian.Uint32(body)
+	if oid < firstUserOID {
+		if !r.track('F') {
+			r.cr.release()
+			return errSessionDone
+		}
+		err = writeRaw(r.uw, 'F', body)
+		r.cr.release()
+		return upstreamErr(err)
+	}
+	r.cr.release()
+	e := refusePrepared(fmt.Sprintf("a FunctionCall message of function %d, in a session that names a lock: the lock registration cannot go before it; it was not run", oid),
+		"Call the function in a statement (SELECT f(...)), which registers the lock first.")
+	r.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
+	return r.refuseInstead('Q', nil, e)
+}
+
+// firstUserOID is the first OID of objects users create (PostgreSQL's
+// FirstNormalObjectId).
+const firstUserOID = 16384
 
 // Texts whose decision is charged to the large-message budget: every
 // text over largeBodyBytes, and a shorter one whose decision may hold more
