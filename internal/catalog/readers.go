@@ -38,9 +38,11 @@ type Reader struct {
 	// defaults and constraints). Lock fencing registers for it, and does
 	// not require a lock (lock: required) for it. Functions are Maybe.
 	Maybe bool
-	// EndsTx, with Function: the body may end its transaction when it
-	// runs as a procedure (sqllex.MayEndTx): a CALL of it may commit what
-	// registered before it and go on without the registration.
+	// EndsTx, with Function: a procedure that may end its transaction
+	// (in PL/pgSQL, a body that sqllex.MayEndTx finds may; in another
+	// language but SQL, any; with a SET clause, none): a CALL of it may
+	// commit what registered before it and go on without the
+	// registration.
 	EndsTx bool
 }
 
@@ -199,7 +201,7 @@ type pathFunc struct {
 	oid          uint32
 	schema, name string
 	body         string   // the source, for names that are not words
-	endsTx       bool     // sqllex.MayEndTx
+	endsTx       bool     // a procedure that may end its transaction
 	words        []string // ASCII-lowered, each once (bodyWords)
 	calls        []uint32
 	// anyName: the body holds a Unicode escape (U&"…"), which may spell
@@ -212,21 +214,26 @@ type pathFunc struct {
 // languages), with PostgreSQL 14's SQL-standard bodies (BEGIN ATOMIC)
 // printed, and their arguments' defaults, outside fenceproxy's own
 // schema; then the user aggregates with their support functions, and
-// the user operators with theirs.
+// the user operators with theirs. The last two columns say whether it is
+// a procedure that may control transactions (not in SQL, which cannot,
+// and without a SET clause, which forbids it), and whether its language
+// is PL/pgSQL (whose COMMIT and ROLLBACK its body must spell out).
 func functionsSQL(version int) string {
 	return `
-		SELECT p.oid, n.nspname, p.proname, ` + functionBodySQL(version) + `, coalesce(p.proargdefaults::text, ''), '{}'::oid[]
+		SELECT p.oid, n.nspname, p.proname, ` + functionBodySQL(version) + `, coalesce(p.proargdefaults::text, ''), '{}'::oid[],
+			p.prokind = 'p' AND p.proconfig IS NULL AND l.lanname <> 'sql', l.lanname = 'plpgsql'
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 		WHERE p.oid >= 16384 AND l.lanname NOT IN ('c', 'internal') AND n.nspname <> 'fenceproxy'
 		UNION ALL
 		SELECT p.oid, n.nspname, p.proname, '', '',
-			ARRAY[a.aggtransfn::oid, a.aggfinalfn::oid, a.aggcombinefn::oid, a.aggmtransfn::oid, a.aggminvtransfn::oid, a.aggmfinalfn::oid]
+			ARRAY[a.aggtransfn::oid, a.aggfinalfn::oid, a.aggcombinefn::oid, a.aggmtransfn::oid, a.aggminvtransfn::oid, a.aggmfinalfn::oid],
+			false, false
 		FROM pg_catalog.pg_aggregate a JOIN pg_catalog.pg_proc p ON p.oid = a.aggfnoid
 		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 		WHERE p.oid >= 16384
 		UNION ALL
-		SELECT o.oid, n.nspname, o.oprname, '', '', ARRAY[o.oprcode::oid]
+		SELECT o.oid, n.nspname, o.oprname, '', '', ARRAY[o.oprcode::oid], false, false
 		FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
 		WHERE o.oid >= 16384`
 }
@@ -253,11 +260,14 @@ func loadFunctions(ctx context.Context, q Querier, version int) ([]*pathFunc, er
 		f := &pathFunc{}
 		var defaults string
 		var calls []uint32
-		if err := rows.Scan(&f.oid, &f.schema, &f.name, &f.body, &defaults, &calls); err != nil {
+		var txControl, plpgsql bool
+		if err := rows.Scan(&f.oid, &f.schema, &f.name, &f.body, &defaults, &calls, &txControl, &plpgsql); err != nil {
 			return nil, err
 		}
 		f.words = bodyWords(f.body)
-		f.endsTx = sqllex.MayEndTx(f.body)
+		// In another language the body may compute what it calls
+		// (plpy.commit by another name).
+		f.endsTx = txControl && (!plpgsql || sqllex.MayEndTx(f.body))
 		f.anyName = sqllex.HasUnicodeEscape(f.body)
 		for _, c := range calls {
 			if c >= firstNormalOID && !slices.Contains(f.calls, c) {

@@ -210,9 +210,11 @@ func TestReadersCode(t *testing.T) {
 	}
 }
 
-// TestReadersEndsTx: a function reader is marked EndsTx where its body
-// may commit or roll back (COMMIT or ROLLBACK anywhere in it, whatever
-// the language, or a CALL of another procedure), and not otherwise.
+// TestReadersEndsTx: a reader is marked EndsTx where it is a procedure
+// that may commit or roll back: in PL/pgSQL, a body with COMMIT or
+// ROLLBACK anywhere in it, or a CALL of another procedure. Not a
+// procedure in SQL (which cannot), one with a SET clause (which may
+// not), or a function.
 func TestReadersEndsTx(t *testing.T) {
 	db := newDatabase(t)
 	conn := connect(t, db)
@@ -222,12 +224,17 @@ func TestReadersEndsTx(t *testing.T) {
 		CREATE PROCEDURE commits_p(i bigint) LANGUAGE plpgsql AS $$BEGIN UPDATE acct SET n = 1 WHERE id = i; Commit; END$$;
 		CREATE PROCEDURE rolls_p() LANGUAGE plpgsql AS $$BEGIN DELETE FROM acct; ROLLBACK; END$$;
 		CREATE PROCEDURE calls_p() LANGUAGE plpgsql AS $$BEGIN CALL plain_p(1); END$$;
+		CREATE PROCEDURE sql_calls_p() LANGUAGE sql AS $$CALL plain_p(1)$$;
+		CREATE PROCEDURE set_p() LANGUAGE plpgsql SET work_mem = '1MB' AS $$BEGIN DELETE FROM acct; COMMIT; END$$;
+		CREATE FUNCTION commit_f() RETURNS bigint LANGUAGE plpgsql AS $$BEGIN RETURN (SELECT count(*) FROM acct WHERE n > 0); -- commit
+		END$$;
 		CREATE FUNCTION reads_f() RETURNS bigint LANGUAGE sql AS $$SELECT count(*) FROM acct$$;`)
 	reach, err := catalog.Paths(t.Context(), conn, nil, []catalog.Rel{{Schema: "public", Name: "acct"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{"plain_p": false, "commits_p": true, "rolls_p": true, "calls_p": true, "reads_f": false}
+	want := map[string]bool{"plain_p": false, "commits_p": true, "rolls_p": true, "calls_p": true,
+		"sql_calls_p": false, "set_p": false, "commit_f": false, "reads_f": false}
 	seen := map[string]bool{}
 	for _, r := range reach.Readers {
 		w, ok := want[r.Name]

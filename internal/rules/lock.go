@@ -261,7 +261,7 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 			u.prepare = prepare
 			switch {
 			case do:
-				u.endsTx = sqllex.MayEndTx(codeBody(stmt.GetDoStmt(), ""))
+				u.endsTx = doMayEndTx(stmt.GetDoStmt())
 			case stmt.GetCallStmt() != nil && readers != nil:
 				if fc := stmt.GetCallStmt().GetFunccall(); fc != nil {
 					u.endsTx = readers.endsTx(r, fc.Funcname)
@@ -274,6 +274,18 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 		}
 	}
 	return out
+}
+
+// doMayEndTx reports whether a DO block may commit or roll back: its
+// code in PL/pgSQL does where sqllex.MayEndTx finds it may; code in
+// another language may compute what it calls.
+func doMayEndTx(do *pg.DoStmt) bool {
+	for _, a := range do.GetArgs() {
+		if e := a.GetDefElem(); e != nil && e.Defname == "language" && !strings.EqualFold(e.GetArg().GetString_().GetSval(), "plpgsql") {
+			return true
+		}
+	}
+	return sqllex.MayEndTx(codeBody(do, ""))
 }
 
 // callArgs are what the registration statement for u depends on.

@@ -227,9 +227,9 @@ func TestOtherPositions(t *testing.T) {
 // TestReadersEndsTx: a statement that registers and may end its
 // transaction from stored code reaching a lock-fenced table is marked
 // (LockCall.EndsTx): a CALL of a procedure the readers mark EndsTx, a DO
-// block whose code names COMMIT, ROLLBACK or CALL. Other statements that
-// register are not, nor a CALL of such a procedure whose only table is
-// not lock-fenced.
+// block in PL/pgSQL whose code may commit (sqllex.MayEndTx), a DO block
+// in another language. Other statements that register are not, nor a
+// CALL of such a procedure whose only table is not lock-fenced.
 func TestReadersEndsTx(t *testing.T) {
 	r := mustCompile(t, rules.Config{CacheSize: rules.DefaultCacheSize, Tables: []rules.Table{
 		{Table: "public.acct"},
@@ -258,6 +258,10 @@ func TestReadersEndsTx(t *testing.T) {
 		{"DO $$BEGIN PERFORM 1 FROM acct_v; CALL x(); END$$", true, true},
 		{"DO $$BEGIN UPDATE acct_v SET n = 1; END$$", true, false},
 		{"DO $$BEGIN COMMIT; END$$", false, false}, // reaches no lock-fenced table
+		{"DO LANGUAGE plpgsql $$BEGIN UPDATE acct_v SET n = 1; END$$", true, false},
+		// In another language the code may compute what it calls.
+		{"DO LANGUAGE plpython3u $$plpy.execute('UPDATE acct_v SET n = 1'); getattr(plpy, 'com' + 'mit')()$$", true, true},
+		{"DO $$spi_exec_query('UPDATE acct_v SET n = 1'); spi_commit();$$ LANGUAGE plperl", true, true},
 		{"SELECT * FROM acct_v", true, false},
 	} {
 		d, _, ok := r.DecideFor(s, c.sql)
