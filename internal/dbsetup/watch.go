@@ -49,6 +49,31 @@ var watchV2SQL string
 
 var watchBodyV2 = dollarBody(watchV2SQL, "body")
 
+// watchBodyV3 is catalog_changed as setup installed it before it counted
+// temporary functions and procedures: watchBody with the list of
+// temporary objects it counts as it was (tempCounted).
+var watchBodyV3 = tempCounted.replace(watchBody)
+
+// tempCounted is the list of the temporary objects catalog_changed
+// counts, now and before temporary functions and procedures.
+var tempCounted = bodyEdit{
+	now:    "object_type IN ('view', 'rule', 'trigger', 'function', 'procedure')) THEN",
+	before: "object_type IN ('view', 'rule', 'trigger')) THEN",
+}
+
+// bodyEdit is one edit that turns a procedure's source of this version
+// into an earlier version's.
+type bodyEdit struct{ now, before string }
+
+// replace returns body with the edit made; it panics where body does not
+// hold e.now once (the sources are embedded: a bug of this package).
+func (e bodyEdit) replace(body string) string {
+	if strings.Count(body, e.now) != 1 {
+		panic("dbsetup: no single " + e.now + " to edit")
+	}
+	return strings.Replace(body, e.now, e.before, 1)
+}
+
 // watchV3SQL is catalog_at as setup installed it before it set
 // lock_timeout while another transaction's change of the catalog is under
 // way: still a check the proxy calls, until setup replaces it.
@@ -103,7 +128,7 @@ ALTER EVENT TRIGGER ` + watchDropTrigger + ` ENABLE ALWAYS;
 // readWatch returns the check procedure of the catalog watch if the watch
 // is in place as watch.sql and watchTriggersSQL install it, or as an
 // earlier version did: the stamp's table with its row and columns, the
-// function with this source (or watch_v1.sql's, watch_v2.sql's) and declaration, both
+// function with this source (or watch_v1.sql's, watch_v2.sql's, watchBodyV3) and declaration, both
 // event triggers calling it, enabled always, for every command, and a
 // check procedure with its source (or, for CatalogCheckProc, watch_v3.sql's),
 // CatalogCheckProc or LegacyCatalogCheckProc. It returns "" when the watch is not in place,
@@ -116,7 +141,7 @@ func readWatch(ctx context.Context, q catalog.Querier) (proc string, current boo
 			SELECT p.oid, p.prosrc = $1 AS current FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 			WHERE n.nspname = 'fenceproxy' AND p.proname = 'catalog_changed' AND p.pronargs = 0
 				AND p.prorettype = 'pg_catalog.event_trigger'::pg_catalog.regtype
-				AND p.prosrc IN ($1, $8, $9) AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
+				AND p.prosrc IN ($1, $8, $9, $11) AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']),
 		t AS (
 			SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname = 'fenceproxy' AND c.relname = 'catalog' AND c.relkind = 'r'),
@@ -138,7 +163,7 @@ func readWatch(ctx context.Context, q catalog.Querier) (proc string, current boo
 			coalesce((SELECT bool_and(current) FROM f), false)
 				AND EXISTS (SELECT FROM checks WHERE name = 'catalog_at' AND prosrc = $4)`,
 		watchBody, watchDDLTrigger, watchDropTrigger, catalogCheckBody, legacyCheckBody,
-		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1, watchBodyV2, catalogCheckBodyV3).Scan(&table, &ok, &proc, &bodyCurrent)
+		CatalogCheckProc, LegacyCatalogCheckProc, watchBodyV1, watchBodyV2, catalogCheckBodyV3, watchBodyV3).Scan(&table, &ok, &proc, &bodyCurrent)
 	if err != nil {
 		return "", false, fmt.Errorf("read the catalog watch: %w", err)
 	}

@@ -30,7 +30,9 @@ ALTER TABLE fenceproxy.catalog ADD COLUMN IF NOT EXISTS base bigint, ADD COLUMN 
 -- session's temporary tables and other temporary objects that no other
 -- session can write through (its temporary views, and their rules and
 -- triggers, count: a view has no storage, and another session can write
--- through it by its schema's name),
+-- through it by its schema's name; so do its temporary functions and
+-- procedures, which it calls as pg_temp's and which may read a
+-- lock-fenced table, so that lock fencing registers for their calls),
 -- and notifies fenceproxy_catalog so that proxies check again at once.
 -- ddl_command_end reports no objects for DROP: sql_drop counts those (a
 -- dropped rule or INSTEAD OF trigger can make a view updatable). A
@@ -58,7 +60,7 @@ BEGIN
 			AND NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands()
 				WHERE object_type NOT IN ('index', 'index column', 'statistics object')))
 		OR NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands()
-			WHERE schema_name IS DISTINCT FROM 'pg_temp' OR object_type IN ('view', 'rule', 'trigger')) THEN
+			WHERE schema_name IS DISTINCT FROM 'pg_temp' OR object_type IN ('view', 'rule', 'trigger', 'function', 'procedure')) THEN
 		RETURN;
 	END IF;
 	-- A plain UPDATE, not an upsert: ON CONFLICT DO UPDATE locks the row

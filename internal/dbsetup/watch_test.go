@@ -77,6 +77,11 @@ func TestWatch(t *testing.T) {
 		{"CREATE RULE tr AS ON INSERT TO tv DO INSTEAD NOTHING", true},
 		{"DROP VIEW tv", true},
 		{"DROP TABLE scratch", false},
+		// The session calls its temporary functions and procedures as
+		// pg_temp's, and one may read a lock-fenced table: counted, so
+		// that the proxy lists it among the readers.
+		{"CREATE FUNCTION pg_temp.tf() RETURNS int LANGUAGE sql AS 'SELECT 1'", true},
+		{"CREATE PROCEDURE pg_temp.tp() LANGUAGE sql AS 'SELECT 1'", true},
 		{"CREATE INDEX other_n ON other (n)", false},
 		{"ALTER INDEX other_n RENAME TO other_n2", false},
 		{"COMMENT ON TABLE other IS 'x'", false},
@@ -366,6 +371,19 @@ func TestCatalogCheckForms(t *testing.T) {
 		}
 		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
 			t.Fatalf("check after setup over v3: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
+		}
+		// The triggers' function before it counted temporary functions
+		// and procedures: the same.
+		execSQL(t, conn, dbsetup.WatchSQLV3)
+		rep, err = dbsetup.Check(ctx, conn, sp)
+		if err != nil || !rep.Watched || !slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check with the v3 catalog_changed: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
+		}
+		if rep, err = dbsetup.Setup(ctx, conn, sp, dbsetup.SetupOptions{}); err != nil || !slices.Contains(rep.Actions, "upgraded the catalog watch") {
+			t.Fatalf("setup over the v3 catalog_changed: %v, actions %q", err, rep.Actions)
+		}
+		if rep, err = dbsetup.Check(ctx, conn, sp); err != nil || !rep.Watched || slices.ContainsFunc(rep.Notes, func(n dbsetup.Note) bool { return strings.Contains(n.Text, "earlier version") }) {
+			t.Fatalf("check after setup over the v3 catalog_changed: %v, watched %v, notes %v", err, rep.Watched, rep.Notes)
 		}
 		// Neither check in place: not watched.
 		execSQL(t, conn, "DROP PROCEDURE "+dbsetup.CatalogCheckProc+"(bigint); DROP PROCEDURE "+dbsetup.LegacyCatalogCheckProc+"(bigint)")

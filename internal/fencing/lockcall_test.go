@@ -3,6 +3,7 @@ package fencing_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -241,6 +242,57 @@ func TestLockFunctionCallMessage(t *testing.T) {
 	if got, errs := call(plain, bumpF, "2"); len(errs) > 0 || got != "1" {
 		t.Errorf("FunctionCall of bump_f without a lock: %q %v, want 1", got, errs)
 	}
+	if w := lockWatermark(t, d, "L"); w != 51 {
+		t.Errorf("watermark %d, want 51", w)
+	}
+}
+
+// TestLockTemporaryCode: a stale holder creates, through the proxy,
+// temporary code that reaches a lock-fenced table (a function that reads
+// it through a view, a procedure that calls one that writes it). The catalog watch
+// counts temporary functions and procedures, so the proxy learns them as
+// readers (pg_temp's, in any session's temporary schema): once it has,
+// their calls register and fail with FP001, in the simple and the
+// extended protocol, and nothing is written.
+func TestLockTemporaryCode(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, _ := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := bindDB(t, callSchema+"CREATE VIEW acct_v AS SELECT DISTINCT id, n FROM acct;")
+	stale := runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, stale, "SELECT n FROM acct WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	newer := runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, newer, "UPDATE acct SET n = n + 1 WHERE id = 2"); err != nil {
+		t.Fatal(err)
+	}
+	// Every check of the database the proxy started has ended: only the
+	// watch's notification of what follows can have it checked again.
+	rrSeen(t, p, db, d)
+	time.Sleep(2 * time.Second)
+	// (The proxy refuses a body that names a protected table, or a view
+	// it could write it through.)
+	if err := rvExec(t, stale, `CREATE FUNCTION pg_temp.peek(i bigint) RETURNS int LANGUAGE sql AS $$SELECT n FROM acct_v WHERE id = i$$;
+		CREATE PROCEDURE pg_temp.tp(i bigint) LANGUAGE sql AS $$CALL public.bump(i)$$`); err != nil {
+		t.Fatal(err)
+	}
+	// A read of the stale holder's is refused once the proxy knows the
+	// function (the notification comes after the commit).
+	waitUntil(t, "the temporary function listed as a reader", func() bool {
+		return sqlState(rvExec(t, stale, "SELECT pg_temp.peek(1)")) == "FP001"
+	})
+	before := snapshot(t, d, "acct")
+	if err := rvExec(t, stale, "CALL pg_temp.tp(1)"); sqlState(err) != "FP001" {
+		t.Errorf("a stale CALL of the temporary procedure: %v, want FP001", err)
+	}
+	errs := raPipeline(t, stale, 1, &pgproto3.Parse{Query: "CALL pg_temp.tp($1)"},
+		&pgproto3.Bind{Parameters: [][]byte{[]byte("1")}}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	if len(errs) != 1 || !strings.HasPrefix(errs[0], "FP001") {
+		t.Errorf("a stale CALL of the temporary procedure, extended: %v, want FP001", errs)
+	}
+	wantUnchanged(t, d, "acct", before)
 	if w := lockWatermark(t, d, "L"); w != 51 {
 		t.Errorf("watermark %d, want 51", w)
 	}
