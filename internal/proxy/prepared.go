@@ -512,6 +512,14 @@ func isCompletion(typ byte) bool {
 func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 	switch {
 	case typ == 'Z':
+		// The segment ending failed: the server skipped what followed the
+		// error, so what the proxy sent into it after the error had
+		// arrived (the 'E' case popped what was queued before) has no
+		// answer, as expected.
+		failedSeg := ps.recvSeg
+		if !ps.failed {
+			failedSeg = ^uint64(0)
+		}
 		q := ps.queries[ps.qHead:]
 		if ps.extFailed && len(q) > 0 && q[0].seg == ps.recvSeg {
 			// An error in an extended-protocol message makes the server
@@ -537,7 +545,7 @@ func (ps *preparedState) response(typ byte, status byte) (drop, mismatch bool) {
 		ps.recvSeg++
 		ps.recvExt, ps.recvCC, ps.failed, ps.extFailed = 0, 0, false, false
 		for len(ps.fifo) > 0 && ps.fifo[0].seg < ps.recvSeg {
-			if ps.fifo[0].swallow != 0 {
+			if ps.fifo[0].swallow != 0 && ps.fifo[0].seg != failedSeg {
 				mismatch = true
 			}
 			ps.pop(outcomeSkipped)

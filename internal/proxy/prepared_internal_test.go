@@ -140,3 +140,40 @@ func TestResponseQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseSkippedAfterError: what the proxy sent into a segment after
+// the server's error for it arrived is skipped by the server: at the
+// segment's ReadyForQuery its entries resolve as skipped, and that is no
+// mismatch. An injected message left unanswered in a segment that did not
+// fail still is one.
+func TestResponseSkippedAfterError(t *testing.T) {
+	ps := newPreparedState(nil, "n")
+	var outcomes []outcome
+	record := func(o outcome) { outcomes = append(outcomes, o) }
+	// The client's Bind and Execute, answered by an error.
+	ps.countSent('B')
+	ps.countSent('E')
+	if _, mismatch := ps.response('E', 0); mismatch {
+		t.Fatal("error: mismatch")
+	}
+	// The proxy's own Parse, Bind, Execute, sent after the error arrived,
+	// then the Sync.
+	for _, m := range []struct{ typ, answer byte }{{'P', '1'}, {'B', '2'}, {'E', 'C'}} {
+		ps.expect(m.answer, record)
+		ps.countSent(m.typ)
+	}
+	ps.countSent('S')
+	if _, mismatch := ps.response('Z', 'E'); mismatch {
+		t.Error("ReadyForQuery of the failed segment: mismatch")
+	}
+	if len(outcomes) != 3 || outcomes[0] != outcomeSkipped || len(ps.fifo) != 0 {
+		t.Errorf("outcomes %v, %d left", outcomes, len(ps.fifo))
+	}
+	// A segment without an error: the same unanswered entries are one.
+	ps.expect('1', record)
+	ps.countSent('P')
+	ps.countSent('S')
+	if _, mismatch := ps.response('Z', 'I'); !mismatch {
+		t.Error("an injected Parse unanswered in a segment that did not fail: no mismatch")
+	}
+}
