@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fenceproxy/fenceproxy/internal/proxytest"
 	"github.com/fenceproxy/fenceproxy/internal/testutil"
 )
 
@@ -215,14 +216,7 @@ func TestLockFunctionCallMessage(t *testing.T) {
 			}
 		}
 	}
-	stale := runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeSimpleProtocol))
-	if err := rvExec(t, stale, "SELECT n FROM acct WHERE id = 1"); err != nil {
-		t.Fatal(err)
-	}
-	newer := runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeSimpleProtocol))
-	if err := rvExec(t, newer, "SELECT bump_f(3)"); err != nil {
-		t.Fatal(err)
-	}
+	stale, newer := staleBehind(t, p, db, d, "SELECT bump_f(3)")
 	before := snapshot(t, d, "acct")
 	if _, errs := call(stale, bumpF, "1"); len(errs) != 1 || !strings.HasPrefix(errs[0], "FP003") {
 		t.Errorf("a stale holder's FunctionCall of bump_f: %v, want FP003", errs)
@@ -260,14 +254,7 @@ func TestLockTemporaryCode(t *testing.T) {
 	pol, _ := raPolicy(t, lockRules)
 	p := startProxy(t, pol)
 	db, d := bindDB(t, callSchema+"CREATE VIEW acct_v AS SELECT DISTINCT id, n FROM acct;")
-	stale := runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeSimpleProtocol))
-	if err := rvExec(t, stale, "SELECT n FROM acct WHERE id = 1"); err != nil {
-		t.Fatal(err)
-	}
-	newer := runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeSimpleProtocol))
-	if err := rvExec(t, newer, "UPDATE acct SET n = n + 1 WHERE id = 2"); err != nil {
-		t.Fatal(err)
-	}
+	stale, _ := staleBehind(t, p, db, d, "UPDATE acct SET n = n + 1 WHERE id = 2")
 	// Every check of the database the proxy started has ended: only the
 	// watch's notification of what follows can have it checked again.
 	rrSeen(t, p, db, d)
@@ -296,4 +283,24 @@ func TestLockTemporaryCode(t *testing.T) {
 	if w := lockWatermark(t, d, "L"); w != 51 {
 		t.Errorf("watermark %d, want 51", w)
 	}
+}
+
+// staleBehind connects two holders of lock L to db through p (simple
+// protocol): one with token 50 that registers by a read of acct, then
+// one with token 51 that registers by first, so that the first one is
+// stale.
+func staleBehind(t *testing.T, p *proxytest.Proxy, db string, d *pgx.Conn, first string) (stale, newer *pgx.Conn) {
+	t.Helper()
+	stale = runPid(t, readerSession(t, p, db, "L", "50", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, stale, "SELECT n FROM acct WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	newer = runPid(t, readerSession(t, p, db, "L", "51", pgx.QueryExecModeSimpleProtocol))
+	if err := rvExec(t, newer, first); err != nil {
+		t.Fatal(err)
+	}
+	if w := lockWatermark(t, d, "L"); w != 51 {
+		t.Fatalf("watermark %d after the newer holder's %q, want 51", w, first)
+	}
+	return stale, newer
 }
