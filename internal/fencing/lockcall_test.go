@@ -180,22 +180,28 @@ func TestLockCallOfProcedure(t *testing.T) {
 // a function by OID, with no statement a lock registration could go
 // before. In a session that names a lock, a user's function is refused
 // (FP003) and writes nothing, even one that would register as SELECT
-// f(); PostgreSQL's own functions still run, and in a session that names
-// no lock a user's function runs as it would directly.
+// f(), and so is one of PostgreSQL's that runs SQL text (query_to_xml);
+// the large-object functions still run, and in a session that names no
+// lock a user's function runs as it would directly.
 func TestLockFunctionCallMessage(t *testing.T) {
 	testutil.SkipSystem(t, "PostgreSQL")
 	t.Parallel()
 	pol, _ := raPolicy(t, lockRules)
 	p := startProxy(t, pol)
 	db, d := bindDB(t, `CREATE FUNCTION bump_f(i bigint) RETURNS int LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i RETURNING n$$;`)
-	var bumpF, abs uint32
-	if err := d.QueryRow(ctxT(t), "SELECT 'bump_f(bigint)'::regprocedure::oid, 'abs(integer)'::regprocedure::oid").Scan(&bumpF, &abs); err != nil {
+	var bumpF, toXML, loCreat, loUnlink uint32
+	if err := d.QueryRow(ctxT(t), `SELECT 'bump_f(bigint)'::regprocedure::oid, 'query_to_xml(text, boolean, boolean, text)'::regprocedure::oid,
+		'lo_creat(integer)'::regprocedure::oid, 'lo_unlink(oid)'::regprocedure::oid`).Scan(&bumpF, &toXML, &loCreat, &loUnlink); err != nil {
 		t.Fatal(err)
 	}
-	call := func(c *pgx.Conn, oid uint32, arg string) (string, []string) {
+	call := func(c *pgx.Conn, oid uint32, args ...string) (string, []string) {
 		t.Helper()
 		fe := c.PgConn().Frontend()
-		fe.Send(&pgproto3.FunctionCall{Function: oid, ArgFormatCodes: []uint16{0}, Arguments: [][]byte{[]byte(arg)}})
+		var vals [][]byte
+		for _, a := range args {
+			vals = append(vals, []byte(a))
+		}
+		fe.Send(&pgproto3.FunctionCall{Function: oid, ArgFormatCodes: []uint16{0}, Arguments: vals})
 		if err := fe.Flush(); err != nil {
 			t.Fatal(err)
 		}
@@ -224,9 +230,18 @@ func TestLockFunctionCallMessage(t *testing.T) {
 	if _, errs := call(newer, bumpF, "1"); len(errs) != 1 || !strings.HasPrefix(errs[0], "FP003") {
 		t.Errorf("the current holder's FunctionCall of bump_f: %v, want FP003", errs)
 	}
+	// One of PostgreSQL's own that runs SQL text: refused too.
+	if _, errs := call(stale, toXML, "SELECT bump_f(1)", "f", "f", ""); len(errs) != 1 || !strings.HasPrefix(errs[0], "FP003") {
+		t.Errorf("a stale holder's FunctionCall of query_to_xml: %v, want FP003", errs)
+	}
 	wantUnchanged(t, d, "acct", before)
-	if got, errs := call(stale, abs, "-5"); len(errs) > 0 || got != "5" {
-		t.Errorf("FunctionCall of abs: %q %v, want 5", got, errs)
+	// The large-object functions libpq calls this way run.
+	lo, errs := call(stale, loCreat, "-1")
+	if len(errs) > 0 || lo == "" {
+		t.Fatalf("FunctionCall of lo_creat: %q %v", lo, errs)
+	}
+	if got, errs := call(stale, loUnlink, lo); len(errs) > 0 || got != "1" {
+		t.Errorf("FunctionCall of lo_unlink(%s): %q %v, want 1", lo, got, errs)
 	}
 	// The session goes on.
 	if err := rvExec(t, stale, "SELECT 1"); err != nil {

@@ -313,12 +313,13 @@ func (r *requests) refuseInstead(typ byte, start []byte, e *rules.Error) error {
 
 // relayFunctionCall forwards a FunctionCall, the protocol's call of a
 // function by its OID (libpq's PQfn, which its large-object functions
-// use), of n bytes. A user's function (OID 16384 and up) may read or
-// write a lock-fenced table, and a FunctionCall has no statement that a
-// lock registration could go in front of: where the session may register
-// (it names a lock), it is refused as a refused Query is (the client gets
-// the error and ReadyForQuery, as for a FunctionCall that failed).
-// PostgreSQL's own functions pass.
+// use), of n bytes. A function may read or write a lock-fenced table (a
+// user's, or one of PostgreSQL's that runs SQL text: query_to_xml), and
+// a FunctionCall has no statement that a lock registration could go in
+// front of: where the session may register (it names a lock), it is
+// refused as a refused Query is (the client gets the error and
+// ReadyForQuery, as for a FunctionCall that failed), unless it is one of
+// the large-object functions (largeObjectFunc).
 func (r *requests) relayFunctionCall(n int) error {
 	if n < 4 {
 		return r.forwardUnread('F', n)
@@ -345,7 +346,7 @@ func (r *requests) relayFunctionCall(n int) error {
 		return clientErr(err)
 	}
 	oid := binary.BigEndian.Uint32(body)
-	if oid < firstUserOID {
+	if largeObjectFunc(oid) {
 		if !r.track('F') {
 			r.cr.release()
 			return errSessionDone
@@ -355,15 +356,35 @@ func (r *requests) relayFunctionCall(n int) error {
 		return upstreamErr(err)
 	}
 	r.cr.release()
-	e := refusePrepared(fmt.Sprintf("a FunctionCall message of function %d, in a session that names a lock: the lock registration cannot go before it; it was not run", oid),
+	e := refusePrepared(fmt.Sprintf("a FunctionCall message of function %d, in a session that names a lock: the lock registration cannot go before it; it was not run (only the large-object functions may be called this way there)", oid),
 		"Call the function in a statement (SELECT f(...)), which registers the lock first.")
 	r.logger().Info("statement refused", zap.String("sqlstate", e.Code), zap.String("reason", e.Message))
 	return r.refuseInstead('Q', nil, e)
 }
 
-// firstUserOID is the first OID of objects users create (PostgreSQL's
-// FirstNormalObjectId).
-const firstUserOID = 16384
+// largeObjectFunc reports whether oid is one of PostgreSQL's large-object
+// functions that libpq calls by FunctionCall (lo_open, loread, lowrite and
+// the others: their OIDs are fixed in PostgreSQL's catalog, the 64-bit
+// ones since 9.3). They touch large objects only, never a table's rows.
+func largeObjectFunc(oid uint32) bool {
+	switch oid {
+	case 715, // lo_create
+		952,  // lo_open
+		953,  // lo_close
+		954,  // loread
+		955,  // lowrite
+		956,  // lo_lseek
+		957,  // lo_creat
+		958,  // lo_tell
+		964,  // lo_unlink
+		1004, // lo_truncate
+		3170, // lo_lseek64
+		3171, // lo_tell64
+		3172: // lo_truncate64
+		return true
+	}
+	return false
+}
 
 // Texts whose decision is charged to the large-message budget: every
 // text over largeBodyBytes, and a shorter one whose decision may hold more
