@@ -319,3 +319,33 @@ func staleBehind(t *testing.T, p *proxytest.Proxy, db string, d *pgx.Conn, first
 	}
 	return stale, newer
 }
+
+// TestLockSQLTextFunctions: PostgreSQL's functions that run SQL given as
+// text (query_to_xml) register the session's lock whatever the text, so
+// a stale holder cannot write through a function it names there, even by
+// a computed name; the current holder's call runs.
+func TestLockSQLTextFunctions(t *testing.T) {
+	testutil.SkipSystem(t, "PostgreSQL")
+	t.Parallel()
+	pol, _ := raPolicy(t, lockRules)
+	p := startProxy(t, pol)
+	db, d := bindDB(t, `CREATE FUNCTION bump_f(i bigint) RETURNS int LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i RETURNING n$$;`)
+	stale, newer := staleBehind(t, p, db, d, "SELECT bump_f(3)")
+	before := snapshot(t, d, "acct")
+	for _, q := range []string{
+		"SELECT query_to_xml('SELECT bump_f(1)', false, false, '')",
+		"SELECT pg_catalog.query_to_xml('SELECT bump_' || 'f(1)', false, false, '')",
+		"SELECT query_to_xml_and_xmlschema(format('SELECT %s(1)', 'bump_f'), false, false, '')",
+	} {
+		if err := rvExec(t, stale, q); sqlState(err) != "FP001" {
+			t.Errorf("stale %s: %v, want FP001", q, err)
+		}
+	}
+	wantUnchanged(t, d, "acct", before)
+	if err := rvExec(t, newer, "SELECT query_to_xml('SELECT bump_' || 'f(1)', false, false, '')"); err != nil {
+		t.Errorf("the current holder's query_to_xml: %v", err)
+	}
+	if r := snapshot(t, d, "acct")[1]; r.N != before[1].N+1 {
+		t.Errorf("row 1 after the current holder's call: %+v, was %+v", r, before[1])
+	}
+}

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
@@ -240,6 +241,13 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 					readers.targets(r, n.Relation.Schemaname, n.Relation.Relname, readRefresh, add)
 				}
 			case *pg.FuncCall:
+				if runsSQLText(n.Funcname) {
+					for _, t := range r.tables {
+						if t.lock != lockOff {
+							add(t, true)
+						}
+					}
+				}
 				if readers != nil {
 					readers.funcTargets(r, n.Funcname, add)
 				}
@@ -274,6 +282,33 @@ func (r *Rules) lockUses(tree *pg.ParseResult, readers *Readers) []*lockUse {
 		}
 	}
 	return out
+}
+
+// sqlTextFuncs are PostgreSQL's functions that run SQL given as text
+// (query_to_xml, ts_stat) or read the tables of a relation, schema or
+// database given by name or OID (table_to_xml and the others): a call of
+// one may read any table, and write through any function the text calls,
+// so it registers for every lock-fenced table (not required: it may read
+// none).
+var sqlTextFuncs = []string{
+	"query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema",
+	"table_to_xml", "table_to_xmlschema", "table_to_xml_and_xmlschema",
+	"schema_to_xml", "schema_to_xmlschema", "schema_to_xml_and_xmlschema",
+	"database_to_xml", "database_to_xmlschema", "database_to_xml_and_xmlschema",
+	"ts_stat",
+}
+
+// runsSQLText reports whether the qualified name name (a list of strings)
+// calls one of sqlTextFuncs (unqualified or in pg_catalog; a function of
+// that name in another schema is judged by its body, as a reader).
+func runsSQLText(name []*pg.Node) bool {
+	if len(name) == 0 || len(name) > 2 {
+		return false
+	}
+	if len(name) == 2 && name[0].GetString_().GetSval() != "pg_catalog" {
+		return false
+	}
+	return slices.Contains(sqlTextFuncs, name[len(name)-1].GetString_().GetSval())
 }
 
 // doMayEndTx reports whether a DO block may commit or roll back: its

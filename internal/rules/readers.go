@@ -93,6 +93,10 @@ func NewReaders(list []Reader) *Readers {
 	for k := range s.by {
 		s.by[k] = make(map[string][]Reader)
 	}
+	// A call of one of these may run any reader's name given as text.
+	for _, f := range sqlTextFuncs {
+		s.names.add(f)
+	}
 	seen := map[string]bool{}
 	for _, x := range list {
 		if !seen[x.Name] {

@@ -263,6 +263,12 @@ func TestReadersEndsTx(t *testing.T) {
 		{"DO LANGUAGE plpython3u $$plpy.execute('UPDATE acct_v SET n = 1'); getattr(plpy, 'com' + 'mit')()$$", true, true},
 		{"DO $$spi_exec_query('UPDATE acct_v SET n = 1'); spi_commit();$$ LANGUAGE plperl", true, true},
 		{"SELECT * FROM acct_v", true, false},
+		// Functions that run SQL text, or read tables by name, register
+		// whatever the text (its names may be computed).
+		{"SELECT query_to_xml('SELECT bu' || 'mp(1)', false, false, '')", true, false},
+		{"SELECT pg_catalog.table_to_xml('acct', false, false, '')", true, false},
+		{"SELECT * FROM ts_stat('SELECT 1')", true, false},
+		{"SELECT other.query_to_xml('SELECT 1', false, false, '')", false, false},
 	} {
 		d, _, ok := r.DecideFor(s, c.sql)
 		if !ok {
