@@ -176,6 +176,9 @@ func TestLockCallOfProcedure(t *testing.T) {
 	}
 }
 
+// bumpFSchema: a function that writes the lock-fenced acct.
+const bumpFSchema = `CREATE FUNCTION bump_f(i bigint) RETURNS int LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i RETURNING n$$;`
+
 // TestLockFunctionCallMessage: the protocol's FunctionCall message runs
 // a function by OID, with no statement a lock registration could go
 // before. In a session that names a lock, a user's function is refused
@@ -188,7 +191,7 @@ func TestLockFunctionCallMessage(t *testing.T) {
 	t.Parallel()
 	pol, _ := raPolicy(t, lockRules)
 	p := startProxy(t, pol)
-	db, d := bindDB(t, `CREATE FUNCTION bump_f(i bigint) RETURNS int LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i RETURNING n$$;`)
+	db, d := bindDB(t, bumpFSchema)
 	var bumpF, toXML, loCreat, loUnlink uint32
 	if err := d.QueryRow(ctxT(t), `SELECT 'bump_f(bigint)'::regprocedure::oid, 'query_to_xml(text, boolean, boolean, text)'::regprocedure::oid,
 		'lo_creat(integer)'::regprocedure::oid, 'lo_unlink(oid)'::regprocedure::oid`).Scan(&bumpF, &toXML, &loCreat, &loUnlink); err != nil {
@@ -329,7 +332,7 @@ func TestLockSQLTextFunctions(t *testing.T) {
 	t.Parallel()
 	pol, _ := raPolicy(t, lockRules)
 	p := startProxy(t, pol)
-	db, d := bindDB(t, `CREATE FUNCTION bump_f(i bigint) RETURNS int LANGUAGE sql AS $$UPDATE acct SET n = n + 1 WHERE id = i RETURNING n$$;`)
+	db, d := bindDB(t, bumpFSchema)
 	stale, newer := staleBehind(t, p, db, d, "SELECT bump_f(3)")
 	before := snapshot(t, d, "acct")
 	for _, q := range []string{
