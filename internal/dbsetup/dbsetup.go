@@ -106,8 +106,22 @@ var reholdAtBody = dollarBody(objectsSQL, "rehold_at")
 // versions 6 to 9 installed it), hold_at (8 and 9) and rehold_at (9)
 // were exactly that; the check accepts them as current, the same
 // procedures reading more slowly.
-func byPrimaryKey(sql string) string {
-	return strings.ReplaceAll(sql, `l.name COLLATE pg_catalog."C" OPERATOR`, `l.name OPERATOR`)
+func byPrimaryKey(sql string) string { return byKeyEdit.replace(sql) }
+
+var byKeyEdit = bodyEdit{now: `l.name COLLATE pg_catalog."C" OPERATOR`, before: `l.name OPERATOR`}
+
+// bodyEdit is an edit that turns the source of this version's objects
+// (a procedure's body, its CREATE statement, a whole file) into an
+// earlier version's: every now becomes before.
+type bodyEdit struct{ now, before string }
+
+// replace returns sql with the edit made; it panics where sql does not
+// hold e.now (the sources are embedded: a bug of this package).
+func (e bodyEdit) replace(sql string) string {
+	if !strings.Contains(sql, e.now) {
+		panic("dbsetup: no " + e.now + " to edit")
+	}
+	return strings.ReplaceAll(sql, e.now, e.before)
 }
 
 // holdBodyByKey, holdAtBodyByKey and reholdAtBodyByKey are the bodies of

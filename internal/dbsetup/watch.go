@@ -61,19 +61,6 @@ var tempCounted = bodyEdit{
 	before: "object_type IN ('view', 'rule', 'trigger')) THEN",
 }
 
-// bodyEdit is one edit that turns a procedure's source of this version
-// into an earlier version's.
-type bodyEdit struct{ now, before string }
-
-// replace returns body with the edit made; it panics where body does not
-// hold e.now once (the sources are embedded: a bug of this package).
-func (e bodyEdit) replace(body string) string {
-	if strings.Count(body, e.now) != 1 {
-		panic("dbsetup: no single " + e.now + " to edit")
-	}
-	return strings.Replace(body, e.now, e.before, 1)
-}
-
 // watchV3SQL is catalog_at as setup installed it before it set
 // lock_timeout while another transaction's change of the catalog is under
 // way: still a check the proxy calls, until setup replaces it.

@@ -302,13 +302,8 @@ var sqlTextFuncs = []string{
 // calls one of sqlTextFuncs (unqualified or in pg_catalog; a function of
 // that name in another schema is judged by its body, as a reader).
 func runsSQLText(name []*pg.Node) bool {
-	if len(name) == 0 || len(name) > 2 {
-		return false
-	}
-	if len(name) == 2 && name[0].GetString_().GetSval() != "pg_catalog" {
-		return false
-	}
-	return slices.Contains(sqlTextFuncs, name[len(name)-1].GetString_().GetSval())
+	schema, fn, ok := funcName(name)
+	return ok && len(name) <= 2 && (schema == "" || schema == "pg_catalog") && slices.Contains(sqlTextFuncs, fn)
 }
 
 // doMayEndTx reports whether a DO block may commit or roll back: its

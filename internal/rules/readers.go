@@ -219,28 +219,32 @@ func (s *Readers) withReads(r *Rules, sql string, d Decision) Decision {
 // funcTargets is targets for a function or operator named by the
 // qualified name name (a list of strings).
 func (s *Readers) funcTargets(r *Rules, name []*pg.Node, add func(t *tableRule, optional bool)) {
-	if len(name) == 0 {
-		return
+	if schema, fn, ok := funcName(name); ok {
+		s.targets(r, schema, fn, readFunc, add)
 	}
-	var schema string
+}
+
+// funcName splits a function's qualified name (a list of strings) into
+// its schema ("" when unqualified) and its name.
+func funcName(name []*pg.Node) (schema, fn string, ok bool) {
+	if len(name) == 0 {
+		return "", "", false
+	}
 	if len(name) > 1 {
 		schema = name[len(name)-2].GetString_().GetSval()
 	}
-	s.targets(r, schema, name[len(name)-1].GetString_().GetSval(), readFunc, add)
+	return schema, name[len(name)-1].GetString_().GetSval(), true
 }
 
 // endsTx reports whether a procedure named by the qualified name name (a
 // list of strings) that reaches a lock-fenced table of r may end its
 // transaction (Reader.EndsTx).
 func (s *Readers) endsTx(r *Rules, name []*pg.Node) bool {
-	if len(name) == 0 {
+	schema, fn, ok := funcName(name)
+	if !ok {
 		return false
 	}
-	var schema string
-	if len(name) > 1 {
-		schema = name[len(name)-2].GetString_().GetSval()
-	}
-	for _, x := range s.by[readFunc][name[len(name)-1].GetString_().GetSval()] {
+	for _, x := range s.by[readFunc][fn] {
 		if !x.EndsTx || !sameSchema(schema, x.Schema) {
 			continue
 		}
