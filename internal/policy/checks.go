@@ -77,6 +77,10 @@ type dbChecks struct {
 	// settingsRead: code in the database may read the fence settings, or
 	// the check could not tell (CodeReadsSettings).
 	settingsRead bool
+	// superseded: newer results of the database are in force (or these
+	// never were: no room for them), which sessions that keep these
+	// (lastForward) must look up.
+	superseded atomic.Bool
 	// moved: the catalog is known to have changed since stamp (a
 	// notification, a failed in-band check), so writes wait for a stamp
 	// read instead of checking in their own transaction, until results
@@ -109,6 +113,15 @@ func (p *Policy) dbState(database string) *dbChecks {
 // dbStateNow returns database's check results when they are known and
 // fresh, and false when dbState would have to look (and maybe wait).
 func (p *Policy) dbStateNow(database string) (*dbChecks, bool) {
+	return p.dbStateKept(nil, database)
+}
+
+// dbStateKept is dbStateNow, answered without a lookup where kept, the
+// results a session kept (lastForward), are still those in force.
+func (p *Policy) dbStateKept(kept *dbChecks, database string) (*dbChecks, bool) {
+	if kept != nil && !kept.expired.Load() && !kept.superseded.Load() {
+		return kept, true
+	}
 	if p.checks == nil {
 		return nil, true
 	}
@@ -217,7 +230,11 @@ func (p *Policy) refreshDBState(database string) *dbChecks {
 		if st == nil {
 			c.n++
 		}
-		c.byDB.Store(database, next)
+		if prev, ok := c.byDB.Swap(database, next); ok {
+			prev.(*dbChecks).superseded.Store(true)
+		}
+	} else {
+		next.superseded.Store(true) // never the results in force
 	}
 	c.mu.Unlock()
 	return next
@@ -283,10 +300,11 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 			}
 		}
 	}
-	if e, ok := p.hierarchyRefusal(st, info, sql, quick); !ok || e != nil {
+	e, ok, stamped := p.hierarchyRefusal(st, info, sql, quick)
+	if !ok || e != nil {
 		return e, stampCheck{}, ok
 	}
-	var check stampCheck
+	check := stampCheck{stamped: stamped}
 	read := false // the stamp was read for this statement
 	if st.watched && mayWrite(sql) {
 		// A named prepared statement is decided with a stamp read, so
@@ -313,12 +331,10 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		// statement runs. A text of several statements gets it in front
 		// of them (frontCheck).
 		current := st.checkProc == "" || st.checkProc == dbsetup.CatalogCheckProc
-		check = stampCheck{on: inBand || !prepared && frontCheck(sql), stamp: st.stamp, proc: st.checkProc,
+		check = stampCheck{on: inBand || !prepared && frontCheck(sql), stamped: true, stamp: st.stamp, proc: st.checkProc,
 			enter: st.enter && current, holdAt: st.holdAt && current, reholdAt: st.reholdAt && current}
 	}
-	var e *rules.Error
 	if quick {
-		var ok bool
 		if e, ok = st.indirect.CheckCached(sql); !ok || (e != nil && st.watched && !read) {
 			return nil, stampCheck{}, false
 		}
@@ -330,6 +346,7 @@ func (p *Policy) checkRefusal(st *dbChecks, info *proxy.SessionInfo, sql string,
 		// refusal is rare, so it waits for a stamp read, as a write the
 		// check cannot go before does (DDL refused for a path, too: a
 		// view replaced on another connection is no longer one).
+		check.stamped = true
 		fresh, fe := p.freshState(info, st, sql)
 		if fe != nil {
 			return fe, stampCheck{}, true
@@ -359,28 +376,30 @@ func hierarchyDDL(paths []catalog.IndirectPath) *rules.HierarchySet {
 // ALTER TABLE of a parent changes it). Where the catalog watch runs, DDL
 // is checked against the catalog as it is now (freshState), as writes are:
 // a partition attached on another connection is seen at once. Quick, it
-// reports false instead of parsing or reading the stamp.
-func (p *Policy) hierarchyRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, quick bool) (*rules.Error, bool) {
+// reports false instead of parsing or reading the stamp. Stamped: the DDL
+// was checked with a stamp read, or would be.
+func (p *Policy) hierarchyRefusal(st *dbChecks, info *proxy.SessionInfo, sql string, quick bool) (e *rules.Error, ok, stamped bool) {
 	if !rules.MayBeDDL(sql) {
-		return nil, true
+		return nil, true, false
 	}
-	if st.watched {
+	stamped = st.watched
+	if stamped {
 		if quick {
-			return nil, false
+			return nil, false, true
 		}
 		fresh, e := p.freshState(info, st, sql)
 		if e != nil {
-			return e, true
+			return e, true, true
 		}
 		st = fresh
 	}
 	if !st.hierarchy.MayApply(sql) {
-		return nil, true
+		return nil, true, stamped
 	}
 	if quick {
-		return nil, false
+		return nil, false, stamped
 	}
-	return st.hierarchy.Check(sql), true
+	return st.hierarchy.Check(sql), true, stamped
 }
 
 // checkedRaisers reports whether the last check of database found the

@@ -81,11 +81,12 @@ func (m *migrations) allowed(user string) bool {
 // on sql: a refused text of DDL that changes nothing, or of a migrations
 // role, becomes a forward, and a forwarded CREATE TABLE of a protected
 // name has the database checked again. Quick, it reports false instead of
-// parsing.
-func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string, d *rules.Decision, quick bool) bool {
+// parsing. Judged: the text's decision depends on the migrations (they
+// apply to it, or may).
+func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string, d *rules.Decision, quick bool) (ok, judged bool) {
 	m := p.migrations
 	if m == nil {
-		return true
+		return true, false
 	}
 	if d.Action == rules.Rewrite {
 		// A write to a table of a migration that has not been checked
@@ -93,20 +94,20 @@ func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string,
 		if e := m.running.refusal(info.Database, d.Tables); e != nil {
 			*d = rules.Decision{Action: rules.Refuse, Err: e, Tables: d.Tables}
 		}
-		return true
+		return true, true
 	}
 	if !rules.MayBeMigration(sql) {
-		return true
+		return true, false
 	}
 	if d.Action == rules.Forward && !rs.MayTouch(sql) {
-		return true
+		return true, true
 	}
 	if quick {
-		return false
+		return false, true
 	}
 	stmts, ok := rs.Migration(sql)
 	if !ok {
-		return true
+		return true, true
 	}
 	if d.Action == rules.Forward {
 		// DDL the rules let through (the allow-list) is checked again
@@ -118,28 +119,28 @@ func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string,
 		for _, s := range stmts {
 			if s.CreatesProtected {
 				p.migrated(info, stmts, "created a protected table")
-				return true
+				return true, true
 			}
 		}
 		if p.failedCheck(info.Database, stmts) {
 			p.migrated(info, stmts, "DDL on a table whose check failed")
 		}
-		return true
+		return true, true
 	}
 	if m.allowed(info.User) {
 		*d = rules.Decision{Action: rules.Forward, Tables: d.Tables}
 		p.migrated(info, stmts, "migrations role")
-		return true
+		return true, true
 	}
 	if m.catalog == nil {
-		return true
+		return true, true
 	}
 	same, err := m.changesNothing(info.Database, stmts)
 	if err != nil {
 		// Fail closed: the refusal stands.
 		p.log.Warn("migration: cannot read the catalog to judge DDL; refused", zap.String("database", info.Database),
 			zap.Uint64("conn-id", info.ID), zap.Error(err))
-		return true
+		return true, true
 	}
 	if same {
 		*d = rules.Decision{Action: rules.Forward, Tables: d.Tables}
@@ -148,7 +149,7 @@ func (p *Policy) migration(info *proxy.SessionInfo, rs *rules.Rules, sql string,
 				zap.String("statement", s.Kind), zap.Strings("tables", tableDisplays(s.Tables)), zap.Uint64("conn-id", info.ID))
 		}
 	}
-	return true
+	return true, true
 }
 
 // migrated logs DDL forwarded that may change protected tables and has

@@ -172,11 +172,14 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	var st *dbChecks
 	if quick {
 		var ok bool
-		if st, ok = p.dbStateNow(info.Database); !ok {
+		if st, ok = p.dbStateKept(keptState(info), info.Database); !ok {
 			return rules.Decision{}, false
 		}
 	} else {
 		st = p.dbState(info.Database)
+	}
+	if tables, ok := recall(info, set, st, lex, sql); ok {
+		return rules.Decision{Tables: tables}, true
 	}
 	// The rules' decision for this session (its scope, the server's
 	// lexing, the form of the rewrite), in one call.
@@ -203,7 +206,8 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	if p.migrations != nil {
 		session = rs.ForSession(info.Database, info.User, info.ApplicationName)
 	}
-	if !p.migration(info, session, sql, &d, quick) {
+	ok, judged := p.migration(info, session, sql, &d, quick)
+	if !ok {
 		return rules.Decision{}, false
 	}
 	var check stampCheck
@@ -264,6 +268,7 @@ func (p *Policy) decide(info *proxy.SessionInfo, lex proxy.Lexing, sql string, q
 	if d.Action == rules.Rewrite {
 		return rules.Decision{Action: proxy.Rewrite, SQL: d.SQL, Tables: d.Tables, Lock: lock, Preparable: d.Preparable, Tok: d.Tok}, true
 	}
+	p.remember(info, set, st, lex, sql, &d, judged || check.stamped)
 	return rules.Decision{Tables: d.Tables, Lock: lock}, true
 }
 

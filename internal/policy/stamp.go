@@ -141,9 +141,13 @@ const catalogCheckMessage = "fenceproxy: the catalog of database "
 // stampCheck is the in-band check a decision carries: on, the statement
 // runs after dbsetup.CatalogCheckProc with stamp.
 type stampCheck struct {
-	on    bool
-	stamp int64
-	proc  string // the check procedure; "" for dbsetup.CatalogCheckProc
+	on bool
+	// stamped: the statement was decided with a stamp read, or is
+	// decided with one where the catalog is known to have moved (a write,
+	// DDL), so its decision may differ with the same results in force.
+	stamped bool
+	stamp   int64
+	proc    string // the check procedure; "" for dbsetup.CatalogCheckProc
 	// enter: the relay may fold the check into a call of rules.EnterProc
 	// (the database has it, and the check is dbsetup.CatalogCheckProc,
 	// which it calls).

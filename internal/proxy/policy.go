@@ -85,7 +85,9 @@ const (
 type Policy interface {
 	// Decide returns the decision for one SQL text (a Query's string,
 	// possibly several statements, or a Parse's statement), which the
-	// server will tokenize as lex says.
+	// server will tokenize as lex says. It may keep in info.Memo what lets
+	// it answer the same text again at less cost, and must then answer as
+	// it would without it.
 	Decide(info *SessionInfo, lex Lexing, sql string) rules.Decision
 	// DecideQuick returns Decide's answer when it costs little (no parse,
 	// no wait for the network or the database), and false otherwise. On an
@@ -224,4 +226,16 @@ type SessionInfo struct {
 	// BackendPID is the upstream server process serving the session, from
 	// BackendKeyData.
 	BackendPID uint32
+	// Memo is the session's own place for the policy to keep what it may
+	// reuse from one of the session's decisions in the next (Policy.Decide
+	// says what): set when the session starts, nil where the caller keeps
+	// none.
+	Memo *DecisionMemo
+}
+
+// DecisionMemo holds what a policy keeps for one session between its
+// decisions, which the relay makes one at a time: only the session's own
+// calls of Decide and DecideQuick read or write it, so it needs no lock.
+type DecisionMemo struct {
+	V any
 }

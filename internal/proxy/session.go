@@ -106,7 +106,7 @@ func newSession(srv *Server, c net.Conn, id uint64) *session {
 			since:    time.Now(),
 			pol:      srv.opts.Policy,
 			nonce:    hex.EncodeToString(n[:]),
-			info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c)},
+			info:     SessionInfo{ID: id, RemoteAddr: remoteAddr(c), Memo: new(DecisionMemo)},
 			refusals: make(map[uint64]*rules.Error),
 		},
 	}
