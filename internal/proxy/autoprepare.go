@@ -193,31 +193,26 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool,
 	// function the session ran since could have put a statement of its
 	// own under the name (DEALLOCATE and PREPARE in stored code, which
 	// the proxy cannot see).
-	parse := true
-	if parse {
-		e.prepared = "" // until its ParseComplete says so
-		e.parses++
-		epoch, seq, out := ps.auto.epoch, e.parses, pd.SQL
-		// Recorded as a removal: a client's own definition under the name
-		// (see touches) is gone, and a client Bind or EXECUTE of the name
-		// is refused from now on.
-		ps.addStmtOp(e.name, nil, false, '3', false, 0)
-		ps.countSent('C')
-		ps.expect('1', func(o outcome) {
-			if o == outcomeOK && ps.auto.epoch == epoch && e.parses == seq {
-				e.prepared = out
-			}
-		})
-		ps.countSent('P')
-	}
+	e.prepared = "" // until its ParseComplete says so
+	e.parses++
+	epoch, seq, out := ps.auto.epoch, e.parses, pd.SQL
+	// Recorded as a removal: a client's own definition under the name
+	// (see touches) is gone, and a client Bind or EXECUTE of the name is
+	// refused from now on.
+	ps.addStmtOp(e.name, nil, false, '3', false, 0)
+	ps.countSent('C')
+	ps.expect('1', func(o outcome) {
+		if o == outcomeOK && ps.auto.epoch == epoch && e.parses == seq {
+			e.prepared = out
+		}
+	})
+	ps.countSent('P')
 	r.mu.Unlock()
-	if parse {
-		if err := writeMsg(r.uw, &pgproto3.Close{ObjectType: 'S', Name: e.name}); err != nil {
-			return true, upstreamErr(err)
-		}
-		if err := writeMsg(r.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
-			return true, upstreamErr(err)
-		}
+	if err := writeMsg(r.uw, &pgproto3.Close{ObjectType: 'S', Name: e.name}); err != nil {
+		return true, upstreamErr(err)
+	}
+	if err := writeMsg(r.uw, &pgproto3.Parse{Name: e.name, Query: pd.SQL}); err != nil {
+		return true, upstreamErr(err)
 	}
 	if r.fence.on {
 		if err := r.sendPrelude(); err != nil {
@@ -250,7 +245,7 @@ func (r *requests) autoPrepare(lex Lexing, sql string, d *rules.Decision) (bool,
 	delete(ps.portals, "")
 	r.mu.Unlock()
 	if ce := r.logger().Check(zap.DebugLevel, "statement rewritten, run as the session's own prepared statement"); ce != nil {
-		ce.Write(zap.String("sql", pd.SQL), zap.String("statement", e.name), zap.Bool("parsed", parse))
+		ce.Write(zap.String("sql", pd.SQL), zap.String("statement", e.name))
 	}
 	if err := writeMsg(r.uw, &pgproto3.Bind{PreparedStatement: e.name}); err != nil {
 		return true, upstreamErr(err)
