@@ -339,13 +339,15 @@ func (s *Server) forget(sess *session) {
 }
 
 // SessionByBackendPID returns the info of the session served by the given
-// upstream process, if it is connected.
+// upstream process, if it is connected, without its decisions' memory.
 func (s *Server) SessionByBackendPID(pid uint32) (SessionInfo, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sess := range s.sessions {
 		if sess.info.BackendPID == pid {
-			return sess.info, true
+			info := sess.info
+			info.Memo = nil // the session's own decisions' alone
+			return info, true
 		}
 	}
 	return SessionInfo{}, false
